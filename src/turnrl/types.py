@@ -1,0 +1,131 @@
+"""The whole contract between turnrl's layers, in one small module.
+
+Frozen dataclasses for data, ``Protocol``s for what other layers consume, and one
+ABC (``Env``) for what users subclass. Nothing here imports torch, so every layer
+(including ``credit``, ``envs`` and the integrations) can depend on it.
+
+Conventions:
+
+* A chat message is a plain ``dict`` with ``"role"`` and ``"content"`` (OpenAI chat
+  format), so logs written by turnrl and by other frameworks look the same.
+* Token ids are plain ``list[int]``; log-probs are ``list[float]`` aligned with the
+  response ids (one per sampled token).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+Message = dict[str, str]
+"""One chat message: ``{"role": "system"|"user"|"assistant"|"tool", "content": str}``."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem instance an episode starts from.
+
+    ``task_id`` is the grouping key of the credit library (the "question"); two
+    rollouts of the same ``Task`` share it. ``payload`` is whatever the environment
+    needs to rebuild the instance (numbers of a problem, a map and its seed...).
+    ``tags`` label the task for reporting (e.g. ``("hard",)``).
+    """
+
+    task_id: str
+    payload: dict[str, Any]
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What ``Env.step`` returns after one agent response.
+
+    ``observation`` is the message appended to the context for the next turn
+    (a tool result or the counterpart's reply), or ``None`` once ``done``.
+    ``info`` carries per-turn facts for metrics and credit: ``tool_call`` (bool),
+    ``malformed`` (bool, with ``error``), ``state_key`` (str, for GiGPO groups),
+    ``correct`` (bool, on the final turn) and anything environment-specific.
+    """
+
+    observation: Message | None
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Env(ABC):
+    """A multi-turn environment: the agent's whole turn response is one action.
+
+    Subclass this. ``snapshot``/``restore`` must round-trip exactly, so that tree
+    rollouts can branch several responses from one saved state.
+    """
+
+    @abstractmethod
+    def reset(self, task: Task) -> list[Message]:
+        """Start an episode; return the initial context (system + user messages)."""
+
+    @abstractmethod
+    def step(self, response: str) -> StepResult:
+        """Apply the agent's response text and return what happened."""
+
+    @abstractmethod
+    def snapshot(self) -> Any:
+        """Return an opaque, independent copy of the current state."""
+
+    @abstractmethod
+    def restore(self, snapshot: Any) -> None:
+        """Return to a state produced by ``snapshot`` (the snapshot stays reusable)."""
+
+    def state_key(self) -> str | None:
+        """An id of the current environment state (anchor state for GiGPO), if any."""
+        return None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled response for one context."""
+
+    response_ids: list[int]
+    logprobs: list[float]
+    """Behaviour log-prob of each response token, under the sampling distribution."""
+    stop_reason: str
+    """``"stop"`` (the end-of-turn token was produced, and is included in
+    ``response_ids``) or ``"length"`` (truncated at ``max_new_tokens``)."""
+    text: str
+    """The decoded response, without the end-of-turn token."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What rollouts and trainers need from a policy.
+
+    Contexts grow by appending token ids turn by turn: the runner calls
+    ``encode_initial`` once, then after each response appends the response ids and
+    ``encode_observation(message)``. Nothing is ever re-rendered from text, so the
+    tokens a sample was drawn from are exactly the tokens trained on.
+    """
+
+    def encode_initial(self, messages: list[Message]) -> list[int]:
+        """Token ids of the initial messages plus the assistant generation prompt."""
+        ...
+
+    def encode_observation(self, message: Message) -> list[int]:
+        """Token ids to append after a finished response: the message, then the
+        generation prompt of the next assistant turn."""
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of response ids (end-of-turn token dropped)."""
+        ...
+
+    def sample(
+        self,
+        contexts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[Sample]:
+        """Sample one response per context, all contexts in one batch."""
+        ...
