@@ -210,7 +210,9 @@ def ppo_clip_loss(
     _check_shape("token_weight_B_T", token_weight_B_T, shape)
     _check_shape("adv_B", adv_B, shape[:1])
     if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip widths must be >= 0, got clip_low={clip_low}, clip_high={clip_high}")
+        raise ValueError(
+            f"clip widths must be >= 0, got clip_low={clip_low}, clip_high={clip_high}"
+        )
 
     dtype = torch.float32
     mask = mask_B_T.to(torch.bool)
