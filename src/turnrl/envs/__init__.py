@@ -1,0 +1,94 @@
+"""Environments, tools and a registry of built-in environments by name.
+
+``make_env("calculator", max_turns=4)``, ``make_tasks("frozenlake", 100, seed=0)``
+and ``demonstration("calculator", task, use_tool=True)`` look environments up in
+:data:`ENVS`; :func:`register_env` adds more. No torch here, and gymnasium is
+imported only when a FrozenLake environment is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from turnrl.envs import calculator, frozenlake
+from turnrl.envs.calculator import CalculatorEnv, calculator_tasks
+from turnrl.envs.frozenlake import FrozenLakeEnv, frozenlake_tasks
+from turnrl.envs.tools import (
+    FinalAnswer,
+    Malformed,
+    Tool,
+    ToolCall,
+    ToolRegistry,
+    ToolResult,
+    parse_response,
+)
+from turnrl.types import Env, Message, Task
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """How to build one kind of environment, its tasks, and ideal demonstrations."""
+
+    make_env: Callable[..., Env]
+    make_tasks: Callable[..., list[Task]]
+    demonstration: Callable[..., list[Message]]
+
+
+ENVS: dict[str, EnvSpec] = {}
+
+
+def register_env(name: str, spec: EnvSpec) -> None:
+    """Register an environment under ``name`` (re-registering a name is an error)."""
+    if name in ENVS:
+        raise ValueError(f"environment {name!r} is already registered")
+    ENVS[name] = spec
+
+
+def get_env_spec(name: str) -> EnvSpec:
+    """The spec registered as ``name``; unknown names raise ``ValueError`` listing known ones."""
+    try:
+        return ENVS[name]
+    except KeyError:
+        raise ValueError(f"unknown environment {name!r}; known: {sorted(ENVS)}") from None
+
+
+def make_env(name: str, **kwargs: Any) -> Env:
+    """A fresh environment ``name`` built with ``kwargs``."""
+    return get_env_spec(name).make_env(**kwargs)
+
+
+def make_tasks(name: str, n: int, seed: int, **kwargs: Any) -> list[Task]:
+    """``n`` tasks for environment ``name``, deterministic from ``seed``."""
+    return get_env_spec(name).make_tasks(n, seed, **kwargs)
+
+
+def demonstration(name: str, task: Task, **kwargs: Any) -> list[Message]:
+    """The full conversation of an ideal solution of ``task`` (for SFT warm start)."""
+    return get_env_spec(name).demonstration(task, **kwargs)
+
+
+register_env("calculator", EnvSpec(CalculatorEnv, calculator_tasks, calculator.demonstration))
+register_env("frozenlake", EnvSpec(FrozenLakeEnv, frozenlake_tasks, frozenlake.demonstration))
+
+__all__ = [
+    "ENVS",
+    "CalculatorEnv",
+    "EnvSpec",
+    "FinalAnswer",
+    "FrozenLakeEnv",
+    "Malformed",
+    "Tool",
+    "ToolCall",
+    "ToolRegistry",
+    "ToolResult",
+    "calculator_tasks",
+    "demonstration",
+    "frozenlake_tasks",
+    "get_env_spec",
+    "make_env",
+    "make_tasks",
+    "parse_response",
+    "register_env",
+]

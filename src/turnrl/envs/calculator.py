@@ -1,0 +1,287 @@
+"""Arithmetic with a calculator tool: the smallest env where calling a tool pays.
+
+Easy tasks (single-digit ``+``/``-``) are answerable directly; hard tasks
+(3-digit ``*``) are hopeless to guess, so the agent should call the calculator.
+A policy that stops calling tools shows up as a drop in accuracy on the "hard"
+tag while "easy" stays flat.
+
+Episode: ``reset`` gives ``[system, user]``; each response is one action (see
+:mod:`turnrl.envs.tools`). A tool call returns a ``"tool"`` message with the
+result; a malformed response returns a ``"user"`` message saying what was wrong;
+a final answer ends the episode with reward 1 if numerically correct, else 0.
+``turn_cost`` is subtracted on every turn; after ``max_turns`` turns without an
+answer the episode ends with reward ``-turn_cost`` and ``info["truncated"]``.
+
+``info`` per step: ``tool_call``, ``malformed``, ``error`` (str or None),
+``answered``, ``correct`` (None before the last turn; on the last turn a bool,
+False when truncated), ``truncated``, ``turn`` and ``state_key`` (hash of the
+task and the observations so far: equal keys mean equal decision points).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from turnrl.envs.safe_math import calculate, format_number
+from turnrl.envs.tools import (
+    FinalAnswer,
+    Malformed,
+    Tool,
+    ToolCall,
+    ToolRegistry,
+    format_answer,
+)
+from turnrl.types import Env, Message, StepResult, Task
+
+CALCULATOR = Tool(
+    name="calculator",
+    description="evaluates + - * / // % ** ( )",
+    fn=calculate,
+    timeout_s=2.0,
+    parameter="expression",
+)
+"""The calculator tool (safe arithmetic, never ``eval``)."""
+
+TAGS_SYSTEM_PROMPT = "Tool: <call>expr</call>. Reply <answer>n</answer>."
+"""Kept short on purpose: a ~0.1M-parameter character model reads it every episode."""
+
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
+
+
+def parse_number(text: str) -> float | None:
+    """The number an answer states: the whole text if numeric, else its last number.
+
+    Thousands separators are ignored (``"281,764"``); None if there is no number.
+    """
+    matches = _NUMBER.findall(text)
+    if not matches:
+        return None
+    try:
+        return float(matches[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def is_correct(answer: str, expected: float) -> bool:
+    """Whether ``answer`` states ``expected`` (relative tolerance 1e-6)."""
+    value = parse_number(answer)
+    return value is not None and abs(value - expected) <= 1e-6 * max(1.0, abs(expected))
+
+
+# ----------------------------------------------------------------------------- tasks
+
+WORD_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "+": ("Ann has {a} pens and buys {b}. How many now?",),
+    "-": ("Ann has {a} pens and loses {b}. How many now?",),
+    "*": ("{a} boxes hold {b} pens each. How many pens?",),
+}
+"""Short word-problem templates, one per operator, indexed by ``w0``, ``w1``... in task ids."""
+
+
+def make_task(a: int, op: str, b: int, *, tags: tuple[str, ...] = (), template: int = -1) -> Task:
+    """The task "a op b"; ``template >= 0`` phrases it with ``WORD_TEMPLATES[op][template]``."""
+    expression = f"{a}{op}{b}"
+    answer = calculate(expression)
+    if template >= 0:
+        question = WORD_TEMPLATES[op][template].format(a=a, b=b)
+        task_id = f"calc-w{template}-{expression}"
+    else:
+        question = f"Compute {expression}."
+        task_id = f"calc-{expression}"
+    payload = {"question": question, "expression": expression, "answer": answer}
+    return Task(task_id=task_id, payload=payload, tags=tags)
+
+
+def calculator_tasks(
+    n: int,
+    seed: int,
+    hard_fraction: float = 0.5,
+    *,
+    word_fraction: float = 0.0,
+    easy_max: int = 9,
+    hard_digits: int = 3,
+) -> list[Task]:
+    """``n`` tasks, deterministic from ``seed``: exactly ``round(n * hard_fraction)`` hard.
+
+    Easy: ``a + b`` or ``a - b`` (a >= b) with operands in ``[0, easy_max]``.
+    Hard: ``a * b`` with ``hard_digits``-digit operands. A ``word_fraction`` of
+    tasks use a short word-problem template. Problems are distinct while the
+    pools allow (the easy pool is small); after that, repeats are allowed.
+    """
+    if n < 0 or not 0.0 <= hard_fraction <= 1.0 or not 0.0 <= word_fraction <= 1.0:
+        raise ValueError(
+            f"need n >= 0 and fractions in [0, 1]; got n={n}, "
+            f"hard_fraction={hard_fraction}, word_fraction={word_fraction}"
+        )
+    rng = random.Random(seed)
+    n_hard = round(n * hard_fraction)
+    kinds = ["hard"] * n_hard + ["easy"] * (n - n_hard)
+    rng.shuffle(kinds)
+    low, high = 10 ** (hard_digits - 1), 10**hard_digits - 1
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    for kind in kinds:
+        for _attempt in range(50):
+            if kind == "hard":
+                a, op, b = rng.randint(low, high), "*", rng.randint(low, high)
+            else:
+                a, op, b = rng.randint(0, easy_max), rng.choice("+-"), rng.randint(0, easy_max)
+                if op == "-" and a < b:
+                    a, b = b, a
+            word = rng.random() < word_fraction
+            template = rng.randrange(len(WORD_TEMPLATES[op])) if word else -1
+            task = make_task(a, op, b, tags=(kind,), template=template)
+            if task.task_id not in seen:
+                break
+        seen.add(task.task_id)
+        tasks.append(task)
+    return tasks
+
+
+# ----------------------------------------------------------------------------- env
+
+
+@dataclass(frozen=True)
+class _State:
+    """Everything that changes during an episode (immutable, so snapshots are free)."""
+
+    task: Task
+    turn: int = 0
+    observations: tuple[str, ...] = ()
+    done: bool = False
+
+
+class CalculatorEnv(Env):
+    """Answer an arithmetic question, optionally with the calculator tool."""
+
+    def __init__(
+        self,
+        *,
+        fmt: str = "tags",
+        max_turns: int = 4,
+        turn_cost: float = 0.0,
+        tools: Sequence[Tool] = (CALCULATOR,),
+        default_tool: str | None = "calculator",
+        system_prompt: str | None = None,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.fmt = fmt
+        self.max_turns = max_turns
+        self.turn_cost = float(turn_cost)
+        self.registry = ToolRegistry(tools, default=default_tool)
+        if system_prompt is None:
+            tags_default = fmt == "tags" and default_tool == "calculator" and len(tools) == 1
+            system_prompt = TAGS_SYSTEM_PROMPT if tags_default else self.registry.describe(fmt)
+        self.system_prompt = system_prompt
+        self._state: _State | None = None
+
+    # -- Env API ---------------------------------------------------------------
+
+    def reset(self, task: Task) -> list[Message]:
+        self._state = _State(task=task)
+        return [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": task.payload["question"]},
+        ]
+
+    def step(self, response: str) -> StepResult:
+        state = self._require_state()
+        turn = state.turn + 1
+        reward = 0.0 - self.turn_cost  # 0.0 - x avoids a -0.0 reward
+        action = self.registry.parse(response, self.fmt)
+        info: dict[str, Any] = {
+            "turn": state.turn,
+            "tool_call": isinstance(action, ToolCall),
+            "malformed": isinstance(action, Malformed),
+            "error": None,
+            "answered": isinstance(action, FinalAnswer),
+            "correct": None,
+            "truncated": False,
+        }
+        if isinstance(action, FinalAnswer):
+            correct = is_correct(action.text, float(state.task.payload["answer"]))
+            info["correct"] = correct
+            self._state = replace(state, turn=turn, done=True)
+            info["state_key"] = self.state_key()
+            return StepResult(None, reward + float(correct), True, info)
+
+        if isinstance(action, ToolCall):
+            result = self.registry.execute(action)
+            info["error"] = result.error
+            observation: Message = {"role": "tool", "content": result.output}
+        else:
+            info["error"] = action.reason
+            observation = {"role": "user", "content": f"Invalid: {action.reason}."}
+
+        done = turn >= self.max_turns
+        self._state = replace(
+            state,
+            turn=turn,
+            observations=(*state.observations, observation["content"]),
+            done=done,
+        )
+        info["state_key"] = self.state_key()
+        if done:
+            info.update(truncated=True, correct=False)
+            return StepResult(None, reward, True, info)
+        return StepResult(observation, reward, False, info)
+
+    def snapshot(self) -> _State:
+        return self._require_state()
+
+    def restore(self, snapshot: Any) -> None:
+        if not isinstance(snapshot, _State):
+            raise TypeError(f"not a CalculatorEnv snapshot: {type(snapshot).__name__}")
+        self._state = snapshot
+
+    def state_key(self) -> str | None:
+        if self._state is None:
+            return None
+        text = "\x1f".join((self._state.task.task_id, *self._state.observations))
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _require_state(self) -> _State:
+        if self._state is None:
+            raise RuntimeError("call reset(task) before step()")
+        if self._state.done:
+            raise RuntimeError("episode is over; call reset(task) to start another")
+        return self._state
+
+
+def demonstration(task: Task, use_tool: bool = True, **env_kwargs: Any) -> list[Message]:
+    """The full conversation of an ideal solution, for supervised warm start.
+
+    With ``use_tool`` the agent calls the calculator once, then answers with its
+    result; without, it answers the correct number directly (even on hard tasks).
+    The observations are produced by stepping a real :class:`CalculatorEnv`, so
+    they are exactly what the environment would return.
+    """
+    env = CalculatorEnv(**env_kwargs)
+    messages = env.reset(task)
+    answer = format_answer(_answer_text(task.payload["answer"]))
+    if use_tool:
+        name = env.registry.default or env.registry.names[0]
+        call = env.registry.format_call(env.fmt, name, task.payload["expression"])
+        messages.append({"role": "assistant", "content": call})
+        result = env.step(call)
+        if result.observation is None:
+            raise RuntimeError(f"tool call ended the episode early (max_turns={env.max_turns})")
+        messages.append(result.observation)
+    messages.append({"role": "assistant", "content": answer})
+    final = env.step(answer)
+    if not final.info["correct"]:
+        raise RuntimeError(f"demonstration answer {answer!r} judged incorrect for {task.task_id}")
+    return messages
+
+
+def _answer_text(value: str | float) -> str:
+    """The canonical text of a stored answer (generated tasks store it formatted)."""
+    return value if isinstance(value, str) else format_number(value)
