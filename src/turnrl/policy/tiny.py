@@ -40,8 +40,11 @@ CHAT_TEMPLATE = (
     "{%- if message['role'] not in markers -%}"
     "{{ raise_exception('unknown chat role: ' + message['role']) }}"
     "{%- endif -%}"
-    "{{ '" + IM_START + "' + markers[message['role']] + ':' + message['content'] + '"
-    + IM_END + "\n' }}"
+    "{{ '"
+    + IM_START
+    + "' + markers[message['role']] + ':' + message['content'] + '"
+    + IM_END
+    + "\n' }}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '" + IM_START + "a:' }}{%- endif -%}"
 )

@@ -1,0 +1,377 @@
+"""``HFPolicy``: the ``Policy`` protocol on any transformers causal LM with a chat template.
+
+Token exactness. Contexts grow by appending ids, never by re-rendering text:
+``encode_initial(messages)`` once, then after every response its ids (ending with
+the end-of-turn token) and ``encode_observation(message)``. For that to equal the
+tokenisation of the re-rendered conversation, ``encode_observation`` returns the
+ids of exactly the text the chat template puts after the end-of-turn token of an
+assistant turn: the separator (e.g. Qwen's ``"\\n"``), the message, and the next
+generation prompt. It finds that text as a delta between two renderings of a
+reference conversation, with and without the message. Assumptions (true for
+ChatML/Qwen-style templates and for the tiny template; tested on the latter):
+
+* the template renders earlier messages the same whatever follows them, and
+  the end-of-turn token's text is the last one in a rendered assistant turn;
+* tokenisation does not merge across the end-of-turn special token, so
+  tokenising the delta alone gives the same ids as inside the whole text.
+
+Sampling. ``sample`` runs its own loop over the model's KV cache (one forward
+per new token, the prompt is encoded once), with left padding, an attention
+mask and explicit position ids, so every row sees exactly the positions it
+would see alone. ``Sample.logprobs`` are log-probs of the sampled tokens under
+the SAMPLING distribution, ``softmax(logits / temperature)``; ``response_logprobs``
+with the same temperature recomputes them (with grad) for the PPO ratio. With
+``temperature=0`` sampling is greedy and the recorded log-probs are under the
+untempered distribution (temperature 1).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from turnrl.types import Message, Sample
+
+_REFERENCE_TURN: list[Message] = [
+    {"role": "user", "content": "x"},
+    {"role": "assistant", "content": "y"},
+]
+"""A conversation ending with an assistant turn, used to find observation deltas."""
+
+_GENERIC_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+
+
+def load_tokenizer(path: str | Path, *, local_files_only: bool = True) -> Any:
+    """Load a tokenizer saved with ``save_pretrained``.
+
+    A tokenizer saved as a generic ``tokenizers`` tokenizer (such as the tiny
+    character-level one) is loaded as such: ``AutoTokenizer`` would otherwise
+    replace it by the model type's own tokenizer class (transformers 5 does so
+    for ``qwen2``), with a different pre-tokenizer and different ids.
+    """
+    config_file = Path(path) / "tokenizer_config.json"
+    if config_file.is_file():
+        declared = json.loads(config_file.read_text()).get("tokenizer_class")
+        if declared in _GENERIC_TOKENIZER_CLASSES:
+            return PreTrainedTokenizerFast.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=local_files_only)
+
+
+def _check_messages(messages: Sequence[Message], what: str) -> None:
+    """Raise a clear error unless every message is a dict with str role and content."""
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise TypeError(f"{what}[{i}]: expected a dict message, got {type(message).__name__}")
+        for key in ("role", "content"):
+            value = message.get(key)
+            if not isinstance(value, str):
+                raise ValueError(f"{what}[{i}]: field {key!r} must be a str, got {value!r}")
+
+
+class HFPolicy:
+    """A chat policy backed by a transformers causal LM and its tokenizer.
+
+    ``end_of_turn`` is the token that ends an assistant turn (default: the
+    tokenizer's eos token, ``<|im_end|>`` for Qwen instruct models and the tiny
+    model). Sampling stops at it or at the tokenizer's eos token.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, end_of_turn: str | None = None) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("HFPolicy needs a tokenizer with a chat template")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.end_of_turn = end_of_turn if end_of_turn is not None else tokenizer.eos_token
+        if self.end_of_turn is None:
+            raise ValueError("the tokenizer has no eos token; pass end_of_turn=")
+        eot_ids = tokenizer.convert_tokens_to_ids([self.end_of_turn])
+        if len(eot_ids) != 1 or eot_ids[0] is None or eot_ids[0] == tokenizer.unk_token_id:
+            raise ValueError(f"end-of-turn {self.end_of_turn!r} is not a single token")
+        self.eos_token_id: int = int(eot_ids[0])
+        """The end-of-turn token id (the last id of a finished response)."""
+        self.stop_token_ids = frozenset(
+            i for i in (self.eos_token_id, tokenizer.eos_token_id) if i is not None
+        )
+        pad = tokenizer.pad_token_id
+        self.pad_token_id: int = int(pad) if pad is not None else self.eos_token_id
+        self.max_context: int | None = getattr(model.config, "max_position_embeddings", None)
+        """Most positions the model accepts (context plus response), if known."""
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        end_of_turn: str | None = None,
+        local_files_only: bool = True,
+    ) -> HFPolicy:
+        """Load model and tokenizer from a local directory (nothing is downloaded
+        unless ``local_files_only=False``)."""
+        tokenizer = load_tokenizer(path, local_files_only=local_files_only)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype, local_files_only=local_files_only
+        )
+        return cls(model.to(device).eval(), tokenizer, end_of_turn=end_of_turn)
+
+    def save(self, directory: str | Path) -> None:
+        """Save model and tokenizer (with its chat template) for ``from_pretrained``."""
+        self.model.save_pretrained(str(directory))
+        self.tokenizer.save_pretrained(str(directory))
+
+    def clone_frozen(self) -> HFPolicy:
+        """An independent copy with gradients off and eval mode (e.g. a KL reference)."""
+        model = copy.deepcopy(self.model).eval()
+        model.requires_grad_(False)
+        return HFPolicy(model, self.tokenizer, end_of_turn=self.end_of_turn)
+
+    # ------------------------------------------------------------ passthroughs
+    @property
+    def device(self) -> torch.device:
+        """Device of the model's parameters."""
+        return next(self.model.parameters()).device
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        """The model's parameters (for an optimiser)."""
+        return self.model.parameters()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's state dict."""
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> Any:
+        """Load a state dict into the model."""
+        return self.model.load_state_dict(state)
+
+    # ----------------------------------------------------------------- encoding
+    def _render(self, messages: Sequence[Message], *, generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=generation_prompt, tokenize=False
+        )
+
+    def _encode_text(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def encode_initial(self, messages: list[Message]) -> list[int]:
+        """Ids of ``messages`` rendered by the chat template, plus the generation prompt."""
+        if not messages:
+            raise ValueError("encode_initial: messages is empty")
+        _check_messages(messages, "messages")
+        return self._encode_text(self._render(messages, generation_prompt=True))
+
+    def observation_text(self, message: Message) -> str:
+        """The text the template puts after an assistant's end-of-turn token when
+        ``message`` follows: separator, the message, the next generation prompt."""
+        _check_messages([message], "observation")
+        before = self._render(_REFERENCE_TURN, generation_prompt=False)
+        after = self._render([*_REFERENCE_TURN, message], generation_prompt=True)
+        end = before.rfind(self.end_of_turn)
+        if end < 0:
+            raise ValueError(
+                f"the chat template does not end an assistant turn with {self.end_of_turn!r}"
+            )
+        prefix = before[: end + len(self.end_of_turn)]
+        if not after.startswith(prefix):
+            raise ValueError(
+                "the chat template re-renders earlier turns when a message is added; "
+                "observation ids cannot be appended exactly"
+            )
+        return after[len(prefix) :]
+
+    def encode_observation(self, message: Message) -> list[int]:
+        """Ids to append after a finished response (see the module docstring)."""
+        return self._encode_text(self.observation_text(message))
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of response ids, without trailing end-of-turn/eos tokens."""
+        ids = list(ids)
+        while ids and ids[-1] in self.stop_token_ids:
+            ids.pop()
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    # ----------------------------------------------------------------- checking
+    def _check_lengths(self, contexts: Sequence[Sequence[int]], extra: Sequence[int]) -> None:
+        """Clear errors for empty contexts and for ones too long for the model."""
+        for i, (context, more) in enumerate(zip(contexts, extra, strict=True)):
+            if len(context) == 0:
+                raise ValueError(f"contexts[{i}] is empty")
+            if self.max_context is not None and len(context) + more > self.max_context:
+                raise ValueError(
+                    f"contexts[{i}]: {len(context)} context tokens + {more} more exceed the "
+                    f"model's max positions ({self.max_context})"
+                )
+
+    # ----------------------------------------------------------------- sampling
+    @torch.inference_mode()
+    def sample(
+        self,
+        contexts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[Sample]:
+        """Sample one response per context in one batched, KV-cached loop.
+
+        Each row stops at an end-of-turn/eos token (``"stop"``, token included)
+        or after ``max_new_tokens`` tokens (``"length"``); a row whose context
+        nearly fills the model's positions stops earlier, also with ``"length"``.
+        ``seed`` seeds a private ``torch.Generator`` (same seed and batch, same
+        samples); ``None`` draws from a fresh random seed.
+        """
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not contexts:
+            return []
+        self._check_lengths(contexts, [1] * len(contexts))
+        budgets = [
+            max_new_tokens
+            if self.max_context is None
+            else min(max_new_tokens, self.max_context - len(c))
+            for c in contexts
+        ]
+        device = self.device
+        generator = torch.Generator(device=device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+
+        input_ids_B_L, mask_B_L = self._pad(contexts, left=True)
+        position_B_L = (mask_B_L.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=input_ids_B_L,
+            attention_mask=mask_B_L,
+            position_ids=position_B_L,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        next_pos_B = position_B_L[:, -1] + 1
+        batch = len(contexts)
+        ids: list[list[int]] = [[] for _ in range(batch)]
+        logps: list[list[float]] = [[] for _ in range(batch)]
+        reasons: list[str | None] = [None] * batch
+        for _ in range(max(budgets)):
+            token_B, logp_B = self._draw(out.logits[:, -1, :], temperature, generator)
+            for i, (token, logp) in enumerate(zip(token_B.tolist(), logp_B.tolist(), strict=True)):
+                if reasons[i] is not None:
+                    continue
+                ids[i].append(token)
+                logps[i].append(logp)
+                if token in self.stop_token_ids:
+                    reasons[i] = "stop"
+                elif len(ids[i]) >= budgets[i]:
+                    reasons[i] = "length"
+            if all(r is not None for r in reasons):
+                break
+            # Finished rows keep stepping (their outputs are ignored).
+            mask_B_L = torch.cat([mask_B_L, mask_B_L.new_ones(batch, 1)], dim=1)
+            out = self.model(
+                input_ids=token_B[:, None],
+                attention_mask=mask_B_L,
+                position_ids=next_pos_B[:, None],
+                cache=out.cache,
+                use_cache=True,
+            )
+            next_pos_B = next_pos_B + 1
+        return [
+            Sample(response_ids=r, logprobs=lp, stop_reason=str(why), text=self.decode(r))
+            for r, lp, why in zip(ids, logps, reasons, strict=True)
+        ]
+
+    @staticmethod
+    def _draw(
+        logits_B_V: torch.Tensor, temperature: float, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw one token per row; return it and its log-prob under the sampling
+        distribution (temperature-scaled; untempered for greedy ``temperature=0``)."""
+        logits_B_V = logits_B_V.float()
+        if temperature == 0:
+            token_B = logits_B_V.argmax(-1)
+            logp_B_V = torch.log_softmax(logits_B_V, dim=-1)
+        else:
+            logp_B_V = torch.log_softmax(logits_B_V / temperature, dim=-1)
+            token_B = torch.multinomial(logp_B_V.exp(), 1, generator=generator).squeeze(-1)
+        return token_B, logp_B_V.gather(-1, token_B[:, None]).squeeze(-1)
+
+    def _pad(
+        self, rows: Sequence[Sequence[int]], *, left: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pad rows to one length; return ids [B, L] and attention mask [B, L]."""
+        length = max(len(r) for r in rows)
+        ids_B_L = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
+        mask_B_L = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, row in enumerate(rows):
+            span = slice(length - len(row), length) if left else slice(0, len(row))
+            ids_B_L[i, span] = torch.tensor(list(row), dtype=torch.long)
+            mask_B_L[i, span] = 1
+        return ids_B_L.to(self.device), mask_B_L.to(self.device)
+
+    # ---------------------------------------------------------------- training
+    def response_logprobs(
+        self,
+        contexts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs of given response tokens after given contexts, in one forward.
+
+        Returns ``logp_B_T`` (float32, differentiable when grad is enabled; 0 at
+        padding) and ``mask_B_T`` (float32, 1 for real response tokens), where
+        ``T`` is the longest response. ``temperature`` must match the sampling
+        temperature for these to equal ``Sample.logprobs``.
+        """
+        if len(contexts) != len(responses):
+            raise ValueError(
+                f"{len(contexts)} contexts but {len(responses)} responses; they must pair up"
+            )
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self._check_lengths(contexts, [len(r) for r in responses])
+        device = self.device
+        batch = len(contexts)
+        longest = max((len(r) for r in responses), default=0)
+        if batch == 0 or longest == 0:
+            zeros = torch.zeros((batch, longest), device=device)
+            return zeros, zeros.clone()
+        seqs = [list(c) + list(r) for c, r in zip(contexts, responses, strict=True)]
+        ids_B_L, mask_B_L = self._pad(seqs, left=False)
+        length = ids_B_L.shape[1]
+        # Only positions from the earliest response's predictor onwards need logits.
+        start = min(len(c) for c in contexts) - 1
+        out = self.model(
+            input_ids=ids_B_L,
+            attention_mask=mask_B_L,
+            position_ids=torch.arange(length, device=device).expand(batch, length),
+            use_cache=False,
+            logits_to_keep=length - start,
+        )
+        logits_B_K_V = out.logits
+        ctx_len_B = torch.tensor([len(c) for c in contexts], device=device)
+        resp_len_B = torch.tensor([len(r) for r in responses], device=device)
+        steps_T = torch.arange(longest, device=device)
+        mask_B_T = (steps_T[None, :] < resp_len_B[:, None]).float()
+        # Logit at absolute position p predicts token p + 1; kept index = p - start.
+        index_B_T = (ctx_len_B[:, None] - 1 + steps_T[None, :] - start).clamp(
+            max=logits_B_K_V.shape[1] - 1
+        )
+        picked_B_T_V = logits_B_K_V.gather(
+            1, index_B_T[:, :, None].expand(-1, -1, logits_B_K_V.shape[-1])
+        )
+        targets_B_T = torch.zeros((batch, longest), dtype=torch.long, device=device)
+        for i, response in enumerate(responses):
+            targets_B_T[i, : len(response)] = torch.tensor(list(response), dtype=torch.long)
+        logp_B_T_V = torch.log_softmax(picked_B_T_V.float() / temperature, dim=-1)
+        logp_B_T = logp_B_T_V.gather(-1, targets_B_T[:, :, None]).squeeze(-1)
+        return logp_B_T * mask_B_T, mask_B_T
