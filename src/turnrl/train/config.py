@@ -1,0 +1,546 @@
+"""Typed run configuration: nested dataclasses, read from TOML, with CLI overrides.
+
+Every config class is a plain ``@dataclass`` whose fields each carry an *attribute
+docstring* (a string literal right below the field, cleanrl ``Args`` style). Those
+docstrings are read back from the source with ``ast``, so ``describe_config`` can list
+every option with its meaning and ``config_to_toml_text`` can write a self-documenting
+copy of the config into the run directory.
+
+TOML layout: scalar fields of the top-level class are top-level keys; a field whose type
+is itself a config dataclass is a ``[section]`` table (nesting to any depth as
+``[a.b]``). Overrides are ``section.field=value`` strings; the value is parsed as a TOML
+value (``3``, ``0.5``, ``true``, ``[1, 2]``, ``{a = 1}``, ``"text"``) and then checked
+against the field's type; for ``str`` fields an unquoted value is taken verbatim, and
+``none``/``null`` sets an optional field to ``None``. A path may reach into a ``dict``
+field (``credit.params.beta=0.1``).
+
+TOML has no null: ``config_to_toml_text`` writes a ``None`` value as a comment, so a
+round trip is exact only when optional fields default to ``None`` (all here do).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import itertools
+import json
+import math
+import re
+import textwrap
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# --------------------------------------------------------------------------- config sections
+
+
+@dataclass
+class EnvConfig:
+    """Which environment to train on, and how its task sets are drawn."""
+
+    name: str = "calculator"
+    """Registered environment name (see ``turnrl.envs``)."""
+    hard_fraction: float = 0.5
+    """Share of tasks drawn from the hard split (where the tool is needed)."""
+    turn_cost: float = 0.0
+    """Reward subtracted per extra turn (a price on tool calls); 0 disables it."""
+    max_turns: int = 4
+    """Episode ends after this many agent turns, answered or not."""
+    n_train_tasks: int = 512
+    """Size of the fixed training task pool."""
+    n_eval_tasks: int = 64
+    """Size of the held-out evaluation task set (disjoint from training)."""
+    seed: int = 0
+    """Seed of task generation (train and eval sets derive from it)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra environment-specific keyword arguments, passed through unchanged."""
+
+
+@dataclass
+class PolicyConfig:
+    """The policy model and its sampling settings."""
+
+    model: str = "tiny"
+    """``tiny`` (a small randomly initialised transformer) or a local path to a
+    pretrained model directory (never downloaded at run time)."""
+    hidden: int = 64
+    """Hidden size of the ``tiny`` model."""
+    layers: int = 2
+    """Number of transformer layers of the ``tiny`` model."""
+    temperature: float = 1.0
+    """Sampling temperature during rollouts."""
+    max_new_tokens: int = 24
+    """Maximum tokens per agent turn; longer responses are truncated."""
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised warm start on synthetic demonstrations before RL."""
+
+    steps: int = 300
+    """Number of SFT optimiser steps; 0 skips the warm start."""
+    lr: float = 1e-3
+    """SFT learning rate."""
+    batch_size: int = 32
+    """Demonstrations per SFT step."""
+    tool_fraction: float = 0.5
+    """Share of hard-problem demonstrations that use the tool (the rest answer
+    directly), so RL starts from a policy that sometimes calls the tool."""
+    easy_tool_fraction: float = 0.0
+    """Share of easy-problem demonstrations that use the tool."""
+
+
+@dataclass
+class RolloutConfig:
+    """How rollouts are collected each step."""
+
+    strategy: str = "independent"
+    """Rollout strategy: ``independent`` samples or a tree strategy (see ``turnrl.rollout``)."""
+    group_size: int = 8
+    """Rollouts (or branches) per task."""
+    tasks_per_step: int = 8
+    """Distinct tasks per training step."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Strategy-specific parameters, passed through unchanged."""
+
+
+@dataclass
+class CreditConfig:
+    """Credit assignment: which registered advantage estimator, with which parameters."""
+
+    estimator: str = "grpo"
+    """Registered estimator name (see ``turnrl.credit``)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Estimator parameters (e.g. ``group_key``, ``gamma``), passed through unchanged."""
+
+
+@dataclass
+class TrainConfig:
+    """The RL optimisation loop."""
+
+    steps: int = 100
+    """Number of training steps (one rollout batch each)."""
+    lr: float = 3e-4
+    """Learning rate of the policy optimiser."""
+    minibatch_size: int = 64
+    """Rows (turn samples) per gradient-accumulation chunk; the optimiser steps once per
+    epoch over the whole batch, so this only bounds memory."""
+    epochs: int = 1
+    """Passes (optimiser steps) over each rollout batch; >1 makes later passes off-policy."""
+    clip_low: float = 0.2
+    """PPO clip width below 1 (ratio lower bound ``1 - clip_low``)."""
+    clip_high: float = 0.2
+    """PPO clip width above 1; larger than ``clip_low`` gives "clip-higher" (DAPO)."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the initial (reference) policy; 0 disables it."""
+    kl_estimator: str = "k3"
+    """KL estimator: ``k3`` (low variance, non-negative), ``k1`` or ``k2``."""
+    aggregation: str = "token-mean"
+    """Loss aggregation: ``token-mean``, ``seq-mean-token-mean`` or ``rollout-mean``."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clipping threshold; 0 disables clipping."""
+    seed: int = 0
+    """Seed of sampling and initialisation."""
+    eval_every: int = 20
+    """Evaluate on the held-out tasks every this many steps; 0 disables."""
+    checkpoint_every: int = 50
+    """Save a checkpoint every this many steps; 0 disables."""
+    keep_checkpoints: int = 2
+    """How many of the most recent checkpoints to keep on disk."""
+    device: str = "auto"
+    """Torch device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``..."""
+
+
+@dataclass
+class RunConfig:
+    """A complete training run."""
+
+    run_dir: str = "runs/default"
+    """Directory for metrics, checkpoints, records and the config copy."""
+    label: str | None = None
+    """Name of this run in reports (runs sharing a label are seeds of one method);
+    defaults to the run directory's name."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Environment section."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """Policy section."""
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """Warm-start (SFT) section."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Rollout section."""
+    credit: CreditConfig = field(default_factory=CreditConfig)
+    """Credit-assignment section."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """RL training section."""
+
+
+# --------------------------------------------------------------------------- docstrings
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a dataclass (and its dataclass bases), by field name.
+
+    Read from the source with ``ast``: a string-literal statement directly after an
+    annotated assignment documents that field. Empty when the source is unavailable.
+    """
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        class_def = ast.parse(source).body[0]
+        if not isinstance(class_def, ast.ClassDef):
+            continue
+        body = class_def.body
+        for stmt, nxt in itertools.pairwise(body):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type) and not typing.get_args(tp):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
+
+
+def describe_config(cls: type, prefix: str = "") -> str:
+    """Every field of ``cls`` (recursively), one block each: dotted name, type, default
+    and docstring. Meant for ``--help``-style listings."""
+    lines: list[str] = []
+    docs = field_docs(cls)
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        name = f"{prefix}{f.name}"
+        tp = _hints(cls)[f.name]
+        if _is_config_class(tp):
+            lines.append(f"[{name}]  {inspect.cleandoc(tp.__doc__ or '')}".rstrip())
+            lines.append(describe_config(tp, prefix=f"{name}."))
+            continue
+        default = getattr(defaults, f.name)
+        lines.append(f"{name}: {_type_name(tp)} = {default!r}")
+        doc = docs.get(f.name, "")
+        if doc:
+            lines.extend("    " + line for line in doc.splitlines())
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- type checking
+
+
+class _TypeMismatch(Exception):
+    """A value does not fit a field's type (message without location)."""
+
+
+def _is_config_class(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _is_optional(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in (
+        typing.get_args(tp)
+    )
+
+
+def _coerce(value: Any, tp: Any) -> Any:
+    """Return ``value`` as type ``tp`` (int -> float widening only), or raise."""
+    if tp is Any:
+        return value
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        for option in typing.get_args(tp):
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option)
+            except _TypeMismatch:
+                pass
+        raise _TypeMismatch(f"expected {_type_name(tp)}, got {value!r}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise _TypeMismatch(f"expected a list ({_type_name(tp)}), got {value!r}")
+        args = typing.get_args(tp)
+        item_tp = args[0] if args else Any
+        items = [_coerce(item, item_tp) for item in value]
+        return items if origin is list else tuple(items)
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise _TypeMismatch(f"expected a table ({_type_name(tp)}), got {value!r}")
+        args = typing.get_args(tp)
+        value_tp = args[1] if len(args) == 2 else Any
+        return {str(k): _coerce(v, value_tp) for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _TypeMismatch(f"expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _TypeMismatch(f"expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _TypeMismatch(f"expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _TypeMismatch(f"expected a string, got {value!r}")
+    if tp is Path:
+        if isinstance(value, (str, Path)):
+            return Path(value)
+        raise _TypeMismatch(f"expected a path string, got {value!r}")
+    raise _TypeMismatch(f"unsupported field type {_type_name(tp)}")
+
+
+# --------------------------------------------------------------------------- TOML loading
+
+_HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
+
+
+def _key_line(text: str, path: tuple[str, ...]) -> int | None:
+    """Best-effort 1-based line of the dotted key ``path`` in TOML ``text`` (or of the
+    ``[path]`` table header); None when not found (e.g. inline tables)."""
+    table: tuple[str, ...] = ()
+    for number, raw in enumerate(text.splitlines(), start=1):
+        header = _HEADER.match(raw)
+        if header:
+            table = tuple(part.strip().strip("\"'") for part in header.group(1).split("."))
+            if table == path:
+                return number
+            continue
+        if "=" not in raw:
+            continue
+        key = raw.split("=", 1)[0].strip()
+        if not key or key.startswith("#"):
+            continue
+        full = table + tuple(part.strip().strip("\"'") for part in key.split("."))
+        if full == path or full[: len(path)] == path:
+            return number
+    return None
+
+
+class _Source:
+    """Where values come from, for error messages."""
+
+    def __init__(self, name: str, text: str | None = None) -> None:
+        self.name = name
+        self.text = text
+
+    def error(self, path: tuple[str, ...], message: str) -> ValueError:
+        dotted = ".".join(path)
+        line = _key_line(self.text, path) if self.text is not None else None
+        where = f"{self.name}:{line}" if line is not None else self.name
+        return ValueError(f"{where}: {dotted}: {message}")
+
+
+def _build(cls: type[T], data: dict[str, Any], path: tuple[str, ...], source: _Source) -> T:
+    """Instantiate ``cls`` from a (TOML) dict; missing keys keep their defaults."""
+    hints = _hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        key_path = (*path, key)
+        if key not in names:
+            raise source.error(
+                key_path,
+                f"unknown {'section' if isinstance(value, dict) else 'field'}"
+                f" (known in {'.'.join(path) or 'top level'}: {', '.join(sorted(names))})",
+            )
+        tp = hints[key]
+        if _is_config_class(tp):
+            if not isinstance(value, dict):
+                raise source.error(key_path, f"is a section; expected a table, got {value!r}")
+            kwargs[key] = _build(tp, value, key_path, source)
+            continue
+        try:
+            kwargs[key] = _coerce(value, tp)
+        except _TypeMismatch as err:
+            raise source.error(key_path, str(err)) from None
+    return cls(**kwargs)
+
+
+def _parse_override_value(raw: str, tp: Any) -> Any:
+    """Parse the text after ``=`` of an override, guided by the field type."""
+    text = raw.strip()
+    if text.lower() in ("none", "null") and (_is_optional(tp) or tp is Any):
+        return None
+    plain_str = tp is str or (_is_optional(tp) and str in typing.get_args(tp))
+    if plain_str and not (len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'"):
+        return text
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word: let the type check decide (fine for str / Any)
+
+
+def _apply_override(config: Any, override: str) -> None:
+    if "=" not in override:
+        raise ValueError(f"override {override!r}: expected section.field=value")
+    dotted, raw = override.split("=", 1)
+    path = tuple(part.strip() for part in dotted.strip().split("."))
+    source = _Source(f"override {override!r}")
+    target = config
+    for depth, name in enumerate(path):
+        here = path[: depth + 1]
+        last = depth == len(path) - 1
+        if isinstance(target, dict):  # inside a dict-typed field: free-form keys
+            if last:
+                target[name] = _parse_override_value(raw, Any)
+                return
+            target = target.setdefault(name, {})
+            if not isinstance(target, dict):
+                raise source.error(here, "is not a table")
+            continue
+        cls = type(target)
+        names = [f.name for f in dataclasses.fields(target)]
+        if name not in names:
+            raise source.error(
+                here, f"unknown field (known in {cls.__name__}: {', '.join(sorted(names))})"
+            )
+        tp = _hints(cls)[name]
+        if last:
+            if _is_config_class(tp):
+                raise source.error(here, "is a section; override one of its fields")
+            try:
+                setattr(target, name, _coerce(_parse_override_value(raw, tp), tp))
+            except _TypeMismatch as err:
+                raise source.error(here, str(err)) from None
+            return
+        value = getattr(target, name)
+        if not (_is_config_class(tp) or isinstance(value, dict)):
+            raise source.error(here, f"is a {_type_name(tp)} field, not a section")
+        target = value
+
+
+def load_config(
+    cls: type[T],
+    toml_path: str | Path | None = None,
+    overrides: typing.Iterable[str] = (),
+) -> T:
+    """Build a ``cls`` config: defaults, then the TOML file (if any), then overrides.
+
+    Raises ``ValueError`` naming the file (or the override), the dotted key, the line
+    when it can be found, and what was wrong: unknown section/field, wrong type, TOML
+    syntax error.
+    """
+    if toml_path is None:
+        config = cls()
+    else:
+        path = Path(toml_path)
+        text = path.read_text(encoding="utf-8")
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"{path}: invalid TOML: {err}") from None
+        config = _build(cls, data, (), _Source(str(path), text))
+    for override in overrides:
+        _apply_override(config, override)
+    return config
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """Plain nested dict of a config (JSON-serialisable: paths become strings)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, Path):
+            return str(value)
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(dataclasses.asdict(config))
+
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, (str, Path)):
+        # JSON string escapes are a subset of TOML basic-string escapes.
+        return json.dumps(str(value), ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = ", ".join(f"{_toml_key(str(k))} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + items + " }"
+    raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as TOML")
+
+
+def _comment(text: str) -> list[str]:
+    return ["# " + line if line else "#" for line in text.splitlines()]
+
+
+def config_to_toml_text(config: Any) -> str:
+    """TOML text of ``config`` (field docstrings as comments) that ``load_config`` reads
+    back to an equal config. ``None`` values are written as comments (TOML has no null)."""
+    lines: list[str] = []
+
+    def emit(obj: Any, path: tuple[str, ...]) -> None:
+        cls = type(obj)
+        docs = field_docs(cls)
+        hints = _hints(cls)
+        sections = []
+        if path:
+            if lines:
+                lines.append("")
+            lines.append("[" + ".".join(_toml_key(p) for p in path) + "]")
+        for f in dataclasses.fields(obj):
+            if _is_config_class(hints[f.name]):
+                sections.append(f.name)
+                continue
+            lines.extend(_comment(docs.get(f.name, "")))
+            value = getattr(obj, f.name)
+            if value is None:
+                lines.append(f"# {_toml_key(f.name)} = (none)")
+            else:
+                lines.append(f"{_toml_key(f.name)} = {_toml_value(value)}")
+        for name in sections:
+            emit(getattr(obj, name), (*path, name))
+
+    emit(config, ())
+    return "\n".join(lines) + "\n"
