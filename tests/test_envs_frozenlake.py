@@ -162,3 +162,15 @@ def test_registry_builds_frozenlake() -> None:
     assert isinstance(env, FrozenLakeEnv)
     (task,) = envs.make_tasks("frozenlake", 1, seed=0, size=3)
     assert envs.demonstration("frozenlake", task)[-1]["role"] == "assistant"
+
+
+def test_restore_after_reset_to_another_map() -> None:
+    other = frozenlake_tasks(1, seed=1)[0]
+    env = FrozenLakeEnv(is_slippery=True)
+    env.reset(LAKE)
+    snap = env.snapshot()
+    expected = env.step("right")
+    env.reset(other)
+    env.step("down")
+    env.restore(snap)
+    assert env.step("right") == expected

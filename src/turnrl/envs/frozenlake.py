@@ -83,18 +83,23 @@ def frozenlake_tasks(n: int, seed: int, size: int = 4, p: float = 0.8) -> list[T
     return tasks
 
 
-@lru_cache(maxsize=256)
 def _gym_lake(rows: tuple[str, ...], is_slippery: bool) -> Any:
-    """A gymnasium FrozenLake env for one map (cached: only its transition table is used
-    unchanged; position and RNG are overwritten before every step)."""
+    """A fresh gymnasium FrozenLake env for one map."""
     from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
 
     return GymFrozenLake(desc=list(rows), is_slippery=is_slippery)
 
 
+@lru_cache(maxsize=256)
+def _deterministic_transitions(rows: tuple[str, ...]) -> dict[int, dict[int, list[tuple]]]:
+    """gymnasium's transition table ``P[state][action]`` of a map on non-slippery ice
+    (cached; only read)."""
+    return _gym_lake(rows, False).P
+
+
 def shortest_path(rows: tuple[str, ...]) -> list[str]:
     """Moves of a shortest path from S to G on non-slippery ice (BFS), avoiding holes."""
-    transitions = _gym_lake(tuple(rows), False).P
+    transitions = _deterministic_transitions(tuple(rows))
     flat = "".join(rows)
     start, goal = flat.index("S"), flat.index("G")
     parent: dict[int, tuple[int, str]] = {}
@@ -157,6 +162,15 @@ class FrozenLakeEnv(Env):
         self.seed = seed
         self.system_prompt = system_prompt
         self._state: _State | None = None
+        self._lake: Any = None  # gymnasium env of the current map, rebuilt when it changes
+        self._lake_rows: tuple[str, ...] | None = None
+
+    def _gym(self, rows: tuple[str, ...]) -> Any:
+        """This instance's gymnasium env for ``rows`` (its position and RNG state are
+        overwritten from ``self._state`` before every step)."""
+        if rows != self._lake_rows:
+            self._lake, self._lake_rows = _gym_lake(rows, self.is_slippery), rows
+        return self._lake
 
     def _rows(self, task: Task) -> tuple[str, ...]:
         return tuple(task.payload["map"])
@@ -165,7 +179,7 @@ class FrozenLakeEnv(Env):
         return self.max_turns or len(self._rows(task)) ** 2
 
     def reset(self, task: Task) -> list[Message]:
-        lake = _gym_lake(self._rows(task), self.is_slippery)
+        lake = self._gym(self._rows(task))
         position, _ = lake.reset(seed=(int(task.payload.get("seed", 0)) * 1_000_003 + self.seed))
         rng_state = lake.np_random.bit_generator.state
         self._state = _State(task=task, position=int(position), rng_state=rng_state)
@@ -207,7 +221,7 @@ class FrozenLakeEnv(Env):
         reward = 0.0 - self.turn_cost  # 0.0 - x avoids a -0.0 reward
         position, rng_state, terminated = state.position, state.rng_state, False
         if not isinstance(move, Malformed):
-            lake = _gym_lake(rows, self.is_slippery)
+            lake = self._gym(rows)
             lake.s = position
             lake.np_random.bit_generator.state = rng_state
             position, gym_reward, terminated, _, _ = lake.step(MOVES[move])

@@ -117,8 +117,12 @@ def format_answer(text: str) -> str:
 
 def _find_block(text: str, spec: ToolFormat) -> tuple[str, str] | Malformed:
     """Find the single action block: ``("call"|"answer", body)`` or a Malformed."""
-    kinds = {spec.call_open: "call", spec.call_close: "call", ANSWER_OPEN: "answer"}
-    kinds[ANSWER_CLOSE] = "answer"
+    kinds = {
+        spec.call_open: "call",
+        spec.call_close: "call",
+        ANSWER_OPEN: "answer",
+        ANSWER_CLOSE: "answer",
+    }
     opening = {spec.call_open, ANSWER_OPEN}
     pattern = re.compile("|".join(re.escape(t) for t in sorted(kinds, key=len, reverse=True)))
 
