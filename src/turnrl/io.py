@@ -2,10 +2,10 @@
 
 Two kinds of writes:
 
-* **Atomic replace** (``atomic_write_text``/``_bytes``/``_json``): the data goes to a
-  temporary file in the same directory, is fsynced, then moved over the target with
-  ``os.replace``. A reader sees either the old file or the new one, never a half-written one;
-  a crash leaves at most a stray ``.tmp`` file, which no reader looks at.
+* **Atomic replace** (``atomic_write_text``/``_bytes``/``_json``, ``atomic_open``): the
+  data goes to a temporary file in the same directory, is fsynced, then moved over the
+  target with ``os.replace``. A reader sees either the old file or the new one, never a
+  half-written one; a crash leaves at most a stray ``.tmp`` file, which no reader reads.
 * **Append** (``append_jsonl``): one JSON object per line, flushed and fsynced. A crash
   can leave at most a partial *last* line; ``read_jsonl_tolerant`` skips exactly that
   and raises on damage anywhere else, naming the file and the line, and the next
@@ -18,8 +18,9 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 TMP_SUFFIX = ".tmp"
 """Suffix of the temporary files atomic writes create (readers ignore them)."""
@@ -39,17 +40,21 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file in the same dir, fsync, replace).
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """Open a binary file for writing that appears at ``path`` only once complete.
 
-    Parent directories are created. Returns the target path.
+    Yields a handle on a temporary file in the same directory; on normal exit the data
+    is flushed, fsynced and moved over ``path``; on an exception the temporary file is
+    removed and ``path`` is untouched. Use it to stream large payloads (e.g.
+    ``torch.save(obj, handle)``) without holding a second copy in memory.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=TMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, target)
@@ -58,7 +63,16 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             os.unlink(tmp_name)
         raise
     _fsync_dir(target.parent)
-    return target
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same dir, fsync, replace).
+
+    Parent directories are created. Returns the target path.
+    """
+    with atomic_open(path) as handle:
+        handle.write(data)
+    return Path(path)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
