@@ -103,8 +103,11 @@ class _Checker:
 
 
 def validate_record(obj: Any, *, source: str = "<records>", line: int = 1) -> dict[str, Any]:
-    """Check one record and return a copy with defaults filled in.
+    """Check one record and return it unchanged (a shallow copy).
 
+    Defaults (``role="agent"``, ``reward=0``, ``done=false``, null optionals) are
+    applied by the reader of the record (``TurnTable``), not written into it, so a
+    record written back by ``turnrl credit`` has exactly the fields it came with.
     Raises ``TurnRecordError`` naming ``source``, ``line`` and the field.
     """
     check = _Checker(source, line)
@@ -117,12 +120,12 @@ def validate_record(obj: Any, *, source: str = "<records>", line: int = 1) -> di
         raise check.fail("turn", "is required (an integer >= 0)")
     if not _is_int(record["turn"]) or record["turn"] < 0:
         raise check.fail("turn", f"must be an integer >= 0, got {record['turn']!r}")
-    record["role"] = check.string(record, "role", nullable=True) or "agent"
-    record["prompt"] = check.prompt(record)
+    check.string(record, "role", nullable=True)
+    check.prompt(record)
     if record.get("response") is not None:
         check.string(record, "response", nullable=True)
     for name in ("prompt_ids", "response_ids"):
-        record[name] = check.int_list(record, name)
+        check.int_list(record, name)
     logprobs = record.get("logprobs")
     if logprobs is not None:
         if not isinstance(logprobs, list) or not all(
@@ -134,15 +137,14 @@ def validate_record(obj: Any, *, source: str = "<records>", line: int = 1) -> di
             raise check.fail(
                 "logprobs", f"has {len(logprobs)} values but response_ids has {len(ids)} tokens"
             )
-    record["reward"] = check.finite(record, "reward", 0.0)
+    check.finite(record, "reward", 0.0)
     done = record.get("done", False)
     if not isinstance(done, bool):
         raise check.fail("done", f"must be true or false, got {done!r}")
-    record["done"] = done
     for name in ("state_key", "node_id"):
-        record[name] = check.string(record, name, nullable=True)
+        check.string(record, name, nullable=True)
     for name in ("info_gain", "q"):
-        record[name] = check.finite(record, name, None)
+        check.finite(record, name, None)
     return record
 
 

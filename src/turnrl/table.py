@@ -104,7 +104,7 @@ class TurnTable:
     """1-based source line (JSONL line or position in the input) of each row."""
     source: str = "<records>"
     records: list[dict[str, Any]] | None = field(default=None, repr=False)
-    """The validated records (defaults filled in), when built from records."""
+    """The input records as given (validated, not modified), when built from records."""
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -129,17 +129,18 @@ class TurnTable:
             columns["task"].append(tasks.code(task_id))
             columns["traj"].append(trajs.code(record["traj_id"]))
             columns["turn"].append(record["turn"])
-            columns["role"].append(roles.code(record["role"]))
-            columns["reward"].append(record["reward"])
-            columns["done"].append(record["done"])
-            columns["state"].append(states.code(record["state_key"]))
-            node = record["node_id"] or default_node_id(
+            columns["role"].append(roles.code(record.get("role") or "agent"))
+            columns["reward"].append(float(record.get("reward", 0.0)))
+            columns["done"].append(bool(record.get("done", False)))
+            columns["state"].append(states.code(record.get("state_key")))
+            node = record.get("node_id") or default_node_id(
                 task_id, record.get("prompt_ids"), record.get("prompt")
             )
             # No context at all: the row is its own decision point.
             columns["node"].append(nodes.code(node if node is not None else ("row", number)))
-            columns["ig"].append(np.nan if record["info_gain"] is None else record["info_gain"])
-            columns["q"].append(np.nan if record["q"] is None else record["q"])
+            for column, name in (("ig", "info_gain"), ("q", "q")):
+                value = record.get(name)
+                columns[column].append(np.nan if value is None else float(value))
             columns["line"].append(number)
         if not records:
             raise TurnRecordError(source, None, None, "no turn records")

@@ -106,6 +106,12 @@ class Policy(Protocol):
     tokens a sample was drawn from are exactly the tokens trained on.
     """
 
+    eos_token_id: int
+    """The end-of-turn token id: the last id of a response that stopped normally."""
+
+    max_context: int | None
+    """Most positions (context plus response) the model accepts, if known."""
+
     def encode_initial(self, messages: list[Message]) -> list[int]:
         """Token ids of the initial messages plus the assistant generation prompt."""
         ...

@@ -1,0 +1,167 @@
+"""Batched multi-turn rollouts that write exact turn records.
+
+All live episodes are stepped together: at each turn the runner collects every
+unfinished episode's context, samples all responses in ONE batched call, steps
+each environment, and appends ``response ids + observation ids`` to each
+context. Contexts are never re-rendered from text, so a record's
+``prompt_ids``/``response_ids`` are exactly the tokens sampled, and the trainer
+scores exactly those tokens.
+
+A response cut at ``max_new_tokens`` (``stop_reason == "length"``) is still
+passed to the environment (usually as a malformed action); the end-of-turn token
+is then appended to the context as part of the next observation (it was not
+sampled, so it is not trained on).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnrl.types import Env, Policy, Task
+
+
+@dataclass
+class Episode:
+    """One trajectory in progress."""
+
+    task: Task
+    traj_id: str
+    env: Env
+    context: list[int]
+    turn: int = 0
+    done: bool = False
+    outcome: float = 0.0
+    tool_calls: int = 0
+    malformed: int = 0
+    truncated_responses: int = 0
+    correct: bool | None = None
+    end: str = ""
+    """Why the episode ended: "env" (the environment said done), "context" (no room left)."""
+
+
+@dataclass
+class RolloutBatch:
+    """Turn records of a batch of episodes, plus per-episode summaries and costs."""
+
+    records: list[dict[str, Any]]
+    episodes: list[Episode]
+    sampled_tokens: int = 0
+    context_tokens: int = 0
+    """Sum over sampling calls of context lengths (tokens the model had to attend over)."""
+    seconds_sampling: float = 0.0
+    seconds_env: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def episode_records_fields(episode: Episode) -> dict[str, Any]:
+    """Fields every record of an episode shares."""
+    return {"task_id": episode.task.task_id, "traj_id": episode.traj_id, "role": "agent"}
+
+
+def run_episodes(
+    policy: Policy,
+    make_env: Callable[[], Env],
+    tasks: Sequence[Task],
+    *,
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    traj_prefix: str = "",
+    max_turns: int = 32,
+) -> RolloutBatch:
+    """Run ``group_size`` independent episodes per task, all in one batch.
+
+    ``seed`` makes the whole batch reproducible (turn ``t`` samples with seed
+    ``seed * 1009 + t``). ``max_turns`` is a safety cap on top of the
+    environment's own limit.
+    """
+    episodes = []
+    for task in tasks:
+        for g in range(group_size):
+            env = make_env()
+            messages = env.reset(task)
+            episodes.append(
+                Episode(task, f"{traj_prefix}{task.task_id}#{g}", env, policy.encode_initial(messages))
+            )
+    return continue_episodes(
+        policy,
+        episodes,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        max_turns=max_turns,
+    )
+
+
+def continue_episodes(
+    policy: Policy,
+    episodes: list[Episode],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    max_turns: int = 32,
+) -> RolloutBatch:
+    """Step the given episodes (fresh or restored mid-way) until all are done."""
+    batch = RolloutBatch(records=[], episodes=episodes)
+    step = 0
+    while True:
+        live = [e for e in episodes if not e.done]
+        for e in live:
+            room = policy.max_context is None or len(e.context) + max_new_tokens <= policy.max_context
+            if e.turn >= max_turns or not room:
+                e.done, e.end = True, "context" if not room else "max_turns"
+        live = [e for e in live if not e.done]
+        if not live:
+            return batch
+        started = time.perf_counter()
+        samples = policy.sample(
+            [e.context for e in live],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed * 1009 + step,
+        )
+        batch.seconds_sampling += time.perf_counter() - started
+        batch.sampled_tokens += sum(len(s.response_ids) for s in samples)
+        batch.context_tokens += sum(len(e.context) for e in live)
+        started = time.perf_counter()
+        for episode, sample in zip(live, samples, strict=True):
+            state_key = episode.env.state_key()
+            result = episode.env.step(sample.text)
+            info = result.info
+            record = {
+                **episode_records_fields(episode),
+                "turn": episode.turn,
+                "prompt_ids": list(episode.context),
+                "response_ids": list(sample.response_ids),
+                "logprobs": [float(x) for x in sample.logprobs],
+                "response": sample.text,
+                "reward": float(result.reward),
+                "done": bool(result.done),
+                "state_key": state_key,
+                "tags": list(episode.task.tags),
+                "tool_call": bool(info.get("tool_call", False)),
+                "malformed": bool(info.get("malformed", False)),
+                "stop_reason": sample.stop_reason,
+            }
+            batch.records.append(record)
+            episode.outcome += float(result.reward)
+            episode.tool_calls += int(record["tool_call"])
+            episode.malformed += int(record["malformed"])
+            episode.truncated_responses += int(sample.stop_reason == "length")
+            episode.turn += 1
+            if result.done:
+                episode.done, episode.end = True, "env"
+                episode.correct = info.get("correct")
+                continue
+            assert result.observation is not None
+            episode.context = episode.context + list(sample.response_ids)
+            if sample.stop_reason != "stop":
+                episode.context.append(policy.eos_token_id)
+            episode.context += policy.encode_observation(result.observation)
+        batch.seconds_env += time.perf_counter() - started
+        step += 1

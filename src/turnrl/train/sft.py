@@ -1,0 +1,117 @@
+"""Supervised warm start on generated demonstrations.
+
+Demonstrations are full conversations of ideal solutions produced by the
+environment itself (``turnrl.envs.demonstration``). They are tokenised exactly the
+way rollouts build contexts (``encode_initial`` once, then response ids + the
+end-of-turn token, then ``encode_observation`` for each tool/user message), so
+the warm start trains on the same token layout that RL will sample from. Each
+assistant turn is one (context, response) row; the loss is the mean negative
+log-likelihood per response token.
+
+The mix is configurable: ``tool_fraction`` of hard-task demonstrations call the
+tool (the rest answer directly, with the correct number), and
+``easy_tool_fraction`` of easy-task demonstrations do. A warm start that calls
+the tool only sometimes leaves RL something to learn: *when* to call it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from turnrl.envs import demonstration
+from turnrl.policy import HFPolicy
+from turnrl.types import Message, Task
+
+
+@dataclass(frozen=True)
+class TurnExample:
+    """One assistant turn to imitate: its exact context ids and response ids."""
+
+    context: list[int]
+    response: list[int]
+
+
+def encode_response(policy: HFPolicy, text: str) -> list[int]:
+    """Ids of an assistant response as the policy would emit it (text + end-of-turn)."""
+    ids = policy.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [*ids, policy.eos_token_id]
+
+
+def conversation_examples(policy: HFPolicy, messages: Sequence[Message]) -> list[TurnExample]:
+    """Split one conversation into per-turn examples with incrementally built contexts."""
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    context = policy.encode_initial(list(messages[:first]))
+    examples = []
+    for message in messages[first:]:
+        if message["role"] == "assistant":
+            response = encode_response(policy, message["content"])
+            examples.append(TurnExample(list(context), response))
+            context = context + response
+        else:
+            context = context + policy.encode_observation(message)
+    return examples
+
+
+def demonstration_examples(
+    policy: HFPolicy,
+    env_name: str,
+    tasks: Sequence[Task],
+    *,
+    seed: int,
+    tool_fraction: float,
+    easy_tool_fraction: float,
+    env_kwargs: dict | None = None,
+) -> list[TurnExample]:
+    """Per-turn examples from one demonstration per task, tool use mixed as configured."""
+    rng = random.Random(seed)
+    examples: list[TurnExample] = []
+    for task in tasks:
+        kwargs = dict(env_kwargs or {})
+        if env_name == "calculator":
+            fraction = tool_fraction if "hard" in task.tags else easy_tool_fraction
+            kwargs["use_tool"] = rng.random() < fraction
+        examples += conversation_examples(policy, demonstration(env_name, task, **kwargs))
+    return examples
+
+
+def supervised_warm_start(
+    policy: HFPolicy,
+    examples: Sequence[TurnExample],
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    progress: object | None = None,
+) -> list[float]:
+    """Train on ``examples`` with AdamW; returns the loss of each step.
+
+    ``progress`` is an optional ``(rich Progress, task id)`` pair advanced per step.
+    """
+    if not examples:
+        raise ValueError("no demonstration examples to train on")
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
+    policy.model.train()
+    losses = []
+    for _ in range(steps):
+        index = torch.randint(len(examples), (batch_size,), generator=generator).tolist()
+        batch = [examples[i] for i in index]
+        logp_B_T, mask_B_T = policy.response_logprobs(
+            [e.context for e in batch], [e.response for e in batch]
+        )
+        loss = -(logp_B_T * mask_B_T).sum() / mask_B_T.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+        losses.append(float(loss.item()))
+        if progress is not None:
+            bar, task_id = progress  # type: ignore[misc]
+            bar.update(task_id, advance=1, description=f"warm start  loss {losses[-1]:.3f}")
+    policy.model.eval()
+    return losses
