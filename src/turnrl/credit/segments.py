@@ -52,6 +52,24 @@ def group_count(codes: np.ndarray, n_groups: int, weights: np.ndarray | None = N
     return np.bincount(codes[valid], weights=w, minlength=n_groups).astype(np.float64)
 
 
+def _deviation_from_mean(
+    scores: np.ndarray, codes: np.ndarray, n_groups: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(score - group mean, member count per group)`` for rows with valid codes.
+
+    The mean gets one compensation pass (the residual of the first mean is added
+    back): a rounded sum can leave the mean an ulp away from the members' common
+    value, and then a constant group would normalise to ~1e-10 instead of 0. After
+    the pass, constant groups give exactly 0.
+    """
+    count = np.bincount(codes, minlength=n_groups).astype(np.float64)
+    safe = np.maximum(count, 1.0)
+    mean = np.bincount(codes, weights=scores, minlength=n_groups) / safe
+    residual = np.bincount(codes, weights=scores - mean[codes], minlength=n_groups)
+    mean += residual / safe
+    return scores - mean[codes], count
+
+
 def normalise_in_groups(
     scores: np.ndarray,
     codes: np.ndarray,
@@ -63,35 +81,37 @@ def normalise_in_groups(
     """``(score - group mean) / (sample std (ddof=1) + eps)``; std optional.
 
     A group with one member gets 0, and so do rows with code -1 (no group).
-    Deviations from the mean are computed in a second pass, so the variance is
-    exact for constant groups (0, not a rounding residue).
+    Constant groups give exactly 0 (see ``_deviation_from_mean``).
     """
     scores = np.asarray(scores, dtype=np.float64)
+    codes = np.asarray(codes, dtype=np.int64)
     if n_groups is None:
         n_groups = int(codes.max()) + 1 if codes.size else 0
-    out = np.zeros(scores.shape[0], dtype=np.float64)
     valid = codes >= 0
-    c = codes[valid]
-    s = scores[valid]
-    count = np.bincount(c, minlength=n_groups).astype(np.float64)
-    total = np.bincount(c, weights=s, minlength=n_groups)
-    mean = np.divide(total, count, out=np.zeros(n_groups), where=count > 0)
-    deviation = s - mean[c]
+    all_valid = bool(valid.all())
+    c = codes if all_valid else codes[valid]
+    s = scores if all_valid else scores[valid]
+    deviation, count = _deviation_from_mean(s, c, n_groups)
+    member_count = count[c]
     if use_std:
         squares = np.bincount(c, weights=deviation * deviation, minlength=n_groups)
-        var = np.divide(squares, count - 1, out=np.zeros(n_groups), where=count > 1)
-        deviation = deviation / (np.sqrt(var)[c] + eps)
-    deviation[count[c] < 2] = 0.0
+        std = np.sqrt(squares / np.maximum(count - 1.0, 1.0))
+        deviation /= std[c] + eps
+    deviation[member_count < 2] = 0.0
+    if all_valid:
+        return deviation
+    out = np.zeros(scores.shape[0], dtype=np.float64)
     out[valid] = deviation
     return out
 
 
 def leave_one_out(scores: np.ndarray, codes: np.ndarray, n_groups: int) -> np.ndarray:
-    """``score - mean of the other members of its group`` (RLOO); lone members get 0."""
-    count = np.bincount(codes, minlength=n_groups).astype(np.float64)
-    total = np.bincount(codes, weights=scores, minlength=n_groups)
-    others = count[codes] - 1
-    out = np.zeros(scores.shape[0], dtype=np.float64)
-    has_peers = others > 0
-    out[has_peers] = scores[has_peers] - (total[codes] - scores)[has_peers] / others[has_peers]
-    return out
+    """``score - mean of the other members of its group`` (RLOO); lone members get 0.
+
+    Computed as ``n/(n-1) * (score - group mean)``, which is the same quantity
+    (``s - (T - s)/(n-1) = (n s - T)/(n-1)``) and exactly 0 for constant groups.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    deviation, count = _deviation_from_mean(scores, codes, n_groups)
+    n = count[codes]
+    return np.where(n > 1, deviation * n / np.maximum(n - 1.0, 1.0), 0.0)
