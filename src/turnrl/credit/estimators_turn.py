@@ -109,7 +109,10 @@ def node(table: TurnTable, *, gamma: float = 1.0, use_std: bool = False) -> Cred
     row itself (GRPO convention), which scales each deviation by (n-1)/n relative
     to a leave-one-out mean. A row alone at its node gets 0.
     """
-    return Credit(normalised_return(table, (table.node_code,), gamma=gamma, use_std=use_std))
+    scores = return_to_go(table, gamma)
+    # node codes are already dense (one per distinct node id): no need to recombine.
+    n_nodes = len(table.node_names)
+    return Credit(normalise_in_groups(scores, table.node_code, n_nodes, use_std=use_std))
 
 
 @register_estimator("q", group_key="node")
@@ -133,5 +136,5 @@ def q(table: TurnTable, *, use_std: bool = True) -> Credit:
             f"is missing ({missing.size} of {table.n_rows} rows have no q); "
             "the 'q' estimator needs a q score on every row",
         )
-    node_code = table.node_code
-    return Credit(normalise_in_groups(table.q, node_code, len(table.node_names), use_std=use_std))
+    n_nodes = len(table.node_names)
+    return Credit(normalise_in_groups(table.q, table.node_code, n_nodes, use_std=use_std))

@@ -2,10 +2,12 @@
 
 One plain Python function per estimator, written straight from the issue's
 definitions: loop over the rows (dicts), collect scores into ``dict`` of lists
-keyed by group, compute each group's mean and std by hand. No numpy, no integer
-codes, no cleverness. It is the oracle for the tests (the vectorised estimators
-in ``turnrl.credit.estimators`` must agree with it to 1e-9) and the baseline of
-``benchmarks/credit.py``. Never use it for training: it is 50-100x slower.
+keyed by group, compute each group's mean and std by hand. No numpy (beyond
+decoding a table into rows in ``rows_from_table``), no integer codes, no
+cleverness. It is the oracle for the tests (the vectorised estimators in
+``turnrl.credit.estimators`` must agree with it to 1e-9) and the baseline of
+``benchmarks/credit.py``. Never use it for training: it is far slower (see
+``benchmarks/RESULTS.md``).
 
 A row is a dict with the keys ``task_id``, ``traj_id``, ``turn``, ``role``,
 ``reward``, ``state_key`` (or None), ``node_id``, ``info_gain`` (or None) and
@@ -22,6 +24,8 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import numpy as np
+
 from turnrl.errors import TurnRecordError
 from turnrl.table import TurnTable
 
@@ -32,27 +36,33 @@ EPS = 1e-6
 
 # --------------------------------------------------------------------- rows
 def rows_from_table(table: TurnTable) -> list[Row]:
-    """Plain dict rows (original ids, ``None`` for missing values) in table row order."""
-    rows = []
-    for i in range(table.n_rows):
-        state = int(table.state_code[i])
-        info_gain = float(table.info_gain[i])
-        q_value = float(table.q[i])
-        rows.append(
-            {
-                "task_id": table.task_names[table.task_code[i]],
-                "traj_id": table.traj_names[table.traj_code[i]],
-                "turn": int(table.turn[i]),
-                "role": table.role_names[table.role_code[i]],
-                "reward": float(table.reward[i]),
-                "state_key": None if state < 0 else table.state_names[state],
-                "node_id": table.node_names[table.node_code[i]],
-                "info_gain": None if math.isnan(info_gain) else info_gain,
-                "q": None if math.isnan(q_value) else q_value,
-                "line": int(table.line[i]),
-            }
-        )
-    return rows
+    """Plain dict rows (original ids, ``None`` for missing values) in table row order.
+
+    Only this conversion uses numpy (to decode each column to a Python list at once);
+    the estimators below never do.
+    """
+    state = table.state_code
+    columns = {
+        "task_id": table.task_names[table.task_code].tolist(),
+        "traj_id": table.traj_names[table.traj_code].tolist(),
+        "turn": table.turn.tolist(),
+        "role": table.role_names[table.role_code].tolist(),
+        "reward": table.reward.tolist(),
+        "state_key": [
+            None if code < 0 else name
+            for code, name in zip(
+                state.tolist(), table.state_names[np.maximum(state, 0)].tolist(), strict=True
+            )
+        ]
+        if len(table.state_names)
+        else [None] * table.n_rows,
+        "node_id": table.node_names[table.node_code].tolist(),
+        "info_gain": [None if math.isnan(v) else v for v in table.info_gain.tolist()],
+        "q": [None if math.isnan(v) else v for v in table.q.tolist()],
+        "line": table.line.tolist(),
+    }
+    names = list(columns)
+    return [dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)]
 
 
 # ------------------------------------------------------------------ helpers

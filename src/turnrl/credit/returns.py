@@ -20,32 +20,31 @@ def discounted_suffix_sum(
     With ``mask``, only rows where it is True count as terms (and the discount is
     still by turn distance). Returns ``(sums, n_terms)``, both per row in input order.
 
-    Vectorised over trajectories: one pass per turn position, from the last turn
-    back to 0 (``G_t = v_t + gamma * G_{t+1}``), so the cost is O(rows + max turns)
-    and no ``gamma^-t`` rescaling can overflow on long trajectories.
+    Vectorised over trajectories, in ``traj_order`` (each trajectory contiguous,
+    turns ascending): pass k updates the row k turns before each trajectory's end,
+    ``G_t = v_t + gamma * G_{t+1}``, for the trajectories longer than k. Pass k
+    touches only those trajectories, so the total cost is O(rows + max turns), with
+    no sort, and no ``gamma^-t`` rescaling that could overflow on long trajectories.
     """
     order = table.traj_order
-    turn_sorted = table.turn[order]
     v = np.asarray(values, dtype=np.float64)[order]
-    m = np.ones(v.shape[0], dtype=bool) if mask is None else np.asarray(mask, bool)[order]
-    v = np.where(m, v, 0.0)
-    sums = v.copy()
-    terms = m.astype(np.float64)
-    # Positions (in sorted order) that have a successor in the same trajectory.
-    n = v.shape[0]
-    has_next = np.zeros(n, dtype=bool)
-    if n > 1:
-        has_next[:-1] = table.traj_code[order][1:] == table.traj_code[order][:-1]
-    by_turn = np.argsort(turn_sorted, kind="stable")
-    bounds = np.searchsorted(turn_sorted[by_turn], np.arange(int(turn_sorted.max()) + 2))
-    for t in range(int(turn_sorted.max()) - 1, -1, -1):
-        pos = by_turn[bounds[t] : bounds[t + 1]]
-        pos = pos[has_next[pos]]
+    m = None if mask is None else np.asarray(mask, dtype=bool)[order]
+    sums = v if m is None else np.where(m, v, 0.0)
+    terms = None if m is None else m.astype(np.float64)
+    length = table.traj_length
+    end = table.traj_start + length - 1
+    active = np.flatnonzero(length > 1)
+    for k in range(1, int(length.max(initial=1))):
+        active = active[length[active] > k]
+        pos = end[active] - k
         sums[pos] += gamma * sums[pos + 1]
-        terms[pos] += terms[pos + 1]
-    out_sums = np.empty(n, dtype=np.float64)
-    out_terms = np.empty(n, dtype=np.float64)
+        if terms is not None:
+            terms[pos] += terms[pos + 1]
+    out_sums = np.empty_like(sums)
     out_sums[order] = sums
+    if terms is None:  # every row counts: the turns left in the trajectory
+        return out_sums, (table.row_length - table.turn).astype(np.float64)
+    out_terms = np.empty_like(terms)
     out_terms[order] = terms
     return out_sums, out_terms
 
