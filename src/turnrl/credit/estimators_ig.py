@@ -55,8 +55,8 @@ def a2tgpo(
 
     Departures: the paper sets the std of a one-member IG group to 1; the issue's
     common rule gives such a row 0. Both give ``normIG = 0`` here (the member
-    equals its group's mean), hence ``c_t = 1``. Std is the sample std (ddof=1)
-    + 1e-6 rather than the code's population std.
+    equals its group's mean), hence ``c_t = 1``. Std is the issue's sample std
+    (ddof=1) + 1e-6.
     """
     norm_ig, has_ig = normalised_info_gain(table)
     accumulated, n_terms = discounted_suffix_sum(table, norm_ig, gamma, mask=has_ig)
@@ -81,13 +81,13 @@ def igpo(table: TurnTable, *, gamma: float = 1.0, use_std: bool = True) -> Credi
        normalised signals of its trajectory from that turn on.
 
     Departures from the paper and its code: (a) the code normalises only
-    positions with a non-zero IG plus the final turn; here every row contributes
-    (a non-final row without IG contributes its reward, usually 0); (b) a row with
-    both IG and a reward uses the IG only; (c) std is the sample std (ddof=1)
-    + 1e-6 instead of the population std with a 1e-8 floor, and a one-row task
-    gets 0 (the code sets its std to 1, which also gives 0); (d) IGPO defines IG
-    as a probability difference, while the record's ``info_gain`` is whatever the
-    rollout logged.
+    positions with a non-zero IG plus the final turn (a zero-IG turn merges into
+    the next one); here every row is its own turn and contributes (a non-final
+    row without IG contributes its reward, usually 0); (b) a row with both IG and
+    a reward uses the IG only; (c) std is the sample std (ddof=1) + 1e-6 instead
+    of the code's population std (1e-8 inside the sqrt), and a one-row task gets
+    0 (the code sets its std to 1, which also gives 0); (d) IGPO defines IG as a
+    probability difference, while ``info_gain`` is whatever the rollout logged.
     """
     has_ig = ~np.isnan(table.info_gain)
     signal = np.where(has_ig, table.info_gain, table.reward)

@@ -105,9 +105,11 @@ def node(table: TurnTable, *, gamma: float = 1.0, use_std: bool = False) -> Cred
     ``G_t`` minus the node mean equals RTPO's full-return ``R - mean(R)``
     whenever the rewards before the branch point are the same.
 
-    Departure: RTPO subtracts the mean of the siblings; here the mean includes the
-    row itself (GRPO convention), which scales each deviation by (n-1)/n relative
-    to a leave-one-out mean. A row alone at its node gets 0.
+    Departures: the mean includes the row itself (GRPO convention); if RTPO's
+    "mean of the siblings" excludes it, RTPO's advantage is this one times
+    n/(n-1) (leave-one-out), same sign. A row alone at its node gets 0. RTPO's
+    trunk trajectory (no gradient, in no baseline) must not be logged under the
+    siblings' node ids, or it would enter their mean.
     """
     scores = return_to_go(table, gamma)
     # node codes are already dense (one per distinct node id): no need to recombine.
