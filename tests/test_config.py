@@ -69,7 +69,7 @@ def test_round_trip_run_config(tmp_path: Path) -> None:
         RunConfig,
         overrides=[
             "label=tool grpo",
-            "env.kwargs={digits = 3, name = 'x y'}",
+            "env.env_kwargs={digits = 3, name = 'x y'}",
             "credit.estimator=a2tgpo",
             'credit.params={group_key = "turn", gamma = 0.9, weird-key = [1, 2]}',
             "train.lr=1e-5",

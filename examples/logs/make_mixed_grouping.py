@@ -15,25 +15,54 @@ import json
 import random
 from pathlib import Path
 
-SYSTEM = {"role": "system", "content": "Use <call>EXPR</call> for the calculator. Reply <answer>N</answer>."}
+SYSTEM = {
+    "role": "system",
+    "content": "Use <call>EXPR</call> for the calculator. Reply <answer>N</answer>.",
+}
 
 
-def rollout(task_id: str, traj_id: str, a: int, b: int, use_tool: bool, correct: bool) -> list[dict]:
+def rollout(
+    task_id: str, traj_id: str, a: int, b: int, use_tool: bool, correct: bool
+) -> list[dict]:
     question = [SYSTEM, {"role": "user", "content": f"Compute {a}*{b}."}]
     answer = a * b if correct else a * b + 10
     if not use_tool:
         return [
-            dict(task_id=task_id, traj_id=traj_id, turn=0, prompt=question,
-                 response=f"<answer>{answer}</answer>", reward=float(correct), done=True)
+            dict(
+                task_id=task_id,
+                traj_id=traj_id,
+                turn=0,
+                prompt=question,
+                response=f"<answer>{answer}</answer>",
+                reward=float(correct),
+                done=True,
+            )
         ]
     call = f"<call>{a}*{b}</call>"
-    after_call = [*question, {"role": "assistant", "content": call},
-                  {"role": "tool", "content": str(a * b)}]
+    after_call = [
+        *question,
+        {"role": "assistant", "content": call},
+        {"role": "tool", "content": str(a * b)},
+    ]
     return [
-        dict(task_id=task_id, traj_id=traj_id, turn=0, prompt=question, response=call,
-             reward=0.0, done=False),
-        dict(task_id=task_id, traj_id=traj_id, turn=1, prompt=after_call,
-             response=f"<answer>{answer}</answer>", reward=float(correct), done=True),
+        dict(
+            task_id=task_id,
+            traj_id=traj_id,
+            turn=0,
+            prompt=question,
+            response=call,
+            reward=0.0,
+            done=False,
+        ),
+        dict(
+            task_id=task_id,
+            traj_id=traj_id,
+            turn=1,
+            prompt=after_call,
+            response=f"<answer>{answer}</answer>",
+            reward=float(correct),
+            done=True,
+        ),
     ]
 
 
@@ -48,7 +77,7 @@ def main() -> None:
         a, b = rng.randint(100, 999), rng.randint(100, 999)
         for r, (use_tool, correct) in enumerate(rollouts):
             if t > 0:
-                correct = use_tool and rng.random() < 0.9 or (not use_tool and rng.random() < 0.1)
+                correct = (use_tool and rng.random() < 0.9) or (not use_tool and rng.random() < 0.1)
             rows += rollout(f"calc-{t}", f"calc-{t}-r{r}", a, b, use_tool, correct)
     out = Path(__file__).with_name("mixed_grouping.jsonl")
     out.write_text("".join(json.dumps(row) + "\n" for row in rows))

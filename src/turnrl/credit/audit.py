@@ -62,6 +62,9 @@ class EstimatorAudit:
     """Mean |A_t0 - A_node_t0| over turn-0 rows (None when there is no turn-0 node group)."""
     turn0_sign_agreement: float | None
     """Share of turn-0 rows with a non-zero node advantage whose sign the estimator matches."""
+    later_gap_mean_abs: float | None
+    """Mean |A - A_node| over rows after turn 0 that have a node sibling: how much credit
+    later turns receive that the exact baseline would not give them."""
 
 
 @dataclass
@@ -116,6 +119,11 @@ def _audit_key(table: TurnTable, key: str, advantages: np.ndarray | None) -> Gro
     spec = GROUP_KEYS[key]
     codes, n_groups = group_codes(table, key)
     valid = codes >= 0
+    if not valid.any():
+        nan = float("nan")
+        return GroupKeyAudit(
+            key, spec.peers, spec.exact, spec.estimator, 0, 0, nan, nan, nan, nan, nan, 0.0
+        )
     if spec.members_are_trajectories:
         # Members are trajectories; a trajectory enters the statistic through its
         # first decision point (turn 0) and its value is broadcast to later turns.
@@ -136,14 +144,16 @@ def _audit_key(table: TurnTable, key: str, advantages: np.ndarray | None) -> Gro
     mean_points = float(points[multi].mean()) if n_multi else 0.0
     zero_share = float("nan")
     if advantages is not None:
-        nonzero = np.bincount(codes[valid], weights=(np.abs(advantages[valid]) > ZERO), minlength=n_groups)
+        nonzero = np.bincount(
+            codes[valid], weights=(np.abs(advantages[valid]) > ZERO), minlength=n_groups
+        )
         zero_share = float((nonzero[present] == 0).mean()) if present.any() else 0.0
     if spec.members_are_trajectories:
         weights = np.ones(n_groups)
     else:
         weights = _length_weighting(table, codes, n_groups)
     finite = weights[present & np.isfinite(weights)]
-    row_members = np.bincount(codes[valid], minlength=n_groups)
+    row_members = np.bincount(codes[valid], minlength=max(n_groups, 1))
     covered = valid & (row_members[np.where(valid, codes, 0)] > 1)
     if spec.members_are_trajectories:
         traj_count = np.bincount(table.traj_task, minlength=n_groups)
@@ -164,7 +174,9 @@ def _audit_key(table: TurnTable, key: str, advantages: np.ndarray | None) -> Gro
     )
 
 
-def _by_turn(values: np.ndarray, bucket: np.ndarray, n_buckets: int) -> tuple[list[float], list[float]]:
+def _by_turn(
+    values: np.ndarray, bucket: np.ndarray, n_buckets: int
+) -> tuple[list[float], list[float]]:
     count = np.bincount(bucket, minlength=n_buckets).astype(np.float64)
     total = np.bincount(bucket, weights=values, minlength=n_buckets)
     mean = np.divide(total, count, out=np.full(n_buckets, np.nan), where=count > 0)
@@ -204,10 +216,10 @@ def audit(table: TurnTable, estimators: list[str] | None = None) -> AuditReport:
         elif name in names:
             report.skipped[name] = reason
     node_std = compute_credit(table, "node", use_std=True).advantages
-    turn0 = table.turn == 0
-    node_codes = table.node_code[turn0]
     node_sizes = np.bincount(table.node_code, minlength=len(table.node_names))
-    has_node_peer = node_sizes[node_codes] > 1
+    has_peer = node_sizes[table.node_code] > 1
+    turn0 = (table.turn == 0) & has_peer
+    later = (table.turn > 0) & has_peer
     for key in GROUP_KEYS:
         report.group_keys.append(_audit_key(table, key, advantages.get(GROUP_KEYS[key].estimator)))
     for name in names:
@@ -215,16 +227,17 @@ def audit(table: TurnTable, estimators: list[str] | None = None) -> AuditReport:
             continue
         adv = advantages[name]
         mean, std = _by_turn(adv, bucket, len(labels))
-        gap = agreement = None
-        if has_node_peer.any():
-            reference = advantages["node"] if name in MEAN_ONLY else node_std
-            ref0 = reference[turn0][has_node_peer]
-            adv0 = adv[turn0][has_node_peer]
+        reference = advantages["node"] if name in MEAN_ONLY else node_std
+        gap = agreement = later_gap = None
+        if turn0.any():
+            ref0, adv0 = reference[turn0], adv[turn0]
             gap = float(np.abs(adv0 - ref0).mean())
             signed = np.abs(ref0) > ZERO
             if signed.any():
                 agreement = float((np.sign(adv0[signed]) == np.sign(ref0[signed])).mean())
-        report.estimators.append(EstimatorAudit(name, mean, std, gap, agreement))
+        if later.any():
+            later_gap = float(np.abs(adv[later] - reference[later]).mean())
+        report.estimators.append(EstimatorAudit(name, mean, std, gap, agreement, later_gap))
     return report
 
 
@@ -299,17 +312,44 @@ def format_audit(report: AuditReport) -> str:
         ]
         for k in report.group_keys
     ]
-    header = ["key", "exact", "groups", "mixed", "contexts/grp", "zero-adv", "len-weight", "rows in 2+"]
+    header = [
+        "key",
+        "exact",
+        "groups",
+        "mixed",
+        "contexts/grp",
+        "zero-adv",
+        "len-weight",
+        "rows in 2+",
+    ]
     out += _table(header, rows)
-    out += ["", "Advantages by turn position (mean ± std) and turn-0 gap to the exact node baseline"]
-    header = ["estimator", *(f"turn {t}" for t in report.turn_labels), "t0 |gap|", "t0 sign ok"]
+    out += [
+        "",
+        "Advantages by turn position (mean ± std), and their gap to the exact node baseline "
+        "(rows with a sibling at the same context)",
+    ]
+    header = [
+        "estimator",
+        *(f"turn {t}" for t in report.turn_labels),
+        "t0 |gap|",
+        "t0 sign ok",
+        "t>0 |gap|",
+    ]
     rows = []
     for e in report.estimators:
         cells = [
             f"{_fmt(m, '+.2f')}±{_fmt(s, '.2f')}"
             for m, s in zip(e.adv_mean_by_turn, e.adv_std_by_turn, strict=True)
         ]
-        rows.append([e.estimator, *cells, _fmt(e.turn0_gap_mean_abs), _fmt(e.turn0_sign_agreement, ".0%")])
+        rows.append(
+            [
+                e.estimator,
+                *cells,
+                _fmt(e.turn0_gap_mean_abs),
+                _fmt(e.turn0_sign_agreement, ".0%"),
+                _fmt(e.later_gap_mean_abs),
+            ]
+        )
     out += _table(header, rows)
     for name, reason in report.skipped.items():
         out.append(f"(skipped {name}: {reason})")
@@ -318,5 +358,7 @@ def format_audit(report: AuditReport) -> str:
         "mixed: share of groups (2+ members) with samples from different decision points.",
         "len-weight: mean / max over groups of how many times more the most-counted trajectory "
         "counts than the least-counted one.",
+        "gaps compare mean-only estimators with the mean-only node baseline, the others with "
+        "node normalised by std.",
     ]
     return "\n".join(out)

@@ -85,7 +85,9 @@ def run_episodes(
             env = make_env()
             messages = env.reset(task)
             episodes.append(
-                Episode(task, f"{traj_prefix}{task.task_id}#{g}", env, policy.encode_initial(messages))
+                Episode(
+                    task, f"{traj_prefix}{task.task_id}#{g}", env, policy.encode_initial(messages)
+                )
             )
     return continue_episodes(
         policy,
@@ -112,7 +114,9 @@ def continue_episodes(
     while True:
         live = [e for e in episodes if not e.done]
         for e in live:
-            room = policy.max_context is None or len(e.context) + max_new_tokens <= policy.max_context
+            room = (
+                policy.max_context is None or len(e.context) + max_new_tokens <= policy.max_context
+            )
             if e.turn >= max_turns or not room:
                 e.done, e.end = True, "context" if not room else "max_turns"
         live = [e for e in live if not e.done]

@@ -47,20 +47,19 @@ class EnvConfig:
 
     name: str = "calculator"
     """Registered environment name (see ``turnrl.envs``)."""
-    hard_fraction: float = 0.5
-    """Share of tasks drawn from the hard split (where the tool is needed)."""
-    turn_cost: float = 0.0
-    """Reward subtracted per extra turn (a price on tool calls); 0 disables it."""
-    max_turns: int = 4
-    """Episode ends after this many agent turns, answered or not."""
     n_train_tasks: int = 512
     """Size of the fixed training task pool."""
     n_eval_tasks: int = 64
-    """Size of the held-out evaluation task set (disjoint from training)."""
+    """Size of the held-out evaluation set (tasks seen in training are avoided while the
+    task pool allows; the calculator's easy pool is small, so easy tasks may repeat)."""
     seed: int = 0
     """Seed of task generation (train and eval sets derive from it)."""
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra environment-specific keyword arguments, passed through unchanged."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the environment, e.g. ``{max_turns = 4, turn_cost = 0.1}``
+    for ``calculator``, ``{is_slippery = false}`` for ``frozenlake``."""
+    task_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the task generator, e.g. ``{hard_fraction = 0.5}`` for
+    ``calculator``, ``{size = 4}`` for ``frozenlake``."""
 
 
 @dataclass
@@ -130,10 +129,12 @@ class TrainConfig:
     lr: float = 3e-4
     """Learning rate of the policy optimiser."""
     minibatch_size: int = 64
-    """Rows (turn samples) per gradient-accumulation chunk; the optimiser steps once per
-    epoch over the whole batch, so this only bounds memory."""
+    """Rows (turn samples) per optimiser step. Loss weights are computed once for the whole
+    batch and scaled by the number of mini-batches, so every mini-batch step sees the
+    full-batch objective's scale whatever its token count."""
     epochs: int = 1
-    """Passes (optimiser steps) over each rollout batch; >1 makes later passes off-policy."""
+    """Passes over each rollout batch; after the first mini-batch step, samples are off-policy
+    and the PPO clip matters."""
     clip_low: float = 0.2
     """PPO clip width below 1 (ratio lower bound ``1 - clip_low``)."""
     clip_high: float = 0.2
@@ -149,13 +150,20 @@ class TrainConfig:
     seed: int = 0
     """Seed of sampling and initialisation."""
     eval_every: int = 20
-    """Evaluate on the held-out tasks every this many steps; 0 disables."""
+    """Evaluate on the held-out tasks every this many steps (and at the start and end)."""
+    eval_temperature: float = 0.0
+    """Sampling temperature of evaluation; 0 is greedy decoding."""
+    eval_samples: int = 1
+    """Episodes per held-out task at evaluation (more than 1 only makes sense when sampling)."""
+    log_rollouts_every: int = 10
+    """Write the step's turn records (with advantages) to ``rollouts/`` every this many
+    steps; 0 disables."""
     checkpoint_every: int = 50
     """Save a checkpoint every this many steps; 0 disables."""
     keep_checkpoints: int = 2
     """How many of the most recent checkpoints to keep on disk."""
-    device: str = "auto"
-    """Torch device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``..."""
+    threads: int = 0
+    """Torch intra-op threads; 0 keeps torch's default. 1 lets several runs share a machine."""
 
 
 @dataclass

@@ -50,7 +50,9 @@ def advantage_metrics(table: TurnTable, advantages: np.ndarray, estimator: str) 
             out[f"adv_std_turn{label}"] = float(values.std())
     codes, n_groups = group_codes(table, get_estimator(estimator).group_key)
     valid = codes >= 0
-    nonzero = np.bincount(codes[valid], weights=np.abs(advantages[valid]) > 1e-12, minlength=n_groups)
+    nonzero = np.bincount(
+        codes[valid], weights=np.abs(advantages[valid]) > 1e-12, minlength=n_groups
+    )
     present = np.bincount(codes[valid], minlength=n_groups) > 0
     out["zero_adv_group_frac"] = float((nonzero[present] == 0).mean()) if present.any() else 0.0
     out["adv_abs_mean"] = float(np.abs(advantages).mean())

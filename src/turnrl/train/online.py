@@ -44,7 +44,13 @@ from turnrl.train.metrics import advantage_metrics, episode_metrics
 from turnrl.train.sft import demonstration_examples, supervised_warm_start
 from turnrl.types import Task
 
-TIMING_KEYS = ("seconds_sampling", "seconds_env", "seconds_credit", "seconds_update", "seconds_step")
+TIMING_KEYS = (
+    "seconds_sampling",
+    "seconds_env",
+    "seconds_credit",
+    "seconds_update",
+    "seconds_step",
+)
 """Metrics that depend on the machine's speed (excluded from resume-equality checks)."""
 
 
@@ -118,6 +124,8 @@ class OnlineTrainer:
         self.eval_tasks = (fresh + [t for t in eval_pool if t.task_id in train_ids])[
             : env.n_eval_tasks
         ]
+        if config.train.threads > 0:
+            torch.set_num_threads(config.train.threads)
         torch.manual_seed(config.train.seed)
         self.policy = build_policy(config.policy, config.train.seed)
         self.reference: HFPolicy | None = None
@@ -175,7 +183,11 @@ class OnlineTrainer:
             self.optimizer.load_state_dict(checkpoint["optimizer"])
             self.sampler.bit_generator.state = checkpoint["extra"]["sampler"]
             self.step = int(checkpoint["step"])
-            kept = [m for m in read_jsonl_tolerant(self.run_dir / "metrics.jsonl") if m["step"] <= self.step]
+            kept = [
+                m
+                for m in read_jsonl_tolerant(self.run_dir / "metrics.jsonl")
+                if m["step"] <= self.step
+            ]
             atomic_write_text(
                 self.run_dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in kept)
             )
@@ -192,7 +204,9 @@ class OnlineTrainer:
         )
 
     # --------------------------------------------------------------- one step
-    def rollouts(self, tasks: list[Task], group_size: int, temperature: float, seed: int, prefix: str) -> RolloutBatch:
+    def rollouts(
+        self, tasks: list[Task], group_size: int, temperature: float, seed: int, prefix: str
+    ) -> RolloutBatch:
         self.policy.model.eval()
         return run_episodes(
             self.policy,
@@ -206,8 +220,11 @@ class OnlineTrainer:
         )
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy success and tool use on the held-out tasks."""
-        batch = self.rollouts(self.eval_tasks, 1, 0.0, seed=0, prefix="eval-")
+        """Success and tool use on the held-out tasks (greedy by default)."""
+        cfg = self.config.train
+        batch = self.rollouts(
+            self.eval_tasks, cfg.eval_samples, cfg.eval_temperature, seed=0, prefix="eval-"
+        )
         return episode_metrics(batch.episodes, prefix="eval_")
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:
@@ -245,7 +262,9 @@ class OnlineTrainer:
                     batch.weight_B_T[rows, :width] * n_minibatches,
                     clip_low=cfg.clip_low,
                     clip_high=cfg.clip_high,
-                    clip_factor_B=None if batch.clip_factor_B is None else batch.clip_factor_B[rows],
+                    clip_factor_B=None
+                    if batch.clip_factor_B is None
+                    else batch.clip_factor_B[rows],
                     ref_logp_B_T=ref,
                     kl_coef=cfg.kl_coef,
                     kl_estimator=cfg.kl_estimator,
@@ -262,7 +281,9 @@ class OnlineTrainer:
         cfg = self.config
         started = time.perf_counter()
         self.step += 1
-        picks = self.sampler.choice(len(self.train_tasks), cfg.rollout.tasks_per_step, replace=False)
+        picks = self.sampler.choice(
+            len(self.train_tasks), cfg.rollout.tasks_per_step, replace=False
+        )
         tasks = [self.train_tasks[i] for i in picks]
         batch = self.rollouts(
             tasks,
