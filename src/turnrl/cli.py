@@ -77,6 +77,34 @@ def cmd_estimators(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from turnrl.report import write_report
+    from turnrl.train.config import RunConfig, load_config
+    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.summary import before_after_table
+
+    overrides = list(args.overrides)
+    if args.run_dir:
+        overrides.append(f"run_dir={args.run_dir}")
+    config = load_config(RunConfig, args.config, overrides)
+    run_dir = OnlineTrainer(config, resume=args.resume, quiet=args.quiet).run()
+    report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
+    console = Console()
+    console.print(before_after_table(run_dir))
+    console.print(f"report: {report}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from turnrl.report import write_report
+
+    out = write_report(args.run_dirs, args.output, title=args.title)
+    print(f"report: {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="turnrl", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -96,6 +124,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("estimators", help="list estimators and their options")
     p.set_defaults(handler=cmd_estimators)
+
+    p = sub.add_parser("train", help="warm start + multi-turn RL from a TOML config")
+    p.add_argument("--config", help="TOML file (defaults apply to anything it leaves out)")
+    p.add_argument("overrides", nargs="*", metavar="SECTION.FIELD=VALUE", help="config overrides")
+    p.add_argument("--run-dir", help="shortcut for run_dir=...")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(handler=cmd_train)
+
+    p = sub.add_parser("report", help="HTML report over one or more run directories")
+    p.add_argument("run_dirs", nargs="+", help="run directories (runs sharing a label = seeds)")
+    p.add_argument("-o", "--output", default="report.html", help="output HTML file")
+    p.add_argument("--title", default="turnrl report")
+    p.set_defaults(handler=cmd_report)
 
     for register in _EXTRA_COMMANDS:
         register(sub)

@@ -80,15 +80,13 @@ def run_episodes(
     environment's own limit.
     """
     episodes = []
-    for task in tasks:
+    for slot, task in enumerate(tasks):
         for g in range(group_size):
             env = make_env()
             messages = env.reset(task)
-            episodes.append(
-                Episode(
-                    task, f"{traj_prefix}{task.task_id}#{g}", env, policy.encode_initial(messages)
-                )
-            )
+            # The slot index keeps ids unique when a task is drawn twice in one batch.
+            traj_id = f"{traj_prefix}{task.task_id}#{slot * group_size + g}"
+            episodes.append(Episode(task, traj_id, env, policy.encode_initial(messages)))
     return continue_episodes(
         policy,
         episodes,

@@ -35,7 +35,7 @@ from turnrl.envs import make_env, make_tasks
 from turnrl.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl_tolerant
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.records import dumps_record
-from turnrl.rollout import RolloutBatch, run_episodes
+from turnrl.rollout import RolloutBatch, StrategyContext, get_strategy, run_episodes
 from turnrl.table import TurnTable
 from turnrl.train.checkpoint import load_latest_checkpoint, save_checkpoint
 from turnrl.train.config import PolicyConfig, RunConfig, config_to_toml_text
@@ -117,13 +117,11 @@ class OnlineTrainer:
         self.quiet = quiet
         env = config.env
         self.train_tasks = make_tasks(env.name, env.n_train_tasks, env.seed, **env.task_kwargs)
+        # Evaluation tasks come from another seed. Small pools (the calculator's easy
+        # problems) overlap with training; ``eval_unseen`` in the metrics says how much.
+        self.eval_tasks = make_tasks(env.name, env.n_eval_tasks, env.seed + 7919, **env.task_kwargs)
         train_ids = {t.task_id for t in self.train_tasks}
-        eval_pool = make_tasks(env.name, 4 * env.n_eval_tasks, env.seed + 7919, **env.task_kwargs)
-        # Held out: prefer tasks not seen in training (small easy pools may force repeats).
-        fresh = [t for t in eval_pool if t.task_id not in train_ids]
-        self.eval_tasks = (fresh + [t for t in eval_pool if t.task_id in train_ids])[
-            : env.n_eval_tasks
-        ]
+        self.eval_unseen = float(np.mean([t.task_id not in train_ids for t in self.eval_tasks]))
         if config.train.threads > 0:
             torch.set_num_threads(config.train.threads)
         torch.manual_seed(config.train.seed)
@@ -132,6 +130,10 @@ class OnlineTrainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.sampler = np.random.default_rng(config.train.seed)
         self.step = 0
+        self.env_steps = 0
+        """Cumulative agent turns taken in training environments."""
+        self.tokens = 0
+        """Cumulative tokens sampled in training."""
 
     # ------------------------------------------------------------------ set-up
     def _make_env(self):
@@ -183,6 +185,8 @@ class OnlineTrainer:
             self.optimizer.load_state_dict(checkpoint["optimizer"])
             self.sampler.bit_generator.state = checkpoint["extra"]["sampler"]
             self.step = int(checkpoint["step"])
+            self.env_steps = int(checkpoint["extra"]["env_steps"])
+            self.tokens = int(checkpoint["extra"]["tokens"])
             kept = [
                 m
                 for m in read_jsonl_tolerant(self.run_dir / "metrics.jsonl")
@@ -199,7 +203,11 @@ class OnlineTrainer:
             self.step,
             self.policy.state_dict(),
             self.optimizer.state_dict(),
-            {"sampler": self.sampler.bit_generator.state},
+            {
+                "sampler": self.sampler.bit_generator.state,
+                "env_steps": self.env_steps,
+                "tokens": self.tokens,
+            },
             keep_last=self.config.train.keep_checkpoints,
         )
 
@@ -225,7 +233,7 @@ class OnlineTrainer:
         batch = self.rollouts(
             self.eval_tasks, cfg.eval_samples, cfg.eval_temperature, seed=0, prefix="eval-"
         )
-        return episode_metrics(batch.episodes, prefix="eval_")
+        return {**episode_metrics(batch.episodes, prefix="eval_"), "eval_unseen": self.eval_unseen}
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:
         """Several epochs of mini-batch PPO-clip steps on one batch of turns."""
@@ -277,49 +285,70 @@ class OnlineTrainer:
         self.policy.model.eval()
         return {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}
 
+    def learn(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        """Credit on ``records`` (one row per turn), then a PPO-clip update on them."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        table = TurnTable.from_records(records, source=f"step {self.step}")
+        credit = compute_credit(table, cfg.credit.estimator, **cfg.credit.params)
+        seconds_credit = time.perf_counter() - t0
+        for record, advantage in zip(records, credit.advantages, strict=True):
+            record["advantage"] = float(advantage)
+        t0 = time.perf_counter()
+        update = build_update_batch(
+            records, table, credit.advantages, credit.clip_factor, cfg.train.aggregation
+        )
+        losses = self.update(update)
+        return {
+            **advantage_metrics(table, credit.advantages, cfg.credit.estimator),
+            **losses,
+            "seconds_credit": seconds_credit,
+            "seconds_update": time.perf_counter() - t0,
+        }
+
     def train_step(self) -> dict[str, Any]:
+        """Draw tasks, let the rollout strategy collect and learn, return the step's metrics."""
         cfg = self.config
         started = time.perf_counter()
         self.step += 1
         picks = self.sampler.choice(
             len(self.train_tasks), cfg.rollout.tasks_per_step, replace=False
         )
-        tasks = [self.train_tasks[i] for i in picks]
-        batch = self.rollouts(
-            tasks,
-            cfg.rollout.group_size,
-            cfg.policy.temperature,
+        self.policy.model.eval()
+        context = StrategyContext(
+            policy=self.policy,
+            make_env=self._make_env,
+            max_new_tokens=cfg.policy.max_new_tokens,
+            temperature=cfg.policy.temperature,
+            learn=self.learn,
             seed=cfg.train.seed * 1_000_003 + self.step,
-            prefix=f"s{self.step}-",
+            traj_prefix=f"s{self.step}-",
         )
-        t0 = time.perf_counter()
-        table = TurnTable.from_records(batch.records, source=f"step {self.step}")
-        credit = compute_credit(table, cfg.credit.estimator, **cfg.credit.params)
-        seconds_credit = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        update = build_update_batch(
-            batch.records, table, credit.advantages, credit.clip_factor, cfg.train.aggregation
+        strategy = get_strategy(cfg.rollout.strategy)
+        experience = strategy(
+            context,
+            [self.train_tasks[i] for i in picks],
+            cfg.rollout.group_size,
+            **cfg.rollout.params,
         )
-        losses = self.update(update)
-        seconds_update = time.perf_counter() - t0
+        batch = experience.batch
         if cfg.train.log_rollouts_every and self.step % cfg.train.log_rollouts_every == 0:
-            for record, adv in zip(batch.records, credit.advantages, strict=True):
-                record["advantage"] = float(adv)
             path = self.run_dir / "rollouts" / f"step-{self.step:06d}.jsonl"
             path.parent.mkdir(exist_ok=True)
             atomic_write_text(path, "".join(dumps_record(r) + "\n" for r in batch.records))
+        self.env_steps += len(batch.records)
+        self.tokens += batch.sampled_tokens
+        learned = _mean_stats(experience.learn_stats)
         return {
             "step": self.step,
             "episodes": len(batch.episodes),
-            "env_steps": len(batch.records),
-            "tokens": batch.sampled_tokens,
+            "env_steps": self.env_steps,
+            "tokens": self.tokens,
             **episode_metrics(batch.episodes),
-            **advantage_metrics(table, credit.advantages, cfg.credit.estimator),
-            **losses,
+            **learned,
+            **experience.extra,
             "seconds_sampling": batch.seconds_sampling,
             "seconds_env": batch.seconds_env,
-            "seconds_credit": seconds_credit,
-            "seconds_update": seconds_update,
             "seconds_step": time.perf_counter() - started,
         }
 
@@ -348,6 +377,16 @@ class OnlineTrainer:
                     description=_describe(row),
                 )
         return self.run_dir
+
+
+def _mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    """Mean of each statistic over several learn calls; seconds are summed."""
+    keys = sorted({k for s in stats for k in s})
+    out = {}
+    for key in keys:
+        values = [s[key] for s in stats if key in s]
+        out[key] = float(np.sum(values) if key.startswith("seconds_") else np.mean(values))
+    return out
 
 
 def _describe(row: dict[str, Any]) -> str:

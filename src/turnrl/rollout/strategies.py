@@ -1,0 +1,97 @@
+"""Rollout strategies, registered by name (``rollout.strategy`` in the config).
+
+A strategy collects one step's experience and decides when the policy learns
+from it: most strategies collect a batch and call ``ctx.learn`` once; RTPO
+learns once per turn position, from the last turn back to the first. The
+trainer supplies ``learn`` (credit assignment + PPO update), so this layer never
+imports the trainer.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from turnrl.rollout.runner import RolloutBatch, run_episodes
+from turnrl.types import Env, Policy, Task
+
+
+@dataclass
+class StrategyContext:
+    """What a strategy may use during one training step."""
+
+    policy: Policy
+    make_env: Callable[[], Env]
+    max_new_tokens: int
+    temperature: float
+    learn: Callable[[list[dict[str, Any]]], dict[str, float]]
+    """Compute credit on these turn records and update the policy; returns statistics."""
+    seed: int
+    traj_prefix: str
+
+
+@dataclass
+class StepExperience:
+    """What a strategy hands back: the records learned from and their statistics."""
+
+    batch: RolloutBatch
+    learn_stats: list[dict[str, float]] = field(default_factory=list)
+    extra: dict[str, float] = field(default_factory=dict)
+    """Strategy-specific metrics (e.g. tokens computed vs unique tokens)."""
+
+
+class Strategy(Protocol):
+    def __call__(
+        self, ctx: StrategyContext, tasks: Sequence[Task], group_size: int, **params: Any
+    ) -> StepExperience: ...
+
+
+_STRATEGIES: dict[str, Strategy] = {}
+
+
+def register_strategy(name: str) -> Callable[[Strategy], Strategy]:
+    """Decorator: make a strategy selectable as ``rollout.strategy = name``."""
+
+    def decorate(fn: Strategy) -> Strategy:
+        if name in _STRATEGIES:
+            raise ValueError(f"rollout strategy {name!r} is already registered")
+        _STRATEGIES[name] = fn
+        return fn
+
+    return decorate
+
+
+def get_strategy(name: str) -> Strategy:
+    if name not in _STRATEGIES:
+        raise ValueError(
+            f"unknown rollout strategy {name!r}; known: {', '.join(sorted(_STRATEGIES))}"
+        )
+    return _STRATEGIES[name]
+
+
+def strategy_params(name: str) -> dict[str, Any]:
+    """Keyword options of a strategy and their defaults."""
+    signature = inspect.signature(get_strategy(name))
+    return {
+        k: p.default
+        for k, p in signature.parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+@register_strategy("independent")
+def independent(ctx: StrategyContext, tasks: Sequence[Task], group_size: int) -> StepExperience:
+    """``group_size`` independent episodes per task (standard GRPO sampling), one update."""
+    batch = run_episodes(
+        ctx.policy,
+        ctx.make_env,
+        tasks,
+        group_size=group_size,
+        max_new_tokens=ctx.max_new_tokens,
+        temperature=ctx.temperature,
+        seed=ctx.seed,
+        traj_prefix=ctx.traj_prefix,
+    )
+    return StepExperience(batch, [ctx.learn(batch.records)])
