@@ -1,0 +1,189 @@
+"""The HTTP face of the gateway: an OpenAI-compatible Starlette (ASGI) app.
+
+Routes (``PREFIX`` is empty, ``/rollouts/{rollout_id}`` or
+``/tasks/{task_id}/rollouts/{rollout_id}``, so an unmodified OpenAI client can
+carry the ids in its ``base_url``)::
+
+    POST PREFIX/v1/chat/completions        sample one turn (OpenAI schema)
+    GET  PREFIX/v1/models                  the served model
+    POST PREFIX/v1/reward                  final reward (PREFIX non-empty)
+    POST /v1/rollouts/{rollout_id}/reward  final reward: {"reward": 1.0, "task_id": "..."}
+    GET  /v1/rollouts/{rollout_id}         a rollout's summary and turn records
+    GET  /v1/rollouts                      summaries of all rollouts
+    GET  /health                           liveness and batching counters
+
+Without a path prefix the ids come from the ``X-Rollout-Id`` and ``X-Task-Id``
+headers (a path and a header that disagree are a 400).
+
+Every error is an OpenAI-style body ``{"error": {"message", "type", "param",
+"code"}}``; unexpected failures are logged on the server (logger
+``turnrl.serve``) and answered with a bare 500, never a traceback. Gateway calls
+run in worker threads so the event loop stays responsive while sampling.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from turnrl.serve.errors import GatewayError, bad_request, error_body
+from turnrl.serve.gateway import Gateway
+from turnrl.serve.protocol import parse_chat_request
+from turnrl.serve.responses import stream_chunks
+
+logger = logging.getLogger("turnrl.serve")
+
+PREFIXES = ("", "/rollouts/{rollout_id}", "/tasks/{task_id}/rollouts/{rollout_id}")
+"""Path prefixes that carry the rollout (and task) id for ``base_url``-only clients."""
+
+ROLLOUT_HEADER = "X-Rollout-Id"
+TASK_HEADER = "X-Task-Id"
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _error_response(exc: GatewayError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def _guarded(handler: Endpoint) -> Endpoint:
+    """Turn GatewayErrors into their response, anything else into a logged bare 500."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except GatewayError as exc:
+            return _error_response(exc)
+        except Exception:
+            logger.exception("unhandled error in %s %s", request.method, request.url.path)
+            return JSONResponse(error_body(500, "internal server error"), status_code=500)
+
+    endpoint.__name__ = handler.__name__
+    return endpoint
+
+
+def _id_from(request: Request, path_key: str, header: str) -> str | None:
+    """An id from the path or the header; both given and different is a 400."""
+    in_path = request.path_params.get(path_key)
+    in_header = request.headers.get(header)
+    if in_path is not None and in_header is not None and in_path != in_header:
+        raise bad_request(f"{header} {in_header!r} differs from the path's {in_path!r}", header)
+    return in_path if in_path is not None else in_header
+
+
+async def _json_body(request: Request, limit: int) -> Any:
+    """The decoded JSON body; 413 past ``limit`` bytes, 400 when it is not JSON."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(413, f"request body over {limit} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise bad_request("the request body is empty; send a JSON object")
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise bad_request(
+            f"invalid JSON body: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from exc
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise bad_request(f"invalid JSON body: {type(exc).__name__}") from exc
+
+
+def _sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
+    async def events() -> AsyncIterator[str]:
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def create_app(
+    gateway: Gateway, *, max_body_bytes: int = 16 * 2**20, max_threads: int = 256
+) -> Starlette:
+    """The ASGI app serving ``gateway``.
+
+    ``max_body_bytes`` caps a request body (413 past it); ``max_threads`` caps
+    the worker threads that wait on sampling (more concurrent requests queue).
+    """
+    limiters: list[anyio.CapacityLimiter] = []
+
+    async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+        if not limiters:  # created inside the event loop, on first use
+            limiters.append(anyio.CapacityLimiter(max_threads))
+        return await anyio.to_thread.run_sync(fn, *args, limiter=limiters[0])
+
+    async def chat_completions(request: Request) -> Response:
+        rollout_id = _id_from(request, "rollout_id", ROLLOUT_HEADER)
+        task_id = _id_from(request, "task_id", TASK_HEADER)
+        body = await _json_body(request, max_body_bytes)
+        chat = parse_chat_request(body)
+        if rollout_id is None:
+            raise bad_request(
+                f"no rollout id: send the {ROLLOUT_HEADER} header or use base_url "
+                "http://HOST:PORT/rollouts/ROLLOUT_ID/v1",
+                ROLLOUT_HEADER,
+            )
+        result = await in_thread(gateway.complete, chat, rollout_id, task_id)
+        return _sse(stream_chunks(result)) if chat.stream else JSONResponse(result)
+
+    async def reward(request: Request) -> Response:
+        rollout_id = request.path_params["rollout_id"]
+        body = await _json_body(request, max_body_bytes)
+        if not isinstance(body, dict):
+            raise bad_request('the body must be a JSON object like {"reward": 1.0}')
+        if "reward" not in body:
+            raise bad_request('reward is required: {"reward": 1.0}', "reward")
+        task_id = _id_from(request, "task_id", TASK_HEADER)
+        in_body = body.get("task_id")
+        if task_id is not None and in_body is not None and in_body != task_id:
+            raise bad_request(f"task_id {in_body!r} differs from {task_id!r}", "task_id")
+        task_id = task_id if task_id is not None else in_body
+        return JSONResponse(await in_thread(gateway.reward, rollout_id, body["reward"], task_id))
+
+    async def rollout(request: Request) -> Response:
+        return JSONResponse(gateway.rollout(request.path_params["rollout_id"]))
+
+    async def rollouts(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": gateway.rollouts()})
+
+    async def models(request: Request) -> Response:
+        model = {"id": gateway.config.model_name, "object": "model", "created": 0}
+        return JSONResponse({"object": "list", "data": [{**model, "owned_by": "turnrl"}]})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "batching": gateway.batch_stats})
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        message = f"{exc.detail}: {request.method} {request.url.path}"
+        return JSONResponse(error_body(exc.status_code, message), status_code=exc.status_code)
+
+    routes = []
+    for prefix in PREFIXES:
+        routes.append(
+            Route(f"{prefix}/v1/chat/completions", _guarded(chat_completions), methods=["POST"])
+        )
+        routes.append(Route(f"{prefix}/v1/models", _guarded(models), methods=["GET"]))
+        if prefix:
+            routes.append(Route(f"{prefix}/v1/reward", _guarded(reward), methods=["POST"]))
+    routes += [
+        Route("/v1/rollouts/{rollout_id}/reward", _guarded(reward), methods=["POST"]),
+        Route("/v1/rollouts/{rollout_id}", _guarded(rollout), methods=["GET"]),
+        Route("/v1/rollouts", _guarded(rollouts), methods=["GET"]),
+        Route("/health", _guarded(health), methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

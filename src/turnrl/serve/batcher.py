@@ -1,0 +1,176 @@
+"""A micro-batcher: concurrent sampling requests share one ``policy.sample`` call.
+
+Agent programs call the gateway one request at a time per rollout, but many
+rollouts run at once. Sampling them one by one would waste the batched,
+KV-cached sampler, so requests go through one worker thread that, after the
+first request arrives, keeps gathering for up to ``window_s`` seconds (or until
+``max_batch`` requests) and then samples each compatible group in one call.
+
+Groups: requests with the same ``max_new_tokens`` and ``temperature`` and no
+seed share a call. A request with a ``seed`` is sampled alone, because a
+policy's seeded draws are only reproducible for the same batch
+(``HFPolicy.sample``). The worker is the only thread that samples; it holds
+``lock`` (shared with the gateway's tokenizer calls) while it does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnrl.types import Policy, Sample
+
+
+@dataclass
+class _Job:
+    context: list[int]
+    max_new_tokens: int
+    temperature: float
+    seed: int | None
+    future: Future[Sample] = field(default_factory=Future)
+
+    def group_key(self, unique: int) -> tuple[Any, ...]:
+        """Jobs with equal keys are sampled together (seeded jobs never share)."""
+        return (
+            self.max_new_tokens,
+            self.temperature,
+            self.seed,
+            unique if self.seed is not None else None,
+        )
+
+
+@dataclass
+class BatcherStats:
+    """Counters for monitoring how well requests are batched."""
+
+    calls: int = 0
+    """``policy.sample`` calls made."""
+    requests: int = 0
+    """Requests sampled."""
+    largest: int = 0
+    """Most requests sampled in one call."""
+
+
+class MicroBatcher:
+    """Samples submitted contexts in batches on one worker thread (see module doc)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        window_s: float = 0.005,
+        max_batch: int = 64,
+        lock: threading.RLock | None = None,
+    ) -> None:
+        if window_s < 0 or max_batch < 1:
+            raise ValueError(f"need window_s >= 0 and max_batch >= 1, got {window_s}, {max_batch}")
+        self.policy = policy
+        self.window_s = window_s
+        self.max_batch = max_batch
+        self.lock = lock if lock is not None else threading.RLock()
+        self.stats = BatcherStats()
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._closed = False
+        self._closing = threading.Lock()
+        self._unique = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="turnrl-serve-batcher", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self,
+        context: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int | None = None,
+    ) -> Sample:
+        """Sample one response for ``context``; blocks until its batch is done.
+
+        Exceptions raised by ``policy.sample`` are re-raised here, in every
+        request of the failed batch.
+        """
+        job = _Job(list(context), max_new_tokens, temperature, seed)
+        with self._closing:
+            if self._closed:
+                raise RuntimeError("the batcher is closed")
+            self._queue.put(job)
+        return job.future.result()
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Stop the worker after the requests already queued; later submits raise."""
+        with self._closing:
+            if not self._closed:
+                self._closed = True
+                self._queue.put(None)
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ worker
+    def _gather(self, first: _Job) -> tuple[list[_Job], bool]:
+        """The first job plus whatever arrives within the window; and whether to stop."""
+        jobs = [first]
+        deadline = time.monotonic() + self.window_s
+        while len(jobs) < self.max_batch:
+            try:
+                job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if job is None:
+                return jobs, True
+            jobs.append(job)
+        return jobs, False
+
+    def _groups(self, jobs: list[_Job]) -> Iterator[list[_Job]]:
+        groups: dict[tuple[Any, ...], list[_Job]] = {}
+        for job in jobs:
+            groups.setdefault(job.group_key(next(self._unique)), []).append(job)
+        yield from groups.values()
+
+    def _sample(self, group: list[_Job]) -> None:
+        head = group[0]
+        try:
+            with self.lock:
+                samples = self.policy.sample(
+                    [job.context for job in group],
+                    max_new_tokens=head.max_new_tokens,
+                    temperature=head.temperature,
+                    seed=head.seed,
+                )
+            if len(samples) != len(group):
+                raise RuntimeError(f"policy returned {len(samples)} samples for {len(group)}")
+        except BaseException as exc:  # every waiting request must be released
+            for job in group:
+                job.future.set_exception(exc)
+            return
+        self.stats.calls += 1
+        self.stats.requests += len(group)
+        self.stats.largest = max(self.stats.largest, len(group))
+        for job, sample in zip(group, samples, strict=True):
+            job.future.set_result(sample)
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            if first is None:
+                break
+            jobs, stop = self._gather(first)
+            for group in self._groups(jobs):
+                self._sample(group)
+        self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        """Release requests still queued when the worker stops (none in normal use:
+        submits after ``close`` raise, and the sentinel is queued last)."""
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job.future.set_exception(RuntimeError("the batcher is closed"))

@@ -1,0 +1,347 @@
+"""The OpenAI chat-completions request, validated into small frozen dataclasses.
+
+:func:`parse_chat_request` checks a decoded JSON body field by field and raises
+:class:`~turnrl.serve.errors.GatewayError` (HTTP 400) naming the offending field
+as a JSON path (``messages[2].role``), the way the OpenAI API does.
+
+What is accepted:
+
+* ``messages``: roles ``system``, ``developer`` (read as ``system``), ``user``,
+  ``assistant`` (``content`` may be null when ``tool_calls`` is given) and
+  ``tool`` (needs ``tool_call_id``). ``content`` is a string or a list of
+  ``{"type": "text", "text": ...}`` parts (joined without separator).
+* ``tools``: function tools ``{"type": "function", "function": {"name",
+  "description"?, "parameters"?}}``; ``tool_choice`` ``"auto"`` or ``"none"``.
+* ``temperature`` (0 to 2), ``max_completion_tokens`` / ``max_tokens`` (the
+  former wins), ``seed``, ``logprobs``, ``n`` (1 only), ``stream`` (false only),
+  ``top_logprobs`` (0 only).
+
+Parameters that would change the sampling distribution and that the policy
+cannot honour (``top_p`` other than 1, penalties, ``logit_bias``, ``stop``, a
+``response_format`` other than text, ``tool_choice`` ``"required"`` or a named
+function) are refused with a 400 rather than silently ignored: a recorded
+log-prob must be the log-prob of what was really sampled. Everything else
+(``user``, ``metadata``, ``store``, ``parallel_tool_calls``...) is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnrl.serve.errors import bad_request
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+"""Message roles a request may use (``developer`` is read as ``system``)."""
+
+TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+"""Tool names the tool-call parsers can read back (a subset of OpenAI's)."""
+
+_REFUSED_UNLESS_DEFAULT: dict[str, Any] = {
+    "top_p": 1,
+    "frequency_penalty": 0,
+    "presence_penalty": 0,
+    "logit_bias": None,
+    "stop": None,
+}
+"""Sampling options the policy cannot honour: accepted only at their no-op value."""
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    """One tool call of an assistant message.
+
+    ``arguments`` is the JSON string as sent (OpenAI allows invalid JSON there);
+    ``parsed`` is its decoded value, or ``None`` when it does not parse.
+    """
+
+    id: str
+    name: str
+    arguments: str
+    parsed: Any = None
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One validated request message (``role`` never ``developer``)."""
+
+    role: str
+    content: str | None
+    tool_calls: tuple[FunctionCall, ...] = ()
+    tool_call_id: str | None = None
+
+    def key(self) -> tuple[Any, ...]:
+        """What identifies the message for the "does this request extend the last
+        one" check: role, text and tool calls (name and decoded arguments), not ids."""
+        calls = tuple(
+            (c.name, json.dumps(c.parsed, sort_keys=True) if c.parsed is not None else c.arguments)
+            for c in self.tool_calls
+        )
+        return (self.role, self.content or "", calls)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A function tool offered in the request."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def parameter_names(self) -> tuple[str, ...]:
+        """Names in ``parameters.properties``, in the order given."""
+        properties = self.parameters.get("properties")
+        return tuple(properties) if isinstance(properties, dict) else ()
+
+    @property
+    def primary_parameter(self) -> str | None:
+        """The single argument's name, for tools with at most one parameter
+        (``"input"`` when none is declared); ``None`` for several parameters."""
+        names = self.parameter_names
+        if not names:
+            return "input"
+        return names[0] if len(names) == 1 else None
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A validated ``POST /v1/chat/completions`` body."""
+
+    model: str
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str = "auto"
+    temperature: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    stream: bool = False
+
+    @property
+    def active_tools(self) -> tuple[ToolSpec, ...]:
+        """The tools the model may call (none when ``tool_choice`` is ``"none"``)."""
+        return () if self.tool_choice == "none" else self.tools
+
+    def tools_key(self) -> str:
+        """Canonical JSON of the active tools (a change of tools changes the prompt)."""
+        return json.dumps(
+            [[t.name, t.description, t.parameters] for t in self.active_tools], sort_keys=True
+        )
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _typename(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _content(value: Any, param: str, *, nullable: bool) -> str | None:
+    """A message's text: a string, or a list of text parts joined."""
+    if value is None:
+        if nullable:
+            return None
+        raise bad_request(f"{param} is required (a string)", param)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for i, part in enumerate(value):
+            where = f"{param}[{i}]"
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise bad_request(f"{where}: only text content parts are supported", where)
+            if not isinstance(part.get("text"), str):
+                raise bad_request(f"{where}.text must be a string", f"{where}.text")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad_request(f"{param} must be a string or a list of text parts", param)
+
+
+def _tool_calls(value: Any, param: str) -> tuple[FunctionCall, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise bad_request(f"{param} must be a list", param)
+    calls = []
+    for i, call in enumerate(value):
+        where = f"{param}[{i}]"
+        if not isinstance(call, dict):
+            raise bad_request(f"{where} must be an object", where)
+        if call.get("type", "function") != "function":
+            raise bad_request(f"{where}.type must be 'function'", f"{where}.type")
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise bad_request(f"{where}.function must be an object", f"{where}.function")
+        name, arguments = function.get("name"), function.get("arguments", "")
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"{where}.function.name must be a string", f"{where}.function.name")
+        if not isinstance(arguments, str):
+            raise bad_request(
+                f"{where}.function.arguments must be a JSON string", f"{where}.function.arguments"
+            )
+        call_id = call.get("id", "")
+        if not isinstance(call_id, str):
+            raise bad_request(f"{where}.id must be a string", f"{where}.id")
+        calls.append(FunctionCall(call_id, name, arguments, loads_or_none(arguments)))
+    return tuple(calls)
+
+
+def loads_or_none(text: str) -> Any:
+    """Decoded JSON, or ``None`` when ``text`` is not valid JSON."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+
+
+def parse_message(obj: Any, index: int) -> ChatMessage:
+    """Validate ``messages[index]``."""
+    param = f"messages[{index}]"
+    if not isinstance(obj, dict):
+        raise bad_request(f"{param} must be an object, got {_typename(obj)}", param)
+    role = obj.get("role")
+    if role not in ROLES:
+        raise bad_request(
+            f"{param}.role must be one of {sorted(ROLES)}, got {role!r}", f"{param}.role"
+        )
+    if role == "developer":
+        role = "system"
+    tool_calls = _tool_calls(obj.get("tool_calls"), f"{param}.tool_calls")
+    if tool_calls and role != "assistant":
+        raise bad_request(
+            f"{param}: only assistant messages have tool_calls", f"{param}.tool_calls"
+        )
+    content = _content(obj.get("content"), f"{param}.content", nullable=bool(tool_calls))
+    tool_call_id = obj.get("tool_call_id")
+    if role == "tool" and not isinstance(tool_call_id, str):
+        raise bad_request(
+            f"{param}.tool_call_id is required for tool messages", f"{param}.tool_call_id"
+        )
+    return ChatMessage(role, content, tool_calls, tool_call_id if role == "tool" else None)
+
+
+def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
+    """Validate ``tools`` (function tools only, unique names)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise bad_request("tools must be a list", "tools")
+    tools: list[ToolSpec] = []
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise bad_request(f"{where}: only {{'type': 'function'}} tools are supported", where)
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise bad_request(f"{where}.function must be an object", f"{where}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise bad_request(
+                f"{where}.function.name must match {TOOL_NAME.pattern}, got {name!r}",
+                f"{where}.function.name",
+            )
+        if any(t.name == name for t in tools):
+            raise bad_request(f"{where}: duplicate tool name {name!r}", f"{where}.function.name")
+        description = function.get("description", "")
+        if not isinstance(description, str):
+            raise bad_request(
+                f"{where}.function.description must be a string", f"{where}.function.description"
+            )
+        parameters = function.get("parameters", {})
+        if not isinstance(parameters, dict):
+            raise bad_request(
+                f"{where}.function.parameters must be an object", f"{where}.function.parameters"
+            )
+        tools.append(ToolSpec(name, description, parameters))
+    return tuple(tools)
+
+
+def _optional_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value) or value < minimum:
+        raise bad_request(f"{name} must be an integer >= {minimum}, got {value!r}", name)
+    return int(value)
+
+
+def _check_unsupported(body: dict[str, Any]) -> None:
+    """Refuse options that would make the recorded log-probs lie (see module doc)."""
+    for name, default in _REFUSED_UNLESS_DEFAULT.items():
+        value = body.get(name)
+        if value is None or value == default or value in ([], {}):
+            continue
+        raise bad_request(f"{name}={value!r} is not supported by this gateway", name)
+    if body.get("n") not in (None, 1):
+        raise bad_request(f"n must be 1, got {body.get('n')!r}", "n")
+    if body.get("top_logprobs") not in (None, 0):
+        raise bad_request("top_logprobs is not supported (use logprobs=true)", "top_logprobs")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise bad_request("only response_format {'type': 'text'} is supported", "response_format")
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """Validate a decoded ``/v1/chat/completions`` JSON body."""
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {_typename(body)}")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("model is required (a string)", "model")
+    raw_messages = body.get("messages")
+    if not isinstance(raw_messages, list) or not raw_messages:
+        raise bad_request("messages is required (a non-empty list)", "messages")
+    messages = tuple(parse_message(m, i) for i, m in enumerate(raw_messages))
+
+    _check_unsupported(body)
+    stream = body.get("stream")
+    if stream not in (None, False, True):
+        raise bad_request("stream must be a boolean", "stream")
+    logprobs = body.get("logprobs")
+    if logprobs not in (None, False, True):
+        raise bad_request("logprobs must be a boolean", "logprobs")
+    temperature = body.get("temperature")
+    if temperature is not None and (
+        not _is_number(temperature) or not math.isfinite(temperature) or not 0 <= temperature <= 2
+    ):
+        raise bad_request(
+            f"temperature must be a number in [0, 2], got {temperature!r}", "temperature"
+        )
+    max_tokens = _optional_int(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _optional_int(body, "max_tokens", 1)
+    seed = _optional_int(body, "seed", -(2**63))
+    if seed is not None and seed >= 2**63:
+        raise bad_request(f"seed must fit in 64 bits, got {seed}", "seed")
+
+    tools = parse_tools(body.get("tools"))
+    tool_choice = body.get("tool_choice", "auto")
+    if tool_choice is None:
+        tool_choice = "auto"
+    if tool_choice not in ("auto", "none"):
+        raise bad_request(
+            f"tool_choice {tool_choice!r} is not supported (use 'auto' or 'none')", "tool_choice"
+        )
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        temperature=None if temperature is None else float(temperature),
+        max_tokens=max_tokens,
+        seed=seed,
+        logprobs=bool(logprobs),
+        stream=bool(stream),
+    )
