@@ -72,6 +72,11 @@ def demonstration(name: str, task: Task, **kwargs: Any) -> list[Message]:
 register_env("calculator", EnvSpec(CalculatorEnv, calculator_tasks, calculator.demonstration))
 register_env("frozenlake", EnvSpec(FrozenLakeEnv, frozenlake_tasks, frozenlake.demonstration))
 
+from turnrl.envs.negotiation import SETTINGS as _NEGOTIATION  # noqa: E402 (needs EnvSpec above)
+
+for _name, (_env, _tasks, _demo) in _NEGOTIATION.items():
+    register_env(_name, EnvSpec(_env, _tasks, _demo))
+
 __all__ = [
     "ENVS",
     "CalculatorEnv",
