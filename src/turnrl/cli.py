@@ -148,6 +148,15 @@ _EXTRA_COMMANDS: list[Callable[[Any], None]] = []
 """Hooks that add subcommands living in higher layers (train, report, ...)."""
 
 
+def _add_serve(subparsers: Any) -> None:
+    from turnrl.serve.cli import add_serve_command
+
+    add_serve_command(subparsers)
+
+
+_EXTRA_COMMANDS.append(_add_serve)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -253,7 +253,7 @@ class Gateway:
         n = len(state.keys)
         extends = (
             state.reply_key is not None
-            and request.tools_key() == state.tools_key
+            and self._tools_key(request) == state.tools_key
             and len(keys) > n + 1
             and keys[:n] == state.keys
             and keys[n] == state.reply_key
@@ -273,6 +273,10 @@ class Gateway:
             return prompt, state.context + tail, False
         ids = self._encode_initial(prompt)
         return prompt, ids, ids[: len(state.context)] != state.context
+
+    def _tools_key(self, request: ChatRequest) -> str:
+        """What of the tools shapes the prompt: nothing unless they are described in it."""
+        return request.tools_key() if self.config.tools_in_prompt else ""
 
     def _budget(self, request: ChatRequest, prompt_ids: list[int]) -> tuple[int, float]:
         """``max_new_tokens`` and temperature; 400 if the context leaves no room."""
@@ -319,7 +323,7 @@ class Gateway:
         with self._lock:
             state.records.append(record)
             state.keys = tuple(m.key() for m in request.messages)
-            state.tools_key = request.tools_key()
+            state.tools_key = self._tools_key(request)
             state.reply_key = reply.as_chat_message().key()
             state.prompt, state.response = prompt, sample.text
             state.context = prompt_ids + list(sample.response_ids)
