@@ -22,11 +22,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnrl import TurnTable
+from turnrl.cli import build_parser
 from turnrl.envs.calculator import is_correct
 from turnrl.envs.safe_math import calculate
 from turnrl.envs.tools import FinalAnswer, parse_response
 from turnrl.policy import HFPolicy, build_tiny_policy
-from turnrl.serve import Gateway, GatewayConfig, GatewayServer, parse_chat_request
+from turnrl.serve import (
+    Gateway,
+    GatewayConfig,
+    GatewayError,
+    GatewayServer,
+    parse_chat_request,
+)
 from turnrl.serve.batcher import MicroBatcher, _Job
 from turnrl.serve.cli import add_serve_command
 from turnrl.serve.protocol import ChatMessage, FunctionCall, ToolSpec
@@ -583,6 +590,43 @@ def test_server_errors_hide_details(tiny: HFPolicy) -> None:
         gateway.close()
 
 
+class BlockingPolicy(ScriptedPolicy):
+    """Holds ``sample`` until released, to observe a rollout while it is busy."""
+
+    def __init__(self, base: HFPolicy) -> None:
+        super().__init__(base, calculator_reply)
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def sample(self, contexts: list[list[int]], **kwargs: Any) -> list[Sample]:
+        self.entered.set()
+        assert self.release.wait(30)
+        return super().sample(contexts, **kwargs)
+
+
+def test_a_busy_rollout_refuses_a_second_request(tiny: HFPolicy) -> None:
+    policy = BlockingPolicy(tiny)
+    request = parse_chat_request(_json(_chat()))
+    with Gateway(policy) as gateway:
+        first = threading.Thread(target=gateway.complete, args=(request, "busy-1"))
+        first.start()
+        try:
+            assert policy.entered.wait(30)
+            for call in (
+                lambda: gateway.complete(request, "busy-1"),
+                lambda: gateway.reward("busy-1", 1),
+            ):
+                with pytest.raises(GatewayError) as caught:
+                    call()
+                assert (caught.value.status, caught.value.code) == (409, "rollout_busy")
+        finally:
+            policy.release.set()
+            first.join(30)
+        assert gateway.reward("busy-1", 1)["turns"] == 1
+        gateway.complete(request, "busy-2", "task-a")
+        with pytest.raises(GatewayError, match="belongs to task 'task-a'"):
+            gateway.reward("busy-2", 0, "task-b")
+
+
 # ----------------------------------------------------------------------------- tool-call text
 
 
@@ -702,6 +746,7 @@ def test_cli_registration_and_loopback_guard(scripted: ScriptedPolicy) -> None:
         "out.jsonl",
     )
     assert callable(args.handler)
+    assert build_parser().parse_args(["serve"]).handler is args.handler  # hooked into `turnrl`
     assert is_loopback("127.0.0.2") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
     with Gateway(scripted) as gateway, pytest.raises(ValueError, match="loopback"):
