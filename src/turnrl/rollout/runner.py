@@ -61,6 +61,13 @@ def episode_records_fields(episode: Episode) -> dict[str, Any]:
     return {"task_id": episode.task.task_id, "traj_id": episode.traj_id, "role": "agent"}
 
 
+def start_episode(policy: Policy, make_env: Callable[[], Env], task: Task, traj_id: str) -> Episode:
+    """A fresh episode of ``task``: a new environment, reset, and its initial context."""
+    env = make_env()
+    messages = env.reset(task)
+    return Episode(task, traj_id, env, policy.encode_initial(messages))
+
+
 def run_episodes(
     policy: Policy,
     make_env: Callable[[], Env],
@@ -79,14 +86,14 @@ def run_episodes(
     ``seed * 1009 + t``). ``max_turns`` is a safety cap on top of the
     environment's own limit.
     """
-    episodes = []
-    for slot, task in enumerate(tasks):
-        for g in range(group_size):
-            env = make_env()
-            messages = env.reset(task)
-            # The slot index keeps ids unique when a task is drawn twice in one batch.
-            traj_id = f"{traj_prefix}{task.task_id}#{slot * group_size + g}"
-            episodes.append(Episode(task, traj_id, env, policy.encode_initial(messages)))
+    # The slot index keeps ids unique when a task is drawn twice in one batch.
+    episodes = [
+        start_episode(
+            policy, make_env, task, f"{traj_prefix}{task.task_id}#{slot * group_size + g}"
+        )
+        for slot, task in enumerate(tasks)
+        for g in range(group_size)
+    ]
     return continue_episodes(
         policy,
         episodes,
@@ -109,61 +116,90 @@ def continue_episodes(
     """Step the given episodes (fresh or restored mid-way) until all are done."""
     batch = RolloutBatch(records=[], episodes=episodes)
     step = 0
-    while True:
-        live = [e for e in episodes if not e.done]
-        for e in live:
-            room = (
-                policy.max_context is None or len(e.context) + max_new_tokens <= policy.max_context
-            )
-            if e.turn >= max_turns or not room:
-                e.done, e.end = True, "context" if not room else "max_turns"
-        live = [e for e in live if not e.done]
-        if not live:
-            return batch
-        started = time.perf_counter()
-        samples = policy.sample(
-            [e.context for e in live],
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=seed * 1009 + step,
-        )
-        batch.seconds_sampling += time.perf_counter() - started
-        batch.sampled_tokens += sum(len(s.response_ids) for s in samples)
-        batch.context_tokens += sum(len(e.context) for e in live)
-        started = time.perf_counter()
-        for episode, sample in zip(live, samples, strict=True):
-            state_key = episode.env.state_key()
-            result = episode.env.step(sample.text)
-            info = result.info
-            record = {
-                **episode_records_fields(episode),
-                "turn": episode.turn,
-                "prompt_ids": list(episode.context),
-                "response_ids": list(sample.response_ids),
-                "logprobs": [float(x) for x in sample.logprobs],
-                "response": sample.text,
-                "reward": float(result.reward),
-                "done": bool(result.done),
-                "state_key": state_key,
-                "tags": list(episode.task.tags),
-                "tool_call": bool(info.get("tool_call", False)),
-                "malformed": bool(info.get("malformed", False)),
-                "stop_reason": sample.stop_reason,
-            }
-            batch.records.append(record)
-            episode.outcome += float(result.reward)
-            episode.tool_calls += int(record["tool_call"])
-            episode.malformed += int(record["malformed"])
-            episode.truncated_responses += int(sample.stop_reason == "length")
-            episode.turn += 1
-            if result.done:
-                episode.done, episode.end = True, "env"
-                episode.correct = info.get("correct")
-                continue
-            assert result.observation is not None
-            episode.context = episode.context + list(sample.response_ids)
-            if sample.stop_reason != "stop":
-                episode.context.append(policy.eos_token_id)
-            episode.context += policy.encode_observation(result.observation)
-        batch.seconds_env += time.perf_counter() - started
+    while step_episodes(
+        policy,
+        episodes,
+        batch,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed * 1009 + step,
+        max_turns=max_turns,
+    ):
         step += 1
+    return batch
+
+
+def step_episodes(
+    policy: Policy,
+    episodes: Sequence[Episode],
+    batch: RolloutBatch,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    max_turns: int = 32,
+) -> list[dict[str, Any]]:
+    """Advance every live episode by ONE turn, in one batched ``policy.sample`` call.
+
+    Episodes at ``max_turns`` or without room for a response are marked done
+    first. The new turn records are appended to ``batch.records`` (and its costs
+    to ``batch``) and returned; an empty list means no episode was live. Tree
+    rollouts call this directly to act between turns (score, branch, prune).
+    """
+    live = [e for e in episodes if not e.done]
+    for e in live:
+        room = policy.max_context is None or len(e.context) + max_new_tokens <= policy.max_context
+        if e.turn >= max_turns or not room:
+            e.done, e.end = True, "context" if not room else "max_turns"
+    live = [e for e in live if not e.done]
+    if not live:
+        return []
+    started = time.perf_counter()
+    samples = policy.sample(
+        [e.context for e in live],
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+    )
+    batch.seconds_sampling += time.perf_counter() - started
+    batch.sampled_tokens += sum(len(s.response_ids) for s in samples)
+    batch.context_tokens += sum(len(e.context) for e in live)
+    started = time.perf_counter()
+    records = []
+    for episode, sample in zip(live, samples, strict=True):
+        state_key = episode.env.state_key()
+        result = episode.env.step(sample.text)
+        info = result.info
+        record = {
+            **episode_records_fields(episode),
+            "turn": episode.turn,
+            "prompt_ids": list(episode.context),
+            "response_ids": list(sample.response_ids),
+            "logprobs": [float(x) for x in sample.logprobs],
+            "response": sample.text,
+            "reward": float(result.reward),
+            "done": bool(result.done),
+            "state_key": state_key,
+            "tags": list(episode.task.tags),
+            "tool_call": bool(info.get("tool_call", False)),
+            "malformed": bool(info.get("malformed", False)),
+            "stop_reason": sample.stop_reason,
+        }
+        records.append(record)
+        episode.outcome += float(result.reward)
+        episode.tool_calls += int(record["tool_call"])
+        episode.malformed += int(record["malformed"])
+        episode.truncated_responses += int(sample.stop_reason == "length")
+        episode.turn += 1
+        if result.done:
+            episode.done, episode.end = True, "env"
+            episode.correct = info.get("correct")
+            continue
+        assert result.observation is not None
+        episode.context = episode.context + list(sample.response_ids)
+        if sample.stop_reason != "stop":
+            episode.context.append(policy.eos_token_id)
+        episode.context += policy.encode_observation(result.observation)
+    batch.records.extend(records)
+    batch.seconds_env += time.perf_counter() - started
+    return records
