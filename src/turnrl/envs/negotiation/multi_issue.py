@@ -108,7 +108,7 @@ class MultiIssueEnv(NegotiationEnv):
     def system_prompt(self, task: Task) -> str:
         w_price, w_term = task.payload["weights"]
         return (
-            f"Sell a contract. Price 50-100, term 1-12. You value price {w_price:g}, "
+            f"Contract: price 50-100, term 1-12; you weigh price {w_price:g}, "
             f"term {w_term:g}. {self.max_turns} turns. <offer>price=P;term=T</offer> "
             "<accept/> <end/>"
         )
