@@ -94,6 +94,9 @@ class WarmStartConfig:
     directly), so RL starts from a policy that sometimes calls the tool."""
     easy_tool_fraction: float = 0.0
     """Share of easy-problem demonstrations that use the tool."""
+    init_from: str | None = None
+    """A saved policy directory (e.g. another run's ``warm_start/``) to start from instead
+    of training a warm start; lets several RL runs share one warm start."""
 
 
 @dataclass

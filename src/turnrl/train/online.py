@@ -142,7 +142,9 @@ class OnlineTrainer:
     def _warm_start(self) -> None:
         cfg = self.config.warm_start
         out = self.run_dir / "warm_start"
-        if cfg.steps > 0:
+        if cfg.init_from is not None:
+            self.policy = HFPolicy.from_pretrained(cfg.init_from)
+        elif cfg.steps > 0:
             examples = demonstration_examples(
                 self.policy,
                 self.config.env.name,
