@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -658,3 +660,62 @@ def test_arbitrary_replies_never_crash_or_beat_the_reservation(
             assert result.info["outcome"] in {"deal", "walkout", "ended", "timeout", "complete"}
             break
         assert result.reward == 0.0 and result.observation is not None
+
+
+# ----------------------------------------------------------------------------- textarena (optional)
+
+HAS_TEXTARENA = importlib.util.find_spec("textarena") is not None
+needs_textarena = pytest.mark.skipif(
+    not HAS_TEXTARENA,
+    reason="textarena not installed (optional extra: pip install textarena==0.7.4)",
+)
+
+
+def test_textarena_adapter_imports_without_textarena(monkeypatch: pytest.MonkeyPatch) -> None:
+    from turnrl.envs.negotiation import textarena_adapter
+
+    monkeypatch.setitem(sys.modules, "textarena", None)  # simulate a missing install
+    monkeypatch.delitem(sys.modules, "textarena.envs.IteratedUltimatumGame.env", raising=False)
+    env = textarena_adapter.TextArenaUltimatumEnv()
+    with pytest.raises(ImportError, match=r"pip install 'textarena==0\.7\.4'"):
+        env.reset(ULTIMATUM)
+
+
+@needs_textarena
+def test_textarena_ultimatum_episode() -> None:
+    from turnrl.envs.negotiation.textarena_adapter import TextArenaUltimatumEnv
+
+    env = TextArenaUltimatumEnv(rounds=3)
+    messages = env.reset(ULTIMATUM)
+    assert "Iterated Ultimatum Game" in messages[0]["content"]
+    # threshold 30: rejected (grudge -> 35), accepted in both formats (anchoring -> 37.5, 38.75)
+    first = env.step("<offer>20</offer>")
+    assert first.info["accepted"] is False and not first.info["malformed"]
+    assert "rejected" in first.observation["content"]
+    assert env.step("[Offer: $40]").info["accepted"] is True
+    last = env.step("<offer>40</offer>")
+    assert last.done and last.info["outcome"] == "complete"
+    assert last.reward == pytest.approx(120 / 300) and last.info["deal"] is True
+
+
+@needs_textarena
+def test_textarena_invalid_moves_and_snapshots() -> None:
+    from turnrl.envs.negotiation.textarena_adapter import TextArenaUltimatumEnv, demonstration
+
+    env = TextArenaUltimatumEnv(rounds=3)
+    env.reset(ULTIMATUM)
+    saved, key = env.snapshot(), env.state_key()
+    once = env.step("no idea")
+    assert once.info["malformed"] and "invalid move" in once.info["error"] and not once.done
+    twice = env.step("still no idea")
+    assert twice.done and twice.info["outcome"] == "forfeit" and twice.reward == 0.0
+    env.restore(saved)
+    assert env.state_key() == key
+    compact = env.step("<offer>35</offer>")
+    env.restore(saved)
+    native = env.step("[Offer: $35]")
+    assert compact == native
+    env.restore(saved)  # the snapshot is still reusable after two restores
+    assert env.step("<offer>35</offer>") == compact
+    messages = demonstration(ULTIMATUM, style="medium", rounds=3)
+    assert [m["role"] for m in messages[:4]] == ["system", "user", "assistant", "user"]

@@ -57,12 +57,26 @@ def ultimatum_tasks(n: int, seed: int) -> list[Task]:
 
 
 @dataclass(frozen=True)
-class _Responder:
+class Responder:
     """The responder's changing state, and the agent's winnings so far."""
 
     threshold: float
     rejections: int = 0
     total: float = 0.0
+
+
+def judge(persona: dict[str, Any], responder: Responder, share: float) -> tuple[Responder, bool]:
+    """Whether the responder accepts ``share``, and its new state (pure function).
+
+    Accepts iff ``share >= threshold``; then the threshold is pulled toward the share
+    by ``anchoring`` and the agent banks ``POT - share``. On a rejection the
+    threshold rises by ``grudge`` and the rejection is counted.
+    """
+    if share >= responder.threshold:
+        threshold = responder.threshold + persona["anchoring"] * (share - responder.threshold)
+        return replace(responder, threshold=threshold, total=responder.total + POT - share), True
+    threshold = min(POT, responder.threshold + persona["grudge"])
+    return replace(responder, threshold=threshold, rejections=responder.rejections + 1), False
 
 
 class UltimatumEnv(NegotiationEnv):
@@ -77,38 +91,30 @@ class UltimatumEnv(NegotiationEnv):
     def system_prompt(self, task: Task) -> str:
         return f"Split {POT}, {self.max_turns} rounds. <offer>N</offer> gives them N. <end/>"
 
-    def open(self, task: Task) -> tuple[_Responder, str]:
-        return _Responder(threshold=float(task.payload["persona"]["threshold"])), "Your offer?"
+    def open(self, task: Task) -> tuple[Responder, str]:
+        return Responder(threshold=float(task.payload["persona"]["threshold"])), "Your offer?"
 
-    def _value(self, responder: _Responder) -> float:
+    def _value(self, responder: Responder) -> float:
         return responder.total / (POT * self.max_turns)
 
     def on_timeout(self, task: Task, counterpart: Any) -> tuple[float, bool]:
         return self._value(counterpart), counterpart.total > 0
 
     def respond(self, task: Task, counterpart: Any, action: Action, turn: int) -> Reply:
-        responder: _Responder = counterpart
+        responder: Responder = counterpart
         persona = task.payload["persona"]
         if isinstance(action, End):
             value = self._value(responder)
             return Reply("Bye.", responder, outcome="ended", value=value, deal=value > 0)
         if not isinstance(action, Offer):
             return Reply("Your offer?", responder, invalid="you propose: <offer>N</offer>")
-        share = action["share"]
-        if share >= responder.threshold:
-            threshold = responder.threshold + persona["anchoring"] * (share - responder.threshold)
-            responder = replace(responder, threshold=threshold, total=responder.total + POT - share)
+        responder, accepted = judge(persona, responder, action["share"])
+        if accepted:
             return Reply("Yes.", responder, info={"accepted": True})
-        rejections = responder.rejections + 1
-        responder = replace(
-            responder,
-            threshold=min(POT, responder.threshold + persona["grudge"]),
-            rejections=rejections,
-        )
-        if rejections >= persona["quit_after"]:
+        if responder.rejections >= persona["quit_after"]:
             value = self._value(responder)
             return Reply("No. I quit.", responder, outcome="walkout", value=value, deal=value > 0)
-        warn = persona["warns"] and rejections == persona["quit_after"] - 1
+        warn = persona["warns"] and responder.rejections == persona["quit_after"] - 1
         return Reply(LAST_CHANCE if warn else "No.", responder, info={"accepted": False})
 
 
