@@ -327,19 +327,27 @@ GENEROSITY = {  # offers from worst to best for the counterpart
 }
 
 
-@pytest.mark.parametrize("name", sorted(GENEROSITY))
+def _generosity(name: str, t: Task) -> list[str]:
+    """Offers from worst to best for this task's counterpart."""
+    if name == "multi_issue":  # order by this client's own utility
+        weight = t.payload["persona"]["price_weight"]
+        return sorted(GENEROSITY[name], key=lambda o: client_utility(weight, _deal(o)))
+    if name == "upsell":  # pitches of one wanted add-on, dearest first
+        item = max(t.payload["persona"]["values"].items(), key=lambda kv: kv[1])[0]
+        return [f"<offer>{item}={p}</offer>" for p in range(200, -1, -3)]
+    return GENEROSITY[name]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_better_offers_get_better_or_equal_responses(name: str) -> None:
     for t in envs.make_tasks(name, 10, seed=7):
         env = make(name)
         env.reset(t)
-        for warmup in (None, GENEROSITY[name][len(GENEROSITY[name]) // 3]):
+        offers = _generosity(name, t)
+        for warmup in (None, offers[len(offers) // 3]):
             if warmup is not None and env.step(warmup).done:
                 break
             saved = env.snapshot()
-            offers = GENEROSITY[name]
-            if name == "multi_issue":  # order by this client's own utility
-                weight = t.payload["persona"]["price_weight"]
-                offers = sorted(offers, key=lambda o: client_utility(weight, _deal(o)))
             ranks = []
             for offer in offers:
                 env.restore(saved)

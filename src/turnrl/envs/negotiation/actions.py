@@ -29,6 +29,8 @@ from turnrl.envs.tools import Malformed
 ACCEPT, REJECT, END = "<accept/>", "<reject/>", "<end/>"
 OFFER_OPEN, OFFER_CLOSE = "<offer>", "</offer>"
 SAY_OPEN, SAY_CLOSE = "<say>", "</say>"
+LAST_CHANCE = "Last chance."
+"""How a counterpart that warns starts its reply when one bad move from leaving."""
 MAX_SAY = 200
 """Longest ``<say>`` text kept, in characters (longer text is truncated, not refused)."""
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from turnrl.envs.negotiation.actions import (
     ACCEPT,
+    LAST_CHANCE,
     Accept,
     Action,
     End,
@@ -40,7 +41,7 @@ from turnrl.envs.negotiation.actions import (
 )
 from turnrl.envs.negotiation.base import NegotiationEnv, Reply, check_style, make_tasks, play
 from turnrl.envs.negotiation.concession import Stance, Temper, Verdict, react, stall
-from turnrl.envs.negotiation.scripted import LAST_CHANCE, last_terms
+from turnrl.envs.negotiation.scripted import last_terms
 from turnrl.types import Message, Task
 
 PRICE = Issue("price", 50, 100)

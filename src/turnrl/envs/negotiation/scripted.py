@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from turnrl.envs.negotiation.actions import (
     ACCEPT,
+    LAST_CHANCE,
     Offer,
     OfferFormat,
     format_offer,
@@ -22,8 +23,6 @@ from turnrl.envs.negotiation.actions import (
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _TERMS = re.compile(r"[a-z_]+=[\d.]+(?:;[a-z_]+=[\d.]+)*")
-LAST_CHANCE = "Last chance."
-"""How a warning counterpart starts its reply when one bad move from leaving."""
 
 
 def last_number(message: str) -> float | None:

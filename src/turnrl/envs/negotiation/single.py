@@ -18,10 +18,9 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any
 
-from turnrl.envs.negotiation.actions import Accept, Action, End, Offer
+from turnrl.envs.negotiation.actions import LAST_CHANCE, Accept, Action, End, Offer
 from turnrl.envs.negotiation.base import NegotiationEnv, Reply
 from turnrl.envs.negotiation.concession import Stance, Temper, Verdict, react, stall
-from turnrl.envs.negotiation.scripted import LAST_CHANCE
 from turnrl.envs.safe_math import format_number
 from turnrl.types import Task
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from turnrl.envs.negotiation.actions import (
+    LAST_CHANCE,
     Action,
     End,
     Offer,
@@ -34,7 +35,6 @@ from turnrl.envs.negotiation.actions import (
     single_issue,
 )
 from turnrl.envs.negotiation.base import NegotiationEnv, Reply, check_style, make_tasks, play
-from turnrl.envs.negotiation.scripted import LAST_CHANCE
 from turnrl.types import Message, Task
 
 POT = 100

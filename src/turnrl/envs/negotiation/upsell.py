@@ -30,6 +30,7 @@ from typing import Any
 from turnrl.envs.negotiation.actions import (
     ACCEPT,
     END,
+    LAST_CHANCE,
     Accept,
     Action,
     End,
@@ -40,7 +41,7 @@ from turnrl.envs.negotiation.actions import (
     format_offer,
 )
 from turnrl.envs.negotiation.base import NegotiationEnv, Reply, check_style, make_tasks, play
-from turnrl.envs.negotiation.scripted import LAST_CHANCE, last_number
+from turnrl.envs.negotiation.scripted import last_number
 from turnrl.envs.safe_math import format_number
 from turnrl.types import Message, Task
 
