@@ -21,7 +21,7 @@ import datetime as dt
 import gc
 import os
 import platform
-import re
+import sys
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -36,6 +36,9 @@ from turnrl.credit import compute_credit, list_estimators, reference
 from turnrl.table import TurnTable
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
+sys.path.insert(0, str(Path(__file__).parent))
+from results_file import replace_section  # noqa: E402
+
 SECTION = "## Credit estimators"
 TARGET_SPEEDUP = {"grpo": 50.0, "turn_group": 50.0, "node": 50.0}
 TARGET_SECONDS = 2.0
@@ -187,17 +190,6 @@ def markdown(results: list[Row], header: dict[str, str], subset_rows: bool) -> s
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str) -> None:
-    """Replace (or append) the credit section of RESULTS.md, keeping other sections."""
-    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(old):
-        new = pattern.sub(lambda _: text + "\n", old, count=1)
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(new.rstrip("\n") + "\n")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -288,7 +280,7 @@ def main() -> None:
     }
     text = markdown(results, header, ref_table is not table)
     if not args.no_write:
-        write_section(text)
+        replace_section(SECTION, text, RESULTS)
         console.print(f"wrote {RESULTS}")
     if not all(r.equal for r in results):
         raise SystemExit("vectorised and reference results differ")
