@@ -40,6 +40,11 @@ class Episode:
     correct: bool | None = None
     end: str = ""
     """Why the episode ended: "env" (the environment said done), "context" (no room left)."""
+    seed: int | None = None
+    """Per-episode sampling seed, or ``None`` (the batch's seed). With it, turn ``t`` of this
+    episode samples from its own generator seeded ``turn_seed(seed, t)``, whatever other
+    episodes share the batch, so a batch can be split (e.g. across Ray workers) without
+    changing any episode's tokens."""
 
 
 @dataclass
@@ -56,16 +61,46 @@ class RolloutBatch:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def episode_seed(seed: int, index: int) -> int:
+    """Sampling seed of episode ``index`` of a batch run with ``seed``."""
+    return (seed * 1_000_003 + index) % 2**63
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """Sampling seed of turn ``turn`` of an episode with seed ``seed``."""
+    return (seed * 1009 + turn) % 2**63
+
+
+def plan_episodes(
+    tasks: Sequence[Task], group_size: int, traj_prefix: str
+) -> list[tuple[Task, str]]:
+    """``(task, traj_id)`` of each episode of a batch, in batch order (the episode index).
+
+    The slot index keeps ids unique when a task is drawn twice in one batch.
+    """
+    return [
+        (task, f"{traj_prefix}{task.task_id}#{slot * group_size + g}")
+        for slot, task in enumerate(tasks)
+        for g in range(group_size)
+    ]
+
+
 def episode_records_fields(episode: Episode) -> dict[str, Any]:
     """Fields every record of an episode shares."""
     return {"task_id": episode.task.task_id, "traj_id": episode.traj_id, "role": "agent"}
 
 
-def start_episode(policy: Policy, make_env: Callable[[], Env], task: Task, traj_id: str) -> Episode:
+def start_episode(
+    policy: Policy,
+    make_env: Callable[[], Env],
+    task: Task,
+    traj_id: str,
+    seed: int | None = None,
+) -> Episode:
     """A fresh episode of ``task``: a new environment, reset, and its initial context."""
     env = make_env()
     messages = env.reset(task)
-    return Episode(task, traj_id, env, policy.encode_initial(messages))
+    return Episode(task, traj_id, env, policy.encode_initial(messages), seed=seed)
 
 
 def run_episodes(
@@ -79,20 +114,22 @@ def run_episodes(
     seed: int,
     traj_prefix: str = "",
     max_turns: int = 32,
+    per_episode_seeds: bool = False,
 ) -> RolloutBatch:
     """Run ``group_size`` independent episodes per task, all in one batch.
 
     ``seed`` makes the whole batch reproducible (turn ``t`` samples with seed
     ``seed * 1009 + t``). ``max_turns`` is a safety cap on top of the
-    environment's own limit.
+    environment's own limit. ``per_episode_seeds`` gives episode ``k`` its own
+    seed ``episode_seed(seed, k)`` instead (see ``Episode.seed``): the same
+    episodes then come out however the batch is split, which is what the Ray
+    rollout workers do.
     """
-    # The slot index keeps ids unique when a task is drawn twice in one batch.
     episodes = [
         start_episode(
-            policy, make_env, task, f"{traj_prefix}{task.task_id}#{slot * group_size + g}"
+            policy, make_env, task, traj_id, episode_seed(seed, k) if per_episode_seeds else None
         )
-        for slot, task in enumerate(tasks)
-        for g in range(group_size)
+        for k, (task, traj_id) in enumerate(plan_episodes(tasks, group_size, traj_prefix))
     ]
     return continue_episodes(
         policy,
@@ -145,6 +182,8 @@ def step_episodes(
     first. The new turn records are appended to ``batch.records`` (and its costs
     to ``batch``) and returned; an empty list means no episode was live. Tree
     rollouts call this directly to act between turns (score, branch, prune).
+    Episodes with their own ``seed`` sample with per-row seeds (``seed`` is then
+    unused); a batch must not mix episodes with and without one.
     """
     live = [e for e in episodes if not e.done]
     for e in live:
@@ -154,12 +193,15 @@ def step_episodes(
     live = [e for e in live if not e.done]
     if not live:
         return []
+    own = [e.seed is not None for e in live]
+    if any(own) and not all(own):
+        raise ValueError("step_episodes: some live episodes have their own seed and some do not")
     started = time.perf_counter()
     samples = policy.sample(
         [e.context for e in live],
         max_new_tokens=max_new_tokens,
         temperature=temperature,
-        seed=seed,
+        seed=[turn_seed(e.seed, e.turn) for e in live if e.seed is not None] if all(own) else seed,
     )
     batch.seconds_sampling += time.perf_counter() - started
     batch.sampled_tokens += sum(len(s.response_ids) for s in samples)
