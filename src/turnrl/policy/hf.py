@@ -217,7 +217,7 @@ class HFPolicy:
         *,
         max_new_tokens: int,
         temperature: float = 1.0,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[Sample]:
         """Sample one response per context in one batched, KV-cached loop.
 
@@ -225,7 +225,10 @@ class HFPolicy:
         or after ``max_new_tokens`` tokens (``"length"``); a row whose context
         nearly fills the model's positions stops earlier, also with ``"length"``.
         ``seed`` seeds a private ``torch.Generator`` (same seed and batch, same
-        samples); ``None`` draws from a fresh random seed.
+        samples); ``None`` draws from a fresh random seed. ``seed`` may also be a
+        list with one seed per context: each row then draws from its own generator,
+        so its samples do not depend on which other rows share the batch (up to
+        float rounding of the batched forward pass).
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -240,12 +243,7 @@ class HFPolicy:
             else min(max_new_tokens, self.max_context - len(c))
             for c in contexts
         ]
-        device = self.device
-        generator = torch.Generator(device=device)
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(seed)
+        generators = self._generators(seed, len(contexts))
 
         input_ids_B_L, mask_B_L = self._pad(contexts, left=True)
         position_B_L = (mask_B_L.cumsum(-1) - 1).clamp(min=0)
@@ -262,7 +260,7 @@ class HFPolicy:
         logps: list[list[float]] = [[] for _ in range(batch)]
         reasons: list[str | None] = [None] * batch
         for _ in range(max(budgets)):
-            token_B, logp_B = self._draw(out.logits[:, -1, :], temperature, generator)
+            token_B, logp_B = self._draw(out.logits[:, -1, :], temperature, generators)
             for i, (token, logp) in enumerate(zip(token_B.tolist(), logp_B.tolist(), strict=True)):
                 if reasons[i] is not None:
                     continue
@@ -289,19 +287,39 @@ class HFPolicy:
             for r, lp, why in zip(ids, logps, reasons, strict=True)
         ]
 
+    def _generators(self, seed: int | Sequence[int] | None, rows: int) -> list[torch.Generator]:
+        """One generator for the whole batch (``seed`` an int, or ``None`` for a fresh
+        random seed), or one per row (``seed`` a sequence of ``rows`` ints)."""
+        if seed is None or not isinstance(seed, Sequence):
+            generator = torch.Generator(device=self.device)
+            if seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(int(seed))
+            return [generator]
+        if len(seed) != rows:
+            raise ValueError(f"seed: {len(seed)} per-row seeds for {rows} contexts")
+        return [torch.Generator(device=self.device).manual_seed(int(s)) for s in seed]
+
     @staticmethod
     def _draw(
-        logits_B_V: torch.Tensor, temperature: float, generator: torch.Generator
+        logits_B_V: torch.Tensor, temperature: float, generators: Sequence[torch.Generator]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw one token per row; return it and its log-prob under the sampling
-        distribution (temperature-scaled; untempered for greedy ``temperature=0``)."""
+        """Draw one token per row, with one generator for the batch or one per row;
+        return it and its log-prob under the sampling distribution (temperature-scaled;
+        untempered for greedy ``temperature=0``)."""
         logits_B_V = logits_B_V.float()
         if temperature == 0:
             token_B = logits_B_V.argmax(-1)
             logp_B_V = torch.log_softmax(logits_B_V, dim=-1)
         else:
             logp_B_V = torch.log_softmax(logits_B_V / temperature, dim=-1)
-            token_B = torch.multinomial(logp_B_V.exp(), 1, generator=generator).squeeze(-1)
+            probs_B_V = logp_B_V.exp()
+            if len(generators) == 1:
+                token_B = torch.multinomial(probs_B_V, 1, generator=generators[0]).squeeze(-1)
+            else:
+                rows = zip(probs_B_V, generators, strict=True)
+                token_B = torch.cat([torch.multinomial(p_V, 1, generator=g) for p_V, g in rows])
         return token_B, logp_B_V.gather(-1, token_B[:, None]).squeeze(-1)
 
     def _pad(
