@@ -38,7 +38,7 @@ from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, StrategyContext, get_strategy, run_episodes
 from turnrl.table import TurnTable
 from turnrl.train.checkpoint import load_latest_checkpoint, save_checkpoint
-from turnrl.train.config import PolicyConfig, RunConfig, config_to_toml_text
+from turnrl.train.config import PolicyConfig, RunConfig, TrainConfig, config_to_toml_text
 from turnrl.train.loss import aggregation_weights, ppo_clip_loss
 from turnrl.train.metrics import advantage_metrics, episode_metrics
 from turnrl.train.sft import demonstration_examples, supervised_warm_start
@@ -105,6 +105,91 @@ def build_update_batch(
         else torch.as_tensor(clip_factor[keep], dtype=torch.float32),
         weight_B_T=aggregation_weights(mask, aggregation, rollout),
     )
+
+
+@dataclass(frozen=True)
+class PPOSettings:
+    """The PPO-clip update's knobs (see ``TrainConfig`` for their meaning)."""
+
+    epochs: int
+    minibatch_size: int
+    clip_low: float
+    clip_high: float
+    kl_coef: float
+    kl_estimator: str
+    max_grad_norm: float
+
+    @classmethod
+    def from_train_config(cls, cfg: TrainConfig) -> PPOSettings:
+        return cls(
+            epochs=cfg.epochs,
+            minibatch_size=cfg.minibatch_size,
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            kl_coef=cfg.kl_coef,
+            kl_estimator=cfg.kl_estimator,
+            max_grad_norm=cfg.max_grad_norm,
+        )
+
+
+def ppo_update(
+    policy: HFPolicy,
+    optimizer: torch.optim.Optimizer,
+    batch: UpdateBatch,
+    settings: PPOSettings,
+    *,
+    temperature: float,
+    reference: HFPolicy | None,
+    seed: int,
+) -> dict[str, float]:
+    """Several epochs of mini-batch PPO-clip steps on one batch of turns.
+
+    Shared by the online trainer and Iterative GRPO's improvement step. ``seed``
+    fixes the mini-batch order; ``reference`` (frozen) enables the KL penalty.
+    Returns the mean of each loss statistic over the optimiser steps.
+    """
+    n = len(batch.contexts)
+    size = min(settings.minibatch_size, n)
+    n_minibatches = -(-n // size)
+    generator = torch.Generator().manual_seed(seed)
+    stats: list[dict[str, float]] = []
+    policy.model.train()
+    for _ in range(settings.epochs):
+        order = torch.randperm(n, generator=generator).tolist()
+        for start in range(0, n, size):
+            rows = order[start : start + size]
+            contexts = [batch.contexts[i] for i in rows]
+            responses = [batch.responses[i] for i in rows]
+            logp_B_T, mask_B_T = policy.response_logprobs(
+                contexts, responses, temperature=temperature
+            )
+            width = logp_B_T.shape[1]
+            ref = None
+            if reference is not None:
+                with torch.no_grad():
+                    ref, _ = reference.response_logprobs(
+                        contexts, responses, temperature=temperature
+                    )
+            loss, info = ppo_clip_loss(
+                logp_B_T,
+                batch.old_logp_B_T[rows, :width],
+                batch.adv_B[rows],
+                mask_B_T,
+                batch.weight_B_T[rows, :width] * n_minibatches,
+                clip_low=settings.clip_low,
+                clip_high=settings.clip_high,
+                clip_factor_B=None if batch.clip_factor_B is None else batch.clip_factor_B[rows],
+                ref_logp_B_T=ref,
+                kl_coef=settings.kl_coef,
+                kl_estimator=settings.kl_estimator,
+            )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
+            optimizer.step()
+            stats.append({**info, "loss": float(loss.item()), "grad_norm": float(norm)})
+    policy.model.eval()
+    return {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}
 
 
 class OnlineTrainer:
@@ -241,51 +326,15 @@ class OnlineTrainer:
         """Several epochs of mini-batch PPO-clip steps on one batch of turns."""
         cfg = self.config.train
         assert self.optimizer is not None
-        n = len(batch.contexts)
-        size = min(cfg.minibatch_size, n)
-        n_minibatches = -(-n // size)
-        generator = torch.Generator().manual_seed(cfg.seed * 100_003 + self.step)
-        temperature = self.config.policy.temperature
-        stats: list[dict[str, float]] = []
-        self.policy.model.train()
-        for _ in range(cfg.epochs):
-            order = torch.randperm(n, generator=generator).tolist()
-            for start in range(0, n, size):
-                rows = order[start : start + size]
-                contexts = [batch.contexts[i] for i in rows]
-                responses = [batch.responses[i] for i in rows]
-                logp_B_T, mask_B_T = self.policy.response_logprobs(
-                    contexts, responses, temperature=temperature
-                )
-                width = logp_B_T.shape[1]
-                ref = None
-                if self.reference is not None:
-                    with torch.no_grad():
-                        ref, _ = self.reference.response_logprobs(
-                            contexts, responses, temperature=temperature
-                        )
-                loss, info = ppo_clip_loss(
-                    logp_B_T,
-                    batch.old_logp_B_T[rows, :width],
-                    batch.adv_B[rows],
-                    mask_B_T,
-                    batch.weight_B_T[rows, :width] * n_minibatches,
-                    clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high,
-                    clip_factor_B=None
-                    if batch.clip_factor_B is None
-                    else batch.clip_factor_B[rows],
-                    ref_logp_B_T=ref,
-                    kl_coef=cfg.kl_coef,
-                    kl_estimator=cfg.kl_estimator,
-                )
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-                self.optimizer.step()
-                stats.append({**info, "loss": float(loss.item()), "grad_norm": float(norm)})
-        self.policy.model.eval()
-        return {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}
+        return ppo_update(
+            self.policy,
+            self.optimizer,
+            batch,
+            PPOSettings.from_train_config(cfg),
+            temperature=self.config.policy.temperature,
+            reference=self.reference,
+            seed=cfg.seed * 100_003 + self.step,
+        )
 
     def learn(self, records: list[dict[str, Any]]) -> dict[str, float]:
         """Credit on ``records`` (one row per turn), then a PPO-clip update on them."""
