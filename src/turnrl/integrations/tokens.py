@@ -269,13 +269,14 @@ def build_table(
     if task_rows.shape[0] != n_rows:
         raise ValueError(f"task ids have {task_rows.shape[0]} rows, the batch has {n_rows}")
     if traj_id is None:
-        row_traj_code = np.arange(n_rows, dtype=np.int64)
+        traj_rows: np.ndarray = np.arange(n_rows, dtype=np.int64)
     else:
-        row_traj_code, _ = factorise(traj_id)
-        if row_traj_code.shape[0] != n_rows:
+        traj_rows = traj_id if isinstance(traj_id, np.ndarray) else _objects(list(traj_id))
+        if traj_rows.shape[0] != n_rows:
             raise ValueError(
-                f"trajectory ids have {row_traj_code.shape[0]} rows, the batch has {n_rows}"
+                f"trajectory ids have {traj_rows.shape[0]} rows, the batch has {n_rows}"
             )
+    row_traj_code, _ = factorise(traj_rows)
     if turn is None:
         turn_index = number_turns(turns, row_traj_code)
     else:
@@ -307,7 +308,7 @@ def build_table(
 
     return TurnTable.from_arrays(
         task_id=task_rows[turns.row],
-        traj_id=traj_code,
+        traj_id=traj_rows[turns.row],
         turn=turn_index,
         reward=reward,
         role=roles,
