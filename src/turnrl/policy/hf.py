@@ -30,12 +30,19 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    PreTrainedTokenizerFast,
+)
 
+from turnrl.policy.prefix_cache import LayerKV, PrefixCache, Segment
 from turnrl.types import Message, Sample
 
 _REFERENCE_TURN: list[Message] = [
@@ -74,6 +81,25 @@ def _check_messages(messages: Sequence[Message], what: str) -> None:
                 raise ValueError(f"{what}[{i}]: field {key!r} must be a str, got {value!r}")
 
 
+@dataclass
+class _Prefill:
+    """State after encoding the contexts of one ``sample`` call (rows in batch order).
+
+    The cached path also keeps what ``_store_prefixes`` needs: each row's distinct
+    context (``owner_B``), how much of it came from the cache and from which
+    segment, and the width of the prefill layout (decode positions follow it).
+    """
+
+    logits_B_V: torch.Tensor
+    cache: Any
+    mask_B_L: torch.Tensor
+    next_pos_B: torch.Tensor
+    owner_B: list[int] = field(default_factory=list)
+    cached_U: list[int] = field(default_factory=list)
+    segments_U: list[Segment | None] = field(default_factory=list)
+    width: int = 0
+
+
 class HFPolicy:
     """A chat policy backed by a transformers causal LM and its tokenizer.
 
@@ -102,6 +128,9 @@ class HFPolicy:
         self.pad_token_id: int = int(pad) if pad is not None else self.eos_token_id
         self.max_context: int | None = getattr(model.config, "max_position_embeddings", None)
         """Most positions the model accepts (context plus response), if known."""
+        self.tokens_computed = 0
+        """Positions run through the model by ``sample`` so far (prefill plus fed-back
+        tokens of rows still generating; padding and finished rows are not counted)."""
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -217,7 +246,8 @@ class HFPolicy:
         *,
         max_new_tokens: int,
         temperature: float = 1.0,
-        seed: int | Sequence[int] | None = None,
+        seed: int | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> list[Sample]:
         """Sample one response per context in one batched, KV-cached loop.
 
@@ -225,10 +255,15 @@ class HFPolicy:
         or after ``max_new_tokens`` tokens (``"length"``); a row whose context
         nearly fills the model's positions stops earlier, also with ``"length"``.
         ``seed`` seeds a private ``torch.Generator`` (same seed and batch, same
-        samples); ``None`` draws from a fresh random seed. ``seed`` may also be a
-        list with one seed per context: each row then draws from its own generator,
-        so its samples do not depend on which other rows share the batch (up to
-        float rounding of the batched forward pass).
+        samples); ``None`` draws from a fresh random seed.
+
+        With ``prefix_cache``, identical contexts in the batch are encoded once,
+        each context's longest cached prefix is taken from the cache instead of
+        being recomputed, and the states of every ``context + response`` are
+        stored for later calls (see :mod:`turnrl.policy.prefix_cache`). The
+        samples are the same as without a cache (same seed and batch), up to
+        float rounding. ``tokens_computed`` counts the positions run through the
+        model either way.
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -243,24 +278,28 @@ class HFPolicy:
             else min(max_new_tokens, self.max_context - len(c))
             for c in contexts
         ]
-        generators = self._generators(seed, len(contexts))
+        generator = torch.Generator(device=self.device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
 
-        input_ids_B_L, mask_B_L = self._pad(contexts, left=True)
-        position_B_L = (mask_B_L.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=input_ids_B_L,
-            attention_mask=mask_B_L,
-            position_ids=position_B_L,
-            use_cache=True,
-            logits_to_keep=1,
+        if prefix_cache is None:
+            prefill = self._prefill(contexts)
+        else:
+            prefill = self._prefill_cached(contexts, prefix_cache)
+        logits_B_V, cache, mask_B_L, next_pos_B = (
+            prefill.logits_B_V,
+            prefill.cache,
+            prefill.mask_B_L,
+            prefill.next_pos_B,
         )
-        next_pos_B = position_B_L[:, -1] + 1
         batch = len(contexts)
         ids: list[list[int]] = [[] for _ in range(batch)]
         logps: list[list[float]] = [[] for _ in range(batch)]
         reasons: list[str | None] = [None] * batch
         for _ in range(max(budgets)):
-            token_B, logp_B = self._draw(out.logits[:, -1, :], temperature, generators)
+            token_B, logp_B = self._draw(logits_B_V, temperature, generator)
             for i, (token, logp) in enumerate(zip(token_B.tolist(), logp_B.tolist(), strict=True)):
                 if reasons[i] is not None:
                     continue
@@ -278,28 +317,138 @@ class HFPolicy:
                 input_ids=token_B[:, None],
                 attention_mask=mask_B_L,
                 position_ids=next_pos_B[:, None],
-                cache=out.cache,
+                cache=cache,
                 use_cache=True,
             )
+            logits_B_V, cache = out.logits[:, -1, :], out.cache
             next_pos_B = next_pos_B + 1
+        # Each row's last token is never fed back; finished rows' steps are not counted.
+        self.tokens_computed += sum(len(r) - 1 for r in ids)
+        if prefix_cache is not None:
+            self._store_prefixes(prefix_cache, prefill, cache, contexts, ids)
         return [
             Sample(response_ids=r, logprobs=lp, stop_reason=str(why), text=self.decode(r))
             for r, lp, why in zip(ids, logps, reasons, strict=True)
         ]
 
-    def _generators(self, seed: int | Sequence[int] | None, rows: int) -> list[torch.Generator]:
-        """One generator for the whole batch (``seed`` an int, or ``None`` for a fresh
-        random seed), or one per row (``seed`` a sequence of ``rows`` ints)."""
-        if seed is None or not isinstance(seed, Sequence):
-            generator = torch.Generator(device=self.device)
-            if seed is None:
-                generator.seed()
-            else:
-                generator.manual_seed(int(seed))
-            return [generator]
-        if len(seed) != rows:
-            raise ValueError(f"seed: {len(seed)} per-row seeds for {rows} contexts")
-        return [torch.Generator(device=self.device).manual_seed(int(s)) for s in seed]
+    def _prefill(self, contexts: list[list[int]]) -> _Prefill:
+        """Encode whole contexts, left-padded: the plain path, no reuse."""
+        input_ids_B_L, mask_B_L = self._pad(contexts, left=True)
+        position_B_L = (mask_B_L.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=input_ids_B_L,
+            attention_mask=mask_B_L,
+            position_ids=position_B_L,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.tokens_computed += sum(len(c) for c in contexts)
+        return _Prefill(out.logits[:, -1, :], out.cache, mask_B_L, position_B_L[:, -1] + 1)
+
+    def _parameter_signature(self) -> tuple[int, int]:
+        """Changes whenever a parameter is modified in place (optimiser steps, loads)."""
+        return id(self.model), sum(p._version for p in self.model.parameters())
+
+    def _prefill_cached(self, contexts: list[list[int]], prefix_cache: PrefixCache) -> _Prefill:
+        """Encode only what the cache lacks, once per distinct context, then expand.
+
+        Layout of unique row ``u`` (``P`` cached positions, ``S`` new ones, both
+        padded to the batch maximum): ``[pad | cached P | pad | new S]``. The
+        attention mask hides both pads and position ids are the absolute ones,
+        so every row computes exactly what it would compute alone.
+        """
+        config = self.model.config
+        if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+            raise ValueError("prefix_cache does not support sliding-window attention models")
+        prefix_cache.bind(self._parameter_signature())
+        unique: dict[tuple[int, ...], int] = {}
+        owner_B = [unique.setdefault(tuple(c), len(unique)) for c in contexts]
+        rows = list(unique)
+        found = [prefix_cache.lookup(row, limit=len(row) - 1) for row in rows]
+        cached_U = [depth for depth, _ in found]
+        new_U = [len(row) - depth for row, depth in zip(rows, cached_U, strict=True)]
+        max_cached, max_new = max(cached_U), max(new_U)
+        n_unique = len(rows)
+        device = self.device
+        ids_U_S = torch.full((n_unique, max_new), self.pad_token_id, dtype=torch.long)
+        mask_U_L = torch.zeros((n_unique, max_cached + max_new), dtype=torch.long)
+        position_U_S = torch.zeros((n_unique, max_new), dtype=torch.long)
+        past: list[list[torch.Tensor]] | None = None
+        for u, (row, (depth, segment)) in enumerate(zip(rows, found, strict=True)):
+            new = len(row) - depth
+            ids_U_S[u, max_new - new :] = torch.tensor(row[depth:], dtype=torch.long)
+            mask_U_L[u, max_cached - depth : max_cached] = 1
+            mask_U_L[u, max_cached + max_new - new :] = 1
+            position_U_S[u, max_new - new :] = torch.arange(depth, len(row))
+            if segment is None:
+                continue
+            layers = segment.gather(depth)
+            if past is None:
+                past = [
+                    [k.new_zeros((n_unique, k.shape[0], max_cached, k.shape[2])) for k in kv]
+                    for kv in layers
+                ]
+            for layer, (keys, values) in enumerate(layers):
+                past[layer][0][u, :, max_cached - depth :] = keys
+                past[layer][1][u, :, max_cached - depth :] = values
+        out = self.model(
+            input_ids=ids_U_S.to(device),
+            attention_mask=mask_U_L.to(device),
+            position_ids=position_U_S.to(device),
+            cache=None if past is None else DynamicCache(ddp_cache_data=[tuple(kv) for kv in past]),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.tokens_computed += sum(new_U)
+        owner = torch.tensor(owner_B, device=device)
+        cache = out.cache
+        if n_unique < len(contexts):
+            cache.reorder_cache(owner)
+        ends_U = torch.tensor([len(row) for row in rows], device=device)
+        return _Prefill(
+            out.logits[owner, -1, :],
+            cache,
+            mask_U_L.to(device)[owner],
+            ends_U[owner],
+            owner_B=owner_B,
+            cached_U=cached_U,
+            segments_U=[segment for _, segment in found],
+            width=max_cached + max_new,
+        )
+
+    @staticmethod
+    def _store_prefixes(
+        prefix_cache: PrefixCache,
+        prefill: _Prefill,
+        cache: Any,
+        contexts: list[list[int]],
+        responses: list[list[int]],
+    ) -> None:
+        """Store each distinct context, then each ``context + response[:-1]``."""
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+
+        def take(row: int, start: int, stop: int) -> tuple[LayerKV, ...]:
+            return tuple(
+                (k[row, :, start:stop].clone(), v[row, :, start:stop].clone()) for k, v in layers
+            )
+
+        width = prefill.width
+        context_segment: dict[int, Segment] = {}
+        for i, (context, response) in enumerate(zip(contexts, responses, strict=True)):
+            u = prefill.owner_B[i]
+            if u not in context_segment:
+                depth = prefill.cached_U[u]
+                segment = Segment(
+                    prefill.segments_U[u], depth, take(i, width - (len(context) - depth), width)
+                )
+                prefix_cache.store(context, segment)
+                context_segment[u] = segment
+            sequence = [*context, *response[:-1]]
+            if len(response) > 1 and not prefix_cache.covers(sequence):
+                decoded = Segment(
+                    context_segment[u], len(context), take(i, width, width + len(response) - 1)
+                )
+                prefix_cache.store(sequence, decoded)
 
     @staticmethod
     def _draw(

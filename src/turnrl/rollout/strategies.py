@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from turnrl.rollout.runner import RolloutBatch, run_episodes
+from turnrl.rollout.tokens import PrefixReuse, token_metrics
 from turnrl.types import Env, Policy, Task
 
 
@@ -82,10 +83,19 @@ def strategy_params(name: str) -> dict[str, Any]:
 
 
 @register_strategy("independent")
-def independent(ctx: StrategyContext, tasks: Sequence[Task], group_size: int) -> StepExperience:
-    """``group_size`` independent episodes per task (standard GRPO sampling), one update."""
+def independent(
+    ctx: StrategyContext, tasks: Sequence[Task], group_size: int, *, prefix_cache: bool = False
+) -> StepExperience:
+    """``group_size`` independent episodes per task (standard GRPO sampling), one update.
+
+    ``prefix_cache`` samples through a shared KV cache (the group's common
+    prompt and each trajectory's earlier turns are not re-encoded); off by
+    default, which is how independent sampling is usually run. ``extra``
+    reports the token counts of :mod:`turnrl.rollout.tokens`.
+    """
+    policy = PrefixReuse(ctx.policy, enabled=prefix_cache)
     batch = run_episodes(
-        ctx.policy,
+        policy,
         ctx.make_env,
         tasks,
         group_size=group_size,
@@ -94,4 +104,8 @@ def independent(ctx: StrategyContext, tasks: Sequence[Task], group_size: int) ->
         seed=ctx.seed,
         traj_prefix=ctx.traj_prefix,
     )
-    return StepExperience(batch, [ctx.learn(batch.records)])
+    extra = {
+        **token_metrics(batch.records, policy.tokens_computed),
+        "rollout_env_steps": float(len(batch.records)),
+    }
+    return StepExperience(batch, [ctx.learn(batch.records)], extra)

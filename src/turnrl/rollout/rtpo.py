@@ -1,0 +1,179 @@
+"""RTPO: reverse-turn policy optimisation (arXiv 2608.18682).
+
+Per task, one trunk trajectory is sampled with the current policy; before each
+of its turns the environment is snapshotted. Then for ``k = K-1`` down to 0
+(``K`` = the longest trunk of the batch): every trunk that reached turn ``k``
+is restored from its turn-``k`` snapshot into fresh environments, ``siblings``
+responses are sampled from the trunk's exact turn-``k`` context with the
+CURRENT parameters, each sibling is continued to the end on-policy, and the
+policy is updated on the siblings' turn-``k`` rows only. Then ``k - 1``.
+
+Credit: use ``credit.estimator = "node"`` (alias ``rtpo``; ``gamma = 1``, no
+std). The siblings at ``k`` share one context, hence one node; their score is
+the return from turn ``k``, which differs from the full return ``R_j`` only by
+the trunk's rewards before ``k``, the same for all siblings, so the advantage
+is ``R_j`` minus the siblings' mean.
+
+Records of one ``k`` (see :mod:`turnrl.rollout.tree`): each sibling is a full
+trajectory ``<trunk>.k<k>.<j>``: copies of the trunk's turns ``0..k-1``, its
+own turn ``k``, its continuation. Only turn ``k`` is trained; the copies and the
+continuation have ``train = False`` and nodes of their own. The trunk is
+logged with ``train = False`` and nodes of its own: no gradient, in no
+baseline. The trained row's ``prompt_ids`` is the context it was sampled
+from, and the trainer recomputes log-probs on exactly those ids.
+
+Departures from the paper:
+
+* "Freeze" is read as: once turn ``k`` has been updated it is never trained
+  again in this step; the shared parameters keep changing for earlier turns
+  (a single LLM cannot freeze one turn position).
+* Tasks whose trunk is shorter than ``k + 1`` turns sit out that ``k``.
+* The advantage includes each sibling in its own mean (the ``node``
+  estimator's convention); the paper's "mean of the siblings' R" may exclude
+  it, which would scale the advantage by ``n/(n-1)``.
+* Prefix reuse: the siblings at ``k`` share the prefill of their common
+  context, but after each update the cache is cleared (states computed with
+  older parameters are invalid), so each ``k`` re-encodes the trunk prefix
+  once. This is the method's real cost, reported in ``tokens_computed``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from turnrl.rollout.runner import Episode, RolloutBatch, continue_episodes, start_episode
+from turnrl.rollout.strategies import StepExperience, StrategyContext, register_strategy
+from turnrl.rollout.tokens import PrefixReuse, token_metrics
+from turnrl.rollout.tree import (
+    Branch,
+    Seeds,
+    clone_episode,
+    copy_rows,
+    exclude,
+    learn_on,
+    merge_costs,
+    physical_env_steps,
+    step_branches,
+)
+from turnrl.types import Task
+
+
+@dataclasses.dataclass
+class Trunk:
+    """A trunk trajectory and the state before each of its turns."""
+
+    branch: Branch
+    before: list[Episode] = dataclasses.field(default_factory=list)
+    """``before[k]``: the episode as it was before turn ``k`` (its own restored env)."""
+
+
+def run_trunks(
+    ctx: StrategyContext,
+    policy: PrefixReuse,
+    tasks: Sequence[Task],
+    seeds: Seeds,
+    work: RolloutBatch,
+    max_turns: int,
+) -> list[Trunk]:
+    """Sample one trunk per task, snapshotting every state before a turn."""
+    trunks = [
+        Trunk(Branch(start_episode(policy, ctx.make_env, t, f"{ctx.traj_prefix}{t.task_id}#{i}")))
+        for i, t in enumerate(tasks)
+    ]
+    while True:
+        live = [t for t in trunks if t.branch.active]
+        for t in live:
+            episode = t.branch.episode
+            t.before.append(clone_episode(episode, ctx.make_env, episode.traj_id))
+        if not step_branches(policy, [t.branch for t in live], work, ctx, seeds.next(), max_turns):
+            break
+    for t in trunks:
+        del t.before[len(t.branch.records) :]  # states that were not followed by a turn
+        exclude(t.branch.records)
+    return trunks
+
+
+def siblings_at(
+    ctx: StrategyContext,
+    trunks: Sequence[Trunk],
+    k: int,
+    siblings: int,
+    policy: PrefixReuse,
+    seed: int,
+    max_turns: int,
+) -> tuple[list[dict[str, Any]], list[Episode], RolloutBatch]:
+    """Sample ``siblings`` responses at turn ``k`` of every trunk that has one, continue
+    each to the end; return their records (trunk prefix copied in), episodes, costs."""
+    episodes: list[Episode] = []
+    prefixes: dict[str, list[dict[str, Any]]] = {}
+    for trunk in trunks:
+        if len(trunk.before) <= k:
+            continue
+        for j in range(siblings):
+            traj_id = f"{trunk.branch.traj_id}.k{k}.{j}"
+            episodes.append(clone_episode(trunk.before[k], ctx.make_env, traj_id))
+            prefixes[traj_id] = exclude(copy_rows(trunk.branch.records[:k], traj_id))
+    batch = continue_episodes(
+        policy,
+        episodes,
+        max_new_tokens=ctx.max_new_tokens,
+        temperature=ctx.temperature,
+        seed=seed,
+        max_turns=max_turns,
+    )
+    later = [r for r in batch.records if r["turn"] > k]
+    exclude(later)
+    records = [r for traj in prefixes.values() for r in traj] + batch.records
+    return records, episodes, batch
+
+
+@register_strategy("rtpo")
+def rtpo(
+    ctx: StrategyContext,
+    tasks: Sequence[Task],
+    group_size: int,
+    *,
+    siblings: int | None = None,
+    max_turns: int = 32,
+    prefix_cache: bool = True,
+) -> StepExperience:
+    """One trunk per task, then ``siblings`` (default ``group_size - 1``) responses per
+    turn boundary from the last turn back to the first, one update per turn position."""
+    n_siblings = group_size - 1 if siblings is None else siblings
+    if n_siblings < 1:
+        raise ValueError(f"rtpo needs at least 1 sibling per turn; got {n_siblings}")
+    policy = PrefixReuse(ctx.policy, enabled=prefix_cache)
+    seeds = Seeds(ctx.seed)
+    work = RolloutBatch(records=[], episodes=[])
+    trunks = run_trunks(ctx, policy, tasks, seeds, work, max_turns)
+    records = [r for t in trunks for r in t.branch.records]
+    episodes = [t.branch.episode for t in trunks]
+    stats = []
+    for k in reversed(range(max((len(t.before) for t in trunks), default=0))):
+        rows, sibling_episodes, batch = siblings_at(
+            ctx, trunks, k, n_siblings, policy, seeds.next(), max_turns
+        )
+        merge_costs(work, batch)
+        learned = learn_on(ctx, rows)
+        policy.clear()  # the parameters changed: cached states are stale
+        if learned is not None:
+            stats.append(learned)
+        records += rows
+        episodes += sibling_episodes
+    batch = RolloutBatch(
+        records=records,
+        episodes=episodes,
+        sampled_tokens=work.sampled_tokens,
+        context_tokens=work.context_tokens,
+        seconds_sampling=work.seconds_sampling,
+        seconds_env=work.seconds_env,
+    )
+    extra = {
+        **token_metrics(records, policy.tokens_computed),
+        "rollout_env_steps": float(physical_env_steps(records)),
+        "leaves": float(len(episodes)),
+        "updates": float(len(stats)),
+    }
+    return StepExperience(batch, stats, extra)

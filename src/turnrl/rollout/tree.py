@@ -1,0 +1,179 @@
+"""Bookkeeping shared by the tree strategies (PATR, RTPO, AT-GRPO).
+
+How a tree becomes turn records. Every root-to-leaf path is one trajectory
+(its own ``traj_id``, turns ``0..n-1``), so ``TurnTable`` validation, returns
+and trajectory outcomes mean what they always mean. A turn shared by several
+paths (the prefix before a branch point) is sampled and stepped once, but
+written once per path through it: the first path holds the original row, the
+others hold copies marked ``copy_of = <traj_id of the original>``. Copies
+have the same context, hence the same default ``node_id``.
+
+Two optional record fields carry the rest (both pass through records
+validation untouched; absent means the ordinary case):
+
+* ``copy_of`` (str): this row repeats the row at the same turn of that
+  trajectory; it is not a new environment step.
+* ``train`` (bool, default true): false marks a row that shapes credit
+  (returns, table structure) but is not updated on: RTPO's trunk, its
+  sibling's prefixes and continuations, AT-GRPO's prefixes. Such rows also
+  get a ``node_id`` of their own (``solo:<traj>:<turn>``) so that they enter
+  no node baseline.
+
+Whether copies are trained is the strategy's choice: PATR trains them (GRPO over
+leaves: each leaf's whole path is a sample), RTPO and AT-GRPO do not.
+
+Environments branch through ``Env.snapshot()`` restored into a fresh
+environment; the policy samples through :class:`~turnrl.rollout.tokens.PrefixReuse`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnrl.rollout.runner import Episode, RolloutBatch, step_episodes
+from turnrl.rollout.strategies import StrategyContext
+from turnrl.types import Env, Policy
+
+
+@dataclass
+class Branch:
+    """One path of a tree in progress: its episode and its records from the root."""
+
+    episode: Episode
+    records: list[dict[str, Any]] = field(default_factory=list)
+    pruned: bool = False
+    score: float | None = None
+    """Last process score (PATR), for inspection."""
+
+    @property
+    def traj_id(self) -> str:
+        return self.episode.traj_id
+
+    @property
+    def active(self) -> bool:
+        """Still to be stepped: neither finished nor pruned."""
+        return not self.episode.done and not self.pruned
+
+
+def clone_episode(episode: Episode, make_env: Callable[[], Env], traj_id: str) -> Episode:
+    """An independent copy of ``episode`` under ``traj_id``: a fresh environment restored
+    from ``episode.env.snapshot()``; the context and counters are copied."""
+    env = make_env()
+    env.restore(episode.env.snapshot())
+    return dataclasses.replace(episode, traj_id=traj_id, env=env, context=list(episode.context))
+
+
+def copy_rows(records: Iterable[dict[str, Any]], traj_id: str) -> list[dict[str, Any]]:
+    """Copies of ``records`` under ``traj_id``, each marked ``copy_of`` its original's
+    trajectory (a copy of a copy points to the original)."""
+    return [{**r, "traj_id": traj_id, "copy_of": r.get("copy_of") or r["traj_id"]} for r in records]
+
+
+def exclude(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mark rows as not trained and give each a node of its own (in no baseline)."""
+    out = []
+    for r in records:
+        r["train"] = False
+        r["node_id"] = f"solo:{r['traj_id']}:{r['turn']}"
+        out.append(r)
+    return out
+
+
+def branch(parent: Branch, make_env: Callable[[], Env], traj_id: str) -> Branch:
+    """A child of ``parent`` at its current state: cloned episode, copied path."""
+    return Branch(
+        clone_episode(parent.episode, make_env, traj_id), copy_rows(parent.records, traj_id)
+    )
+
+
+def step_branches(
+    policy: Policy,
+    branches: Sequence[Branch],
+    batch: RolloutBatch,
+    ctx: StrategyContext,
+    seed: int,
+    max_turns: int,
+) -> list[Branch]:
+    """One batched turn for every active branch; each new record joins its branch's
+    path. Returns the branches that were stepped."""
+    by_traj = {b.traj_id: b for b in branches if b.active}
+    records = step_episodes(
+        policy,
+        [b.episode for b in by_traj.values()],
+        batch,
+        max_new_tokens=ctx.max_new_tokens,
+        temperature=ctx.temperature,
+        seed=seed,
+        max_turns=max_turns,
+    )
+    stepped = []
+    for record in records:
+        owner = by_traj[record["traj_id"]]
+        owner.records.append(record)
+        stepped.append(owner)
+    return stepped
+
+
+class Seeds:
+    """Distinct sampling seeds for the successive batched calls of one strategy step."""
+
+    def __init__(self, base: int) -> None:
+        self.base = base * 1009
+        self.calls = 0
+
+    def next(self) -> int:
+        self.calls += 1
+        return self.base + self.calls
+
+
+def trainable(records: Iterable[dict[str, Any]]) -> int:
+    """Number of rows that will be updated on (``train`` not false, with response tokens)."""
+    return sum(1 for r in records if r.get("train", True) and r.get("response_ids"))
+
+
+def learn_on(ctx: StrategyContext, records: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Credit on all ``records``, update only on rows whose ``train`` is not false.
+
+    The trainer updates on every row that has response tokens, so rows with
+    ``train = False`` are handed over without them (they still count in the
+    credit table: returns, trajectory structure). The advantages written by
+    ``ctx.learn`` are copied back onto ``records``. Returns None (and learns
+    nothing) when no row is trainable.
+    """
+    if not trainable(records):
+        return None
+    views = [
+        r if r.get("train", True) else {**r, "response_ids": [], "logprobs": []} for r in records
+    ]
+    stats = ctx.learn(views)
+    for record, view in zip(records, views, strict=True):
+        if view is not record and "advantage" in view:
+            record["advantage"] = view["advantage"]
+    return stats
+
+
+def physical_env_steps(records: Iterable[dict[str, Any]]) -> int:
+    """Environment steps actually taken: rows that are not copies."""
+    return sum(1 for r in records if not r.get("copy_of"))
+
+
+def merge_costs(into: RolloutBatch, other: RolloutBatch) -> None:
+    """Add ``other``'s sampling costs and timings to ``into``."""
+    into.sampled_tokens += other.sampled_tokens
+    into.context_tokens += other.context_tokens
+    into.seconds_sampling += other.seconds_sampling
+    into.seconds_env += other.seconds_env
+
+
+class Stopwatch:
+    """Seconds since creation (for strategy-level timings)."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started

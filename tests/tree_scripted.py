@@ -1,0 +1,93 @@
+"""Test helpers for the tree-rollout tests: a scripted policy and a spying ``learn``."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from turnrl.credit import compute_credit
+from turnrl.policy import build_tiny_policy
+from turnrl.rollout import StrategyContext
+from turnrl.table import TurnTable
+from turnrl.types import Sample
+
+Script = Callable[[str, int, int], str]
+"""``script(context_text, call_number, row_in_call) -> response text``."""
+
+
+@functools.cache
+def _tiny():
+    return build_tiny_policy(0)
+
+
+class ScriptedPolicy:
+    """The tiny tokenizer, but each response comes from ``script``; records every call."""
+
+    def __init__(self, script: Script) -> None:
+        self.inner = _tiny()  # only its tokenizer and chat template are used
+        self.script = script
+        self.eos_token_id = self.inner.eos_token_id
+        self.max_context = None
+        self.contexts: list[list[list[int]]] = []
+
+    def encode_initial(self, messages):
+        return self.inner.encode_initial(messages)
+
+    def encode_observation(self, message):
+        return self.inner.encode_observation(message)
+
+    def decode(self, ids):
+        return self.inner.decode(ids)
+
+    def sample(self, contexts, *, max_new_tokens, temperature=1.0, seed=None):
+        call = len(self.contexts)
+        self.contexts.append([list(c) for c in contexts])
+        out = []
+        for row, context in enumerate(contexts):
+            text = self.script(self.decode(context), call, row)
+            ids = self.inner.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = [*ids[: max_new_tokens - 1], self.eos_token_id]
+            out.append(Sample(ids, [-0.25] * len(ids), "stop", self.decode(ids)))
+        return out
+
+
+class SpyLearn:
+    """A ``learn`` that computes credit with a real estimator and records every call."""
+
+    def __init__(self, estimator: str = "grpo", after: Callable[[], None] | None = None, **params):
+        self.estimator = estimator
+        self.params = params
+        self.after = after
+        self.calls: list[list[dict[str, Any]]] = []
+
+    def __call__(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        table = TurnTable.from_records(records, source="spy")
+        credit = compute_credit(table, self.estimator, **self.params)
+        for record, advantage in zip(records, credit.advantages, strict=True):
+            record["advantage"] = float(advantage)
+        self.calls.append(records)
+        if self.after is not None:
+            self.after()
+        return {
+            "rows": float(len(records)),
+            "adv_abs_mean": float(np.abs(credit.advantages).mean()),
+        }
+
+    def trained(self, call: int) -> list[dict[str, Any]]:
+        """Rows of one call that the trainer updates on (with response tokens)."""
+        return [r for r in self.calls[call] if r["response_ids"]]
+
+
+def context(policy, make_env, learn, *, seed: int = 0, max_new_tokens: int = 24) -> StrategyContext:
+    return StrategyContext(
+        policy=policy,
+        make_env=make_env,
+        max_new_tokens=max_new_tokens,
+        temperature=1.0,
+        learn=learn,
+        seed=seed,
+        traj_prefix="s1-",
+    )
