@@ -376,3 +376,15 @@ def test_verl_loads_the_adapter_from_the_environment(module: str) -> None:
         check=True,
     )
     assert out.stdout.strip().splitlines()[-1] == "compute_turnrl_turn_group_advantage"
+
+
+def test_agent_lightning_default_is_verl_grpo_is_turnrl_grpo_mixed() -> None:
+    """What Agent Lightning trains on by default (verl 'grpo', uid = data id) is grpo_mixed."""
+    from verl.trainer.ppo import ray_trainer
+
+    data = agl_transition_batch()
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"].float()
+    data.batch["response_mask"] = ray_trainer.compute_response_mask(data)
+    theirs = ray_trainer.compute_advantage(data, adv_estimator="grpo").batch["advantages"][:, 0]
+    ours = compute_advantages(TurnTable.from_records(records()), "grpo_mixed")
+    np.testing.assert_allclose(theirs.numpy(), ours, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,254 @@
+"""Agent Lightning rollouts -> turn records (extra ``agl``), and back.
+
+Agent Lightning (0.3) records one ``Triplet`` per LLM call: ``prompt`` and
+``response`` payloads (``{"token_ids": [...], "raw_content": ...}``), an optional
+``reward`` and ``metadata`` (``agent_name``, ``response_id``, ...). A rollout
+(``RolloutLegacy``, or its JSON dump) has a ``rollout_id``, its ``triplets``, a
+``final_reward`` and the dataset row's ``data_id`` (in ``metadata``, or in
+``task.metadata``); a store-based ``Rollout`` keeps spans instead, which
+Agent Lightning's own ``TracerTraceToTriplet`` turns into triplets
+(``spans_to_records``).
+
+Mapping to turn records: ``task_id`` = data id (the question), ``traj_id`` =
+rollout id, ``turn`` = position of the triplet, ``role`` = ``agent_name``,
+``prompt_ids``/``response_ids`` = the exact token ids (so the default ``node_id``
+is a hash of the exact context), ``logprobs`` when the response carries them.
+
+Rewards (``rewards=``): ``"final"`` (default) is what Agent Lightning's verl
+trainer trains on: the rollout's final reward (``final_reward``, else the last
+triplet reward that is set) on the last turn, 0 elsewhere. ``"triplet"`` uses
+each triplet's own reward (unset = 0). Either way the raw values are kept in the
+pass-through fields ``agl_reward`` (per triplet) and ``agl_final_reward``, so
+``records_to_rollout`` gives the rollout back unchanged.
+
+Agent Lightning's default grouping (its verl trainer sets ``uid`` = data id, one
+row per triplet, the final reward on every row) is turnrl's ``grpo_mixed``:
+``turnrl audit`` on these records shows how it mixes turns; any other turnrl
+estimator can replace it (see ``docs/integrations-agentlightning.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from turnrl.errors import TurnRecordError
+
+RewardSource = Literal["final", "triplet"]
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    """Field of a pydantic model or a plain mapping (a JSON dump of one)."""
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def rollout_data_id(rollout: Any) -> str | None:
+    """The dataset row id Agent Lightning stores with a rollout, if any."""
+    for holder in (_get(rollout, "metadata"), _get(_get(rollout, "task"), "metadata")):
+        if isinstance(holder, Mapping) and holder.get("data_id") is not None:
+            return str(holder["data_id"])
+    return None
+
+
+def _final_reward(rollout: Any, triplets: Sequence[Any], fillna: float | None) -> float:
+    """Agent Lightning's rule: ``final_reward``, else the last triplet reward that is set."""
+    final = _get(rollout, "final_reward")
+    if final is None:
+        final = next(
+            (_get(t, "reward") for t in reversed(triplets) if _get(t, "reward") is not None), None
+        )
+    if final is None:
+        if fillna is None:
+            raise TurnRecordError(
+                f"rollout {_get(rollout, 'rollout_id')!r}",
+                None,
+                "final_reward",
+                "is missing and no triplet has a reward (pass fillna= to default it)",
+            )
+        final = fillna
+    return float(final)
+
+
+def _token_ids(payload: Any, where: str) -> list[int] | None:
+    ids = _get(payload, "token_ids") if payload is not None else None
+    if ids is None or (isinstance(ids, list) and not ids):
+        return None
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise TurnRecordError(where, None, "token_ids", "must be a list of integers")
+    return list(ids)
+
+
+def _logprobs(response: Any, n_tokens: int | None) -> list[float] | None:
+    """OpenAI-style ``[{"logprob": x, ...}, ...]`` (or plain floats) aligned with the ids."""
+    content = _get(response, "logprobs") if response is not None else None
+    if not isinstance(content, list) or n_tokens is None or len(content) != n_tokens:
+        return None
+    values = [_get(c, "logprob") if not isinstance(c, int | float) else c for c in content]
+    if all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+        return [float(v) for v in values]
+    return None
+
+
+def _chat_prompt(prompt: Any) -> list[dict[str, Any]] | None:
+    """The raw chat messages, if they are a valid turn-record ``prompt``."""
+    raw = _get(prompt, "raw_content") if prompt is not None else None
+    if isinstance(raw, list) and all(
+        isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in raw
+    ):
+        return [dict(m) for m in raw]
+    return None
+
+
+def rollout_to_records(
+    rollout: Any,
+    *,
+    task_id: str | None = None,
+    rewards: RewardSource = "final",
+    fillna: float | None = None,
+) -> list[dict[str, Any]]:
+    """One turn record per triplet of an Agent Lightning rollout.
+
+    ``rollout`` is a ``RolloutLegacy`` or a mapping with the same fields.
+    ``task_id`` defaults to the rollout's data id (an error if it has none).
+    ``fillna`` replaces a missing final reward (as Agent Lightning's
+    ``reward_fillna_value``); without it a missing reward is an error.
+    """
+    if rewards not in ("final", "triplet"):
+        raise ValueError(f"rewards must be 'final' or 'triplet', got {rewards!r}")
+    rollout_id = _get(rollout, "rollout_id")
+    if not rollout_id:
+        raise TurnRecordError("<rollout>", None, "rollout_id", "is required")
+    where = f"rollout {rollout_id!r}"
+    task = task_id if task_id is not None else rollout_data_id(rollout)
+    if task is None:
+        raise TurnRecordError(where, None, "data_id", "is missing: pass task_id=")
+    triplets = list(_get(rollout, "triplets") or [])
+    if not triplets:
+        raise TurnRecordError(where, None, "triplets", "no triplets (nothing to train on)")
+    final = _final_reward(rollout, triplets, fillna)
+    raw_final = _get(rollout, "final_reward")
+    out = []
+    for k, triplet in enumerate(triplets):
+        prompt, response = _get(triplet, "prompt"), _get(triplet, "response")
+        metadata = _get(triplet, "metadata") or {}
+        raw_reward = _get(triplet, "reward")
+        if rewards == "final":
+            reward = final if k == len(triplets) - 1 else 0.0
+        else:
+            reward = 0.0 if raw_reward is None else float(raw_reward)
+        response_ids = _token_ids(response, f"{where}, triplet {k} response")
+        record: dict[str, Any] = {
+            "task_id": str(task),
+            "traj_id": str(rollout_id),
+            "turn": k,
+            "role": str(metadata.get("agent_name") or "agent"),
+            "prompt_ids": _token_ids(prompt, f"{where}, triplet {k} prompt"),
+            "response_ids": response_ids,
+            "reward": reward,
+            "done": k == len(triplets) - 1,
+            "agl_reward": raw_reward,
+            "agl_final_reward": raw_final,
+        }
+        chat = _chat_prompt(prompt)
+        if chat is not None:
+            record["prompt"] = chat
+        logprobs = _logprobs(response, None if response_ids is None else len(response_ids))
+        if logprobs is not None:
+            record["logprobs"] = logprobs
+        if metadata.get("response_id") is not None:
+            record["agl_response_id"] = str(metadata["response_id"])
+        out.append(record)
+    return out
+
+
+def rollouts_to_records(rollouts: Iterable[Any], **options: Any) -> list[dict[str, Any]]:
+    """``rollout_to_records`` over many rollouts, concatenated."""
+    return [record for rollout in rollouts for record in rollout_to_records(rollout, **options)]
+
+
+def read_rollouts_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Rollout dumps, one JSON object per line (``RolloutLegacy.model_dump()``)."""
+    out = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TurnRecordError(
+                    str(path), number, None, f"malformed JSON ({exc.msg})"
+                ) from exc
+            if not isinstance(obj, dict):
+                raise TurnRecordError(str(path), number, None, "a rollout must be a JSON object")
+            out.append(obj)
+    return out
+
+
+def spans_to_records(
+    spans: Sequence[Any],
+    *,
+    task_id: str,
+    rollout_id: str,
+    final_reward: float | None = None,
+    adapter: Any = None,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """Turn records from a rollout's spans, via Agent Lightning's trace-to-triplet adapter.
+
+    ``adapter`` defaults to ``agentlightning.TracerTraceToTriplet()`` (the one its
+    verl trainer uses). Needs ``agentlightning`` installed.
+    """
+    if adapter is None:
+        from agentlightning.adapter import TracerTraceToTriplet
+
+        adapter = TracerTraceToTriplet()
+    triplets = adapter.adapt(spans)
+    rollout = {"rollout_id": rollout_id, "final_reward": final_reward, "triplets": triplets}
+    return rollout_to_records(rollout, task_id=task_id, **options)
+
+
+def records_to_rollout(records: Sequence[Mapping[str, Any]]) -> Any:
+    """Rebuild the ``agentlightning.RolloutLegacy`` of one trajectory's records.
+
+    Uses the pass-through fields ``agl_reward``/``agl_final_reward`` when present
+    (records made by ``rollout_to_records``), else ``reward``. Needs ``agentlightning``.
+    """
+    from agentlightning.types import RolloutLegacy, Triplet
+
+    if not records:
+        raise ValueError("no records")
+    ordered = sorted(records, key=lambda r: r["turn"])
+    traj_ids = {r["traj_id"] for r in ordered}
+    if len(traj_ids) != 1:
+        raise ValueError(f"records of one rollout expected, got trajectories {sorted(traj_ids)}")
+    triplets = []
+    for record in ordered:
+        prompt: dict[str, Any] = {"token_ids": list(record.get("prompt_ids") or [])}
+        if record.get("prompt") is not None:
+            prompt["raw_content"] = record["prompt"]
+        response: dict[str, Any] = {"token_ids": list(record.get("response_ids") or [])}
+        if record.get("logprobs") is not None:
+            response["logprobs"] = [{"logprob": v} for v in record["logprobs"]]
+        metadata: dict[str, Any] = {"agent_name": record.get("role", "agent")}
+        if record.get("agl_response_id") is not None:
+            metadata["response_id"] = record["agl_response_id"]
+        reward = record["agl_reward"] if "agl_reward" in record else record.get("reward")
+        triplets.append(Triplet(prompt=prompt, response=response, reward=reward, metadata=metadata))
+    last = ordered[-1]
+    final = (
+        last["agl_final_reward"]
+        if "agl_final_reward" in last
+        else sum(float(r.get("reward", 0.0)) for r in ordered)
+    )
+    return RolloutLegacy(
+        rollout_id=last["traj_id"],
+        final_reward=final,
+        triplets=triplets,
+        metadata={"data_id": last["task_id"]},
+    )
