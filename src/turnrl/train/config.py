@@ -111,6 +111,13 @@ class RolloutConfig:
     """Distinct tasks per training step."""
     params: dict[str, Any] = field(default_factory=dict)
     """Strategy-specific parameters, passed through unchanged."""
+    workers: int = 0
+    """Ray actors that run the ``independent`` strategy's episodes (needs the ``ray``
+    extra; see docs/ray-workers.md); they get the weights after every update. 0 samples
+    in this process. With workers, every episode samples with its own seed."""
+    ray_address: str | None = None
+    """Ray cluster to join when ``workers > 0`` (e.g. ``"auto"`` or ``"ray://head:10001"``);
+    unset starts a local Ray instance."""
 
 
 @dataclass
