@@ -1,6 +1,6 @@
 """turnrl inside the real TRL: env rollouts as rollout_func, turnrl advantages in GRPOTrainer.
 
-Runs in the integrations venv (requirements/integrations.txt); skipped where trl
+Runs in the Agent Lightning + TRL venv (requirements/integrations-agl.txt); skipped where trl
 is not installed. One training step on the tiny offline model, on CPU.
 """
 
@@ -12,7 +12,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-pytest.importorskip("trl", reason="trl is not installed (see requirements/integrations.txt)")
+pytest.importorskip("trl", reason="trl is not installed (see requirements/integrations-agl.txt)")
 torch = pytest.importorskip("torch")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 

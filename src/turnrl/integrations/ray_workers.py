@@ -33,6 +33,11 @@ accepted only when the whole chunk comes back, with each of its episodes finishe
 present exactly once, so no episode is counted twice or lost, and the batch equals the
 one without the failure. ``max_restarts`` bounds the replacements within one ``run``.
 Exceptions raised inside a worker (a bug in an environment, say) are not retried.
+
+Training. ``train_with_workers(config)`` runs ``OnlineTrainer`` with a pool built from
+``rollout.workers`` and ``rollout.ray_address``: workers load the run's saved
+``warm_start/`` policy (as a resumed run does) and then receive the weights before the
+first step and after every update (version = updates applied so far).
 """
 
 from __future__ import annotations
@@ -43,9 +48,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from turnrl.envs import make_env
+from turnrl.policy import HFPolicy
 from turnrl.rollout.runner import (
     RolloutBatch,
     continue_episodes,
@@ -53,6 +60,8 @@ from turnrl.rollout.runner import (
     plan_episodes,
     start_episode,
 )
+from turnrl.train.config import RunConfig
+from turnrl.train.online import OnlineTrainer
 from turnrl.types import Env, Policy, Task
 
 PlannedEpisode = tuple[int, Task, str]
@@ -122,8 +131,11 @@ class RolloutWorker:
     ) -> tuple[RolloutBatch, int | None]:
         """Run the chunk's episodes to the end in one batch; tag records with the version.
 
-        Returns the batch and the weights' version it was sampled with.
+        Returns the batch and the weights' version it was sampled with;
+        ``batch.extra["tokens_computed"]`` counts the positions the model ran, when the
+        policy counts them (``HFPolicy.tokens_computed``).
         """
+        before = getattr(self.policy, "tokens_computed", None)
         episodes = [
             start_episode(self.policy, self.make_env, task, traj_id, episode_seed(seed, k))
             for k, task, traj_id in chunk
@@ -138,6 +150,9 @@ class RolloutWorker:
         )
         for record in batch.records:
             record["policy_version"] = self.version
+        after = getattr(self.policy, "tokens_computed", None)
+        if before is not None and after is not None:
+            batch.extra["tokens_computed"] = after - before
         return batch, self.version
 
 
@@ -411,10 +426,13 @@ def _check_chunk(
 def _merge(parts: Sequence[RolloutBatch], plan: Sequence[PlannedEpisode]) -> RolloutBatch:
     """One batch from the chunks, ordered as the in-process runner orders it:
     episodes by index, records by (turn, episode index). Costs are summed over
-    workers (so the seconds are worker seconds, not wall-clock seconds)."""
+    workers (so the seconds are worker seconds, not wall-clock seconds), and so is
+    ``extra["tokens_computed"]`` when every worker counts it."""
     index = {traj: k for k, _, traj in plan}
     records = [r for part in parts for r in part.records]
     records.sort(key=lambda r: (r["turn"], index[r["traj_id"]]))
+    computed = [p.extra.get("tokens_computed") for p in parts]
+    extra = {} if None in computed else {"tokens_computed": sum(computed)}
     return RolloutBatch(
         records=records,
         episodes=[e for part in parts for e in part.episodes],
@@ -422,4 +440,34 @@ def _merge(parts: Sequence[RolloutBatch], plan: Sequence[PlannedEpisode]) -> Rol
         context_tokens=sum(p.context_tokens for p in parts),
         seconds_sampling=sum(p.seconds_sampling for p in parts),
         seconds_env=sum(p.seconds_env for p in parts),
+        extra=extra,
     )
+
+
+def pool_for_config(
+    config: RunConfig, *, policy_factory: Callable[[], Policy] | None = None
+) -> RayRolloutPool:
+    """The pool ``rollout.workers`` and ``rollout.ray_address`` ask for.
+
+    Workers build their policy with ``policy_factory``; the default loads the run's
+    ``warm_start/`` directory (written by the trainer before its first push, and read
+    by the workers only then), so on a cluster the run directory must be on a
+    filesystem every node sees.
+    """
+    factory = policy_factory or partial(
+        HFPolicy.from_pretrained, str(Path(config.run_dir) / "warm_start")
+    )
+    return RayRolloutPool(
+        factory,
+        config.env.name,
+        config.env.env_kwargs,
+        workers=config.rollout.workers,
+        address=config.rollout.ray_address,
+        threads=config.train.threads if config.train.threads > 0 else 1,
+    )
+
+
+def train_with_workers(config: RunConfig, *, resume: bool = False, quiet: bool = False) -> Path:
+    """Run ``OnlineTrainer`` with Ray rollout workers; returns the run directory."""
+    with pool_for_config(config) as pool:
+        return OnlineTrainer(config, resume=resume, quiet=quiet, pool=pool).run()

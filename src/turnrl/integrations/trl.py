@@ -155,8 +155,11 @@ def make_rollout_func(
 def exact_node_ids(
     turns: TokenTurns, tasks: Sequence[Any], output: Mapping[str, Any]
 ) -> list[list[Any]]:
-    """Per completion, one node id per turn: a hash of the task, the unpadded prompt and
-    the completion tokens before the turn (``turnrl.integrations.tokens.context_node_ids``)."""
+    """Per completion, one node id per turn (exact context: task, prompt, earlier tokens).
+
+    The context of a turn is the unpadded prompt plus the completion tokens before
+    the turn's segment (``turnrl.integrations.tokens.context_node_ids``).
+    """
     prompt_mask = output["prompt_mask"].detach().cpu().numpy().astype(bool)
     prompt_ids = output["prompt_ids"].detach().cpu().numpy()
     prompts = [ids[keep].tolist() for ids, keep in zip(prompt_ids, prompt_mask, strict=True)]
