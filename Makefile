@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test test-slow lint bench clean
+.PHONY: setup demo test test-slow lint bench bench-rollout grouping clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,9 +20,8 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(VENV)/bin/turnrl audit examples/logs/mixed_grouping.jsonl
-	$(VENV)/bin/turnrl credit --estimator turn_group examples/logs/mixed_grouping.jsonl -o runs/demo-credit.jsonl
-	@echo "advantages written to runs/demo-credit.jsonl"
+	$(VENV)/bin/turnrl train --config examples/calculator.toml
+	$(VENV)/bin/turnrl audit runs/calculator/rollouts/step-000060.jsonl
 
 test: setup
 	$(VENV)/bin/ruff check src tests benchmarks examples
@@ -37,6 +36,12 @@ lint: setup
 
 bench: setup
 	$(PY) benchmarks/credit.py
+
+bench-rollout: setup
+	$(PY) benchmarks/rollout.py
+
+grouping: setup
+	$(PY) examples/grouping/run.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis

@@ -58,7 +58,9 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path: Path) -> None:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("estimator", ["grpo_mixed", "turn_group", "node", "gigpo", "rloo"])
+@pytest.mark.parametrize(
+    "estimator", ["grpo_mixed", "turn_group", "node", "gigpo", "rloo", "a2tgpo"]
+)
 def test_estimators_train_end_to_end(tmp_path: Path, estimator: str) -> None:
     run = OnlineTrainer(
         config(tmp_path, f"credit.estimator={estimator}", "train.steps=1", "train.epochs=1"),
@@ -76,6 +78,16 @@ def test_aggregation_modes_run(tmp_path: Path, aggregation: str) -> None:
     assert (run / "checkpoints" / "step-000001.pt").exists()
 
 
+SMOKE_EXTRA = {
+    "calculator": [],
+    # short episodes and larger mini-batches keep the CPU smoke run to seconds
+    "frozenlake": [
+        "env.env_kwargs={is_slippery = false, max_turns = 3}",
+        "train.minibatch_size=16",
+    ],
+}
+
+
 @pytest.mark.parametrize("recipe", ["calculator", "frozenlake"])
 def test_recipe_smoke_run_via_cli(tmp_path: Path, recipe: str) -> None:
     run_dir = tmp_path / recipe
@@ -91,6 +103,7 @@ def test_recipe_smoke_run_via_cli(tmp_path: Path, recipe: str) -> None:
             "--run-dir",
             str(run_dir),
             *TINY,
+            *SMOKE_EXTRA[recipe],
         ],
         cwd=REPO,
         capture_output=True,

@@ -81,6 +81,14 @@ class Env(ABC):
         """An id of the current environment state (anchor state for GiGPO), if any."""
         return None
 
+    def reference_response(self, task: Task) -> str | None:
+        """The ideal final response to ``task``, if the environment knows one.
+
+        Used to compute information gain (A2TGPO, IGPO): how much each turn raises
+        the policy's log-probability of this response. ``None``: no ground truth.
+        """
+        return None
+
 
 @dataclass(frozen=True)
 class Sample:

@@ -240,6 +240,9 @@ class CalculatorEnv(Env):
             raise TypeError(f"not a CalculatorEnv snapshot: {type(snapshot).__name__}")
         self._state = snapshot
 
+    def reference_response(self, task: Task) -> str | None:
+        return format_answer(_answer_text(task.payload["answer"]))
+
     def state_key(self) -> str | None:
         if self._state is None:
             return None

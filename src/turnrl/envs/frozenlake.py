@@ -268,9 +268,10 @@ def demonstration(task: Task, **env_kwargs: Any) -> list[Message]:
     """The conversation of a shortest path to the goal (BFS, non-slippery ice).
 
     Moves are written ``<answer>move</answer>``; observations come from stepping a
-    real non-slippery :class:`FrozenLakeEnv`.
+    real non-slippery :class:`FrozenLakeEnv`. The whole path is demonstrated even
+    when the training env's ``max_turns`` is shorter (``max_turns`` is ignored here).
     """
-    env = FrozenLakeEnv(**{**env_kwargs, "is_slippery": False})
+    env = FrozenLakeEnv(**{**env_kwargs, "is_slippery": False, "max_turns": None})
     messages = env.reset(task)
     result = None
     for move in shortest_path(tuple(task.payload["map"])):

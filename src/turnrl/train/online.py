@@ -34,15 +34,22 @@ from turnrl.credit import compute_credit
 from turnrl.envs import make_env, make_tasks
 from turnrl.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl_tolerant
 from turnrl.policy import HFPolicy, build_tiny_policy
+from turnrl.policy.lora import is_adapter_model, lora_policy
+from turnrl.policy.pretrained import resolve_model_path
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, StrategyContext, get_strategy, run_episodes
+from turnrl.rollout.strategies import RolloutPool
 from turnrl.table import TurnTable
 from turnrl.train.checkpoint import load_latest_checkpoint, save_checkpoint
 from turnrl.train.config import PolicyConfig, RunConfig, TrainConfig, config_to_toml_text
+from turnrl.train.info_gain import add_information_gain
 from turnrl.train.loss import aggregation_weights, ppo_clip_loss
 from turnrl.train.metrics import advantage_metrics, episode_metrics
 from turnrl.train.sft import demonstration_examples, supervised_warm_start
 from turnrl.types import Task
+
+INFO_GAIN_ESTIMATORS = frozenset({"a2tgpo", "igpo"})
+"""Estimators that need ``info_gain``: the trainer computes it before credit."""
 
 TIMING_KEYS = (
     "seconds_sampling",
@@ -55,10 +62,22 @@ TIMING_KEYS = (
 
 
 def build_policy(config: PolicyConfig, seed: int) -> HFPolicy:
-    """The policy named by ``config.model``: ``"tiny"`` or a local model directory."""
+    """The policy named by ``config.model`` (``"tiny"``, a named pretrained model such as
+    ``"smollm2"``, or a local model directory), with LoRA adapters when ``lora_rank > 0``."""
     if config.model == "tiny":
-        return build_tiny_policy(seed, hidden=config.hidden, layers=config.layers)
-    return HFPolicy.from_pretrained(config.model)
+        policy = build_tiny_policy(seed, hidden=config.hidden, layers=config.layers)
+    else:
+        policy = HFPolicy.from_pretrained(resolve_model_path(config.model))
+    return with_lora(policy, config)
+
+
+def with_lora(policy: HFPolicy, config: PolicyConfig) -> HFPolicy:
+    """``policy`` with fresh LoRA adapters if ``config.lora_rank > 0`` and it has none yet."""
+    if config.lora_rank <= 0 or is_adapter_model(policy.model):
+        return policy
+    return lora_policy(
+        policy, rank=config.lora_rank, alpha=config.lora_alpha, targets=config.lora_targets
+    )
 
 
 def pad_rows(rows: list[list[float]], width: int, value: float = 0.0) -> torch.Tensor:
@@ -195,13 +214,22 @@ def ppo_update(
 class OnlineTrainer:
     """Runs one training job described by a ``RunConfig``."""
 
-    def __init__(self, config: RunConfig, *, resume: bool = False, quiet: bool = False) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        resume: bool = False,
+        quiet: bool = False,
+        pool: RolloutPool | None = None,
+    ) -> None:
         self.config = config
         self.run_dir = Path(config.run_dir)
         self.resume = resume
         self.quiet = quiet
         env = config.env
         self.train_tasks = make_tasks(env.name, env.n_train_tasks, env.seed, **env.task_kwargs)
+        self.tasks_by_id = {t.task_id: t for t in self.train_tasks}
+        self._reference_env = make_env(env.name, **env.env_kwargs)
         # Evaluation tasks come from another seed. Small pools (the calculator's easy
         # problems) overlap with training; ``eval_unseen`` in the metrics says how much.
         self.eval_tasks = make_tasks(env.name, env.n_eval_tasks, env.seed + 7919, **env.task_kwargs)
@@ -219,16 +247,31 @@ class OnlineTrainer:
         """Cumulative agent turns taken in training environments."""
         self.tokens = 0
         """Cumulative tokens sampled in training."""
+        independent = config.rollout.strategy == "independent"
+        if config.rollout.workers > 0 and (pool is None or not independent):
+            raise ValueError(
+                "rollout.workers > 0 needs the independent strategy and a rollout pool: "
+                "run it with turnrl.integrations.ray_workers.train_with_workers"
+            )
+        self.pool = pool
+        """Runs the independent strategy's episodes elsewhere (``rollout.workers``); it gets
+        the weights before the first step and after every update."""
+        self.policy_version = 0
+        """Updates applied so far: the version of the weights pushed to ``pool``."""
 
     # ------------------------------------------------------------------ set-up
     def _make_env(self):
         return make_env(self.config.env.name, **self.config.env.env_kwargs)
 
+    def _reference_response(self, task_id: str) -> str | None:
+        task = self.tasks_by_id.get(task_id)
+        return None if task is None else self._reference_env.reference_response(task)
+
     def _warm_start(self) -> None:
         cfg = self.config.warm_start
         out = self.run_dir / "warm_start"
         if cfg.init_from is not None:
-            self.policy = HFPolicy.from_pretrained(cfg.init_from)
+            self.policy = with_lora(HFPolicy.from_pretrained(cfg.init_from), self.config.policy)
         elif cfg.steps > 0:
             examples = demonstration_examples(
                 self.policy,
@@ -274,6 +317,7 @@ class OnlineTrainer:
             self.step = int(checkpoint["step"])
             self.env_steps = int(checkpoint["extra"]["env_steps"])
             self.tokens = int(checkpoint["extra"]["tokens"])
+            self.policy_version = int(checkpoint["extra"].get("policy_version", self.step))
             kept = [
                 m
                 for m in read_jsonl_tolerant(self.run_dir / "metrics.jsonl")
@@ -282,6 +326,8 @@ class OnlineTrainer:
             atomic_write_text(
                 self.run_dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in kept)
             )
+        if self.pool is not None:
+            self.pool.push_weights(self.policy.state_dict(), self.policy_version)
 
     def _checkpoint(self) -> None:
         assert self.optimizer is not None
@@ -294,6 +340,7 @@ class OnlineTrainer:
                 "sampler": self.sampler.bit_generator.state,
                 "env_steps": self.env_steps,
                 "tokens": self.tokens,
+                "policy_version": self.policy_version,
             },
             keep_last=self.config.train.keep_checkpoints,
         )
@@ -340,6 +387,9 @@ class OnlineTrainer:
         """Credit on ``records`` (one row per turn), then a PPO-clip update on them."""
         cfg = self.config
         t0 = time.perf_counter()
+        if cfg.credit.estimator in INFO_GAIN_ESTIMATORS:
+            self.policy.model.eval()
+            add_information_gain(self.policy, records, self._reference_response)
         table = TurnTable.from_records(records, source=f"step {self.step}")
         credit = compute_credit(table, cfg.credit.estimator, **cfg.credit.params)
         seconds_credit = time.perf_counter() - t0
@@ -350,6 +400,9 @@ class OnlineTrainer:
             records, table, credit.advantages, credit.clip_factor, cfg.train.aggregation
         )
         losses = self.update(update)
+        self.policy_version += 1
+        if self.pool is not None:
+            self.pool.push_weights(self.policy.state_dict(), self.policy_version)
         return {
             **advantage_metrics(table, credit.advantages, cfg.credit.estimator),
             **losses,
@@ -374,6 +427,7 @@ class OnlineTrainer:
             learn=self.learn,
             seed=cfg.train.seed * 1_000_003 + self.step,
             traj_prefix=f"s{self.step}-",
+            runner=run_episodes if self.pool is None else self.pool.run_episodes,
         )
         strategy = get_strategy(cfg.rollout.strategy)
         experience = strategy(

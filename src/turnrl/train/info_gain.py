@@ -1,0 +1,73 @@
+"""Information gain of each turn, for A2TGPO and IGPO.
+
+IG of turn t = mean log-prob of the reference answer's tokens given the context
+*after* turn t (the next turn's exact context) minus the same given the context
+*before* it (this turn's context), under the current policy. The reference
+answer is scored as if the policy answered right there: its ids (answer text +
+end-of-turn token) are appended after the context's generation prompt.
+
+The last turn of a trajectory has no "after" context and gets no IG (for a
+calculator episode it is the answer turn, which A2TGPO credits through the
+outcome advantage only). This follows A2TGPO's log-prob-difference mode; the
+probability-difference mode of IGPO is not implemented.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from turnrl.policy import HFPolicy
+from turnrl.train.sft import encode_response
+
+
+@torch.no_grad()
+def mean_answer_logprob(
+    policy: HFPolicy, contexts: list[list[int]], answers: list[list[int]], *, chunk: int = 64
+) -> list[float]:
+    """Mean log-prob per token of each answer after its context (batched)."""
+    out: list[float] = []
+    for start in range(0, len(contexts), chunk):
+        logp_B_T, mask_B_T = policy.response_logprobs(
+            contexts[start : start + chunk], answers[start : start + chunk]
+        )
+        out += ((logp_B_T * mask_B_T).sum(1) / mask_B_T.sum(1)).tolist()
+    return out
+
+
+def add_information_gain(
+    policy: HFPolicy,
+    records: list[dict[str, Any]],
+    reference_of: Callable[[str], str | None],
+) -> int:
+    """Set ``info_gain`` on every record that has a successor turn; returns how many.
+
+    ``reference_of(task_id)`` gives the reference answer text (``None``: skip the
+    trajectory). Records need ``prompt_ids``.
+    """
+    by_traj: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        by_traj[record["traj_id"]].append(record)
+    contexts: list[list[int]] = []
+    answers: list[list[int]] = []
+    pairs: list[tuple[dict[str, Any], int, int]] = []
+    for turns in by_traj.values():
+        turns.sort(key=lambda r: r["turn"])
+        reference = reference_of(turns[0]["task_id"])
+        if reference is None or len(turns) < 2:
+            continue
+        answer = encode_response(policy, reference)
+        first = len(contexts)
+        for record in turns:
+            contexts.append(record["prompt_ids"])
+            answers.append(answer)
+        pairs += [(r, first + i, first + i + 1) for i, r in enumerate(turns[:-1])]
+    if not pairs:
+        return 0
+    scores = mean_answer_logprob(policy, contexts, answers)
+    for record, before, after in pairs:
+        record["info_gain"] = scores[after] - scores[before]
+    return len(pairs)
