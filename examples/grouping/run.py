@@ -12,7 +12,8 @@ no turn cost, and a per-turn cost (longer trajectories are worth less).
 Runs go to ``runs/grouping/<cost>/<estimator>/seed<k>``; the report to
 ``runs/grouping/report-<cost>.html``; a markdown summary to
 ``runs/grouping/summary.md``. Runs execute in parallel worker processes
-(``--workers``, one torch thread each).
+(``--workers``, one torch thread each). Rerunning the command resumes: finished
+warm starts are reused and runs continue from their last checkpoint.
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ COSTS = {"no-cost": 0.0, "turn-cost": 0.15}
 
 
 def train(overrides: list[str]) -> str:
+    """One run; resumes from its last checkpoint, so a killed experiment continues."""
     from turnrl.train.config import RunConfig, load_config
     from turnrl.train.online import OnlineTrainer
 
     config = load_config(RunConfig, CONFIG, [*overrides, "train.threads=1"])
-    return str(OnlineTrainer(config, quiet=True).run())
+    if config.train.steps == 0 and (Path(config.run_dir) / "warm_start" / "config.json").exists():
+        return config.run_dir  # this warm start exists already
+    return str(OnlineTrainer(config, resume=True, quiet=True).run())
 
 
 def tail_mean(run_dir: Path, key: str, last: int) -> float:
@@ -47,7 +51,7 @@ def tail_mean(run_dir: Path, key: str, last: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "runs" / "grouping"))
     parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, tiny warm start")
@@ -55,7 +59,7 @@ def main() -> None:
     seeds = 1 if args.quick else args.seeds
     steps = 4 if args.quick else args.steps
     out = Path(args.out)
-    budget = [f"train.steps={steps}", "train.eval_every=10", "train.checkpoint_every=20"]
+    budget = [f"train.steps={steps}", "train.eval_every=10", "train.checkpoint_every=10"]
     if args.quick:
         budget += ["warm_start.steps=20", "env.n_eval_tasks=8", "train.eval_every=2"]
 
