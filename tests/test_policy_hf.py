@@ -225,11 +225,11 @@ def test_max_context_guard_and_length_stop() -> None:
 
 def test_clone_frozen_is_an_independent_copy(policy) -> None:
     frozen = policy.clone_frozen()
-    assert not any(p.requires_grad for p in frozen.parameters())
+    assert not any(p.requires_grad for p in frozen.model.parameters())
     ids = torch.tensor([_contexts(policy)[0]])
     with torch.no_grad():
         assert torch.equal(policy.model(input_ids=ids).logits, frozen.model(input_ids=ids).logits)
-        next(frozen.parameters()).add_(1.0)
+        next(frozen.model.parameters()).add_(1.0)
         assert not torch.equal(
             policy.model(input_ids=ids).logits, frozen.model(input_ids=ids).logits
         )
