@@ -143,3 +143,21 @@ def test_one_training_step_on_the_tiny_model(tmp_path) -> None:
     assert len(got) == len(want) == 8  # one assistant segment per env turn, 2 turns x 4 episodes
     assert np.abs(want).max() > 0
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_exact_node_ids_hash_prompt_and_earlier_completion_tokens() -> None:
+    from turnrl.integrations.tokens import split_turns
+    from turnrl.integrations.trl import exact_node_ids
+    from turnrl.table import default_node_id
+
+    output = {
+        "prompt_ids": torch.tensor([[0, 1, 2], [3, 4, 5]]),
+        "prompt_mask": torch.tensor([[0, 1, 1], [1, 1, 1]]),
+        "completion_ids": torch.tensor([[7, 8, 9, 6], [7, 0, 0, 0]]),
+    }
+    turns = split_turns(np.array([[1, 0, 1, 1], [1, 0, 0, 0]]), one_turn_per_row=False)
+    nodes = exact_node_ids(turns, ["t", "u"], output)
+    assert nodes == [
+        [default_node_id("t", [1, 2], None), default_node_id("t", [1, 2, 7, 8], None)],
+        [default_node_id("u", [3, 4, 5], None)],
+    ]

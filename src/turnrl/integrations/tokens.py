@@ -27,6 +27,7 @@ the trajectory's last turn.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -45,6 +46,8 @@ class TokenTurns:
 
     Turns are numbered row by row (all turns of row 0, then row 1, ...), so the
     turns of one row are the contiguous range ``first[r] : first[r] + count[r]``.
+    Only two grids are kept (the mask, and the segment index in segment layout,
+    int32); per-token turn indices are derived on demand.
     """
 
     row: np.ndarray
@@ -57,14 +60,34 @@ class TokenTurns:
     """(n_rows,) int64: number of turns in each row (>= 1)."""
     start: np.ndarray
     """(n_turns,) int64: token position where the turn's segment starts (0 if it has none)."""
-    token_turn: np.ndarray
-    """(n_rows, n_tokens) int64: the turn of each masked token, -1 on unmasked tokens."""
-    reward_turn: np.ndarray
-    """(n_rows, n_tokens) int64: the turn a reward on each token is credited to."""
+    mask: np.ndarray
+    """(n_rows, n_tokens) bool: the response mask."""
+    segment_of_token: np.ndarray | None
+    """(n_rows, n_tokens) int32: index of the last segment started at or before each token
+    (-1 before the first); ``None`` in turn layout (one turn per row)."""
 
     @property
     def n_turns(self) -> int:
         return int(self.row.shape[0])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.mask.shape  # type: ignore[return-value]
+
+    def turn_at(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """The turn a reward on token ``(rows, cols)`` is credited to (see module doc)."""
+        if self.segment_of_token is None:
+            return self.first[rows]
+        return self.first[rows] + np.maximum(self.segment_of_token[rows, cols], 0)
+
+    @property
+    def token_turn(self) -> np.ndarray:
+        """(n_rows, n_tokens) int64: the turn of each masked token, -1 on unmasked tokens."""
+        if self.segment_of_token is None:
+            turn = np.broadcast_to(self.first[:, None], self.mask.shape)
+        else:
+            turn = self.first[:, None] + self.segment_of_token
+        return np.where(self.mask, turn, -1)
 
 
 def _as_mask(response_mask: np.ndarray) -> np.ndarray:
@@ -92,44 +115,43 @@ def split_turns(response_mask: np.ndarray, *, one_turn_per_row: bool) -> TokenTu
     """
     mask = _as_mask(response_mask)
     n_rows, n_tokens = mask.shape
+    segment_of_token = None
     if one_turn_per_row:
         count = np.ones(n_rows, dtype=np.int64)
-        segment_of_token = np.zeros((n_rows, n_tokens), dtype=np.int64)
-        starts = np.zeros((n_rows, n_tokens), dtype=bool)
+        start_rows = start_cols = start_segment = np.zeros(0, dtype=np.int64)
     else:
         starts = mask.copy()
         starts[:, 1:] &= ~mask[:, :-1]
-        # segment index of the last segment started at or before each token
-        segment_of_token = np.cumsum(starts, axis=1, dtype=np.int64) - 1
+        segment_of_token = np.cumsum(starts, axis=1, dtype=np.int32)
+        segment_of_token -= 1
         n_segments = segment_of_token[:, -1] + 1 if n_tokens else np.zeros(n_rows, np.int64)
         count = np.maximum(n_segments, 1).astype(np.int64)
+        start_rows, start_cols = np.nonzero(starts)
+        start_segment = segment_of_token[start_rows, start_cols]
     first = np.concatenate(([0], np.cumsum(count)[:-1])).astype(np.int64)
     n_turns = int(count.sum())
     row = np.repeat(np.arange(n_rows, dtype=np.int64), count)
     segment = np.arange(n_turns, dtype=np.int64) - first[row]
     start = np.zeros(n_turns, dtype=np.int64)
-    start_rows, start_cols = np.nonzero(starts)
-    start[first[start_rows] + segment_of_token[start_rows, start_cols]] = start_cols
-    reward_turn = first[:, None] + np.maximum(segment_of_token, 0)
-    token_turn = np.where(mask, reward_turn, -1)
-    return TokenTurns(row, segment, first, count, start, token_turn, reward_turn)
+    start[first[start_rows] + start_segment] = start_cols
+    return TokenTurns(row, segment, first, count, start, mask, segment_of_token)
 
 
 def row_rewards(token_rewards: np.ndarray) -> np.ndarray:
     """Sum of each row's token rewards, float64."""
-    return np.asarray(token_rewards, dtype=np.float64).sum(axis=1)
+    return np.asarray(token_rewards).sum(axis=1, dtype=np.float64)
 
 
 def turn_rewards_per_turn(token_rewards: np.ndarray, turns: TokenTurns) -> np.ndarray:
     """``per_turn`` rewards: each token's reward credited to its turn (see module doc)."""
-    rewards = np.asarray(token_rewards, dtype=np.float64)
-    if rewards.shape != turns.token_turn.shape:
-        raise ValueError(
-            f"token rewards have shape {rewards.shape}, response mask {turns.token_turn.shape}"
-        )
-    nonzero = np.nonzero(rewards)
+    rewards = np.asarray(token_rewards)
+    if rewards.shape != turns.shape:
+        raise ValueError(f"token rewards have shape {rewards.shape}, response mask {turns.shape}")
+    rows, cols = np.nonzero(rewards)
     return np.bincount(
-        turns.reward_turn[nonzero], weights=rewards[nonzero], minlength=turns.n_turns
+        turns.turn_at(rows, cols),
+        weights=rewards[rows, cols].astype(np.float64),
+        minlength=turns.n_turns,
     ).astype(np.float64)
 
 
@@ -276,7 +298,8 @@ def build_table(
             raise ValueError(
                 f"trajectory ids have {traj_rows.shape[0]} rows, the batch has {n_rows}"
             )
-    row_traj_code, _ = factorise(traj_rows)
+    row_traj_code, traj_names = factorise(traj_rows)
+    row_task_code, task_names = factorise(task_rows)
     if turn is None:
         turn_index = number_turns(turns, row_traj_code)
     else:
@@ -299,16 +322,21 @@ def build_table(
         return np.array([np.nan if v is None else float(v) for v in expanded], dtype=np.float64)
 
     roles = per_turn_values(role, turns, "role")
-    if roles is not None:
+    role_names = None
+    if roles is None:  # one role: dense codes, no per-turn strings to factorise
+        roles, role_names = np.zeros(turns.n_turns, dtype=np.int64), np.array(["agent"], object)
+    else:
         roles = _objects(["agent" if r is None else r for r in roles])
     nodes = per_turn_values(node_id, turns, "node_id")
     if nodes is not None:
         # a turn without a node id is its own decision point (never guessed equal to another)
         nodes = _objects([("turn", i) if n is None else n for i, n in enumerate(nodes)])
 
-    return TurnTable.from_arrays(
-        task_id=task_rows[turns.row],
-        traj_id=traj_rows[turns.row],
+    # Ids are factorised once per batch row and passed on as dense integer codes (fast
+    # path of ``from_arrays``, whose names are then ``0..k-1``); the real names go back in.
+    table = TurnTable.from_arrays(
+        task_id=row_task_code[turns.row],
+        traj_id=traj_code,
         turn=turn_index,
         reward=reward,
         role=roles,
@@ -318,6 +346,10 @@ def build_table(
         q=floats(q, "q"),
         source=source,
     )
+    names = {"task_names": task_names, "traj_names": traj_names}
+    if role_names is not None:
+        names["role_names"] = role_names
+    return dataclasses.replace(table, **names)
 
 
 def scatter_to_tokens(values: np.ndarray, turns: TokenTurns) -> np.ndarray:
@@ -325,5 +357,8 @@ def scatter_to_tokens(values: np.ndarray, turns: TokenTurns) -> np.ndarray:
     values = np.asarray(values, dtype=np.float32)
     if values.shape != (turns.n_turns,):
         raise ValueError(f"expected {turns.n_turns} per-turn values, got shape {values.shape}")
-    padded = np.concatenate((values, np.zeros(1, dtype=np.float32)))
-    return padded[turns.token_turn]  # index -1 picks the trailing 0
+    if turns.segment_of_token is None:
+        return np.where(turns.mask, values[turns.first][:, None], np.float32(0))
+    # before a row's first segment the index is first - 1 (-1 wraps): masked out
+    per_token = values[turns.first[:, None] + turns.segment_of_token]
+    return np.where(turns.mask, per_token, np.float32(0))
