@@ -157,6 +157,15 @@ def _add_serve(subparsers: Any) -> None:
 _EXTRA_COMMANDS.append(_add_serve)
 
 
+def _add_iterate(subparsers: Any) -> None:
+    from turnrl.train.iterate_cli import add_iterate_command
+
+    add_iterate_command(subparsers)
+
+
+_EXTRA_COMMANDS.append(_add_iterate)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

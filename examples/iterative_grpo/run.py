@@ -1,0 +1,300 @@
+"""Iterative GRPO vs online multi-turn GRPO at an equal number of deployed conversations.
+
+Per negotiation setting and seed:
+
+1. ``turnrl iterate`` (``examples/iterate_<setting>.toml``): warm start on weak
+   demonstrations, then ``--iterations`` rounds of deploy ``--conversations``
+   conversations -> fit Q -> improve against Q (no counterpart) -> redeploy.
+2. Online ``grpo`` (``OnlineTrainer``) from the SAME warm-started weights, talking
+   to the scripted counterpart during training: 4 tasks x 4 rollouts (16
+   conversations) per step, ``iterations * conversations / 16`` steps, so both
+   deploy the same number of conversations; one optimiser step per RL step, the
+   same number of policy updates as Iterative GRPO's ``improve.steps`` per
+   iteration (8 per 128 conversations) by default.
+
+Both are evaluated the same way (greedy, 64 held-out personas) after every
+``--conversations`` deployed conversations. Outputs, under ``--out``:
+
+    <setting>/iterative/seed<k>/    turnrl iterate run dirs (Q quality per iteration)
+    <setting>/online/seed<k>/       turnrl train run dirs
+    <setting>/compare/<method>-seed<k>/   metrics re-indexed by deployed conversations
+    report-<setting>.html           both methods vs conversations (seed mean +- std)
+    report-<setting>-q.html         Q quality and improvement metrics per iteration
+    summary.md                      the tables quoted in docs/iterative-grpo.md
+
+    nice -n 10 python examples/iterative_grpo/run.py                # full (about 30 min)
+    python examples/iterative_grpo/run.py --quick                   # smoke run (1 seed)
+
+Runs are sequential, one torch thread (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCK = 16
+"""Conversations per online GRPO step (4 tasks x 4 rollouts)."""
+
+
+def run_iterative(setting: str, seed: int, run_dir: Path, overrides: list[str]) -> Path:
+    from turnrl.train.config import load_config
+    from turnrl.train.iterate import IterativeGRPO
+    from turnrl.train.iterate_config import IterateConfig
+
+    config = load_config(
+        IterateConfig,
+        ROOT / "examples" / f"iterate_{setting}.toml",
+        [*overrides, f"run_dir={run_dir}", f"seed={seed}", "threads=1"],
+    )
+    return IterativeGRPO(config, quiet=True).run()
+
+
+def run_online(
+    setting: str, seed: int, run_dir: Path, warm: Path, steps: int, every: int, lr: float
+) -> Path:
+    from turnrl.train.config import RunConfig, load_config
+    from turnrl.train.online import OnlineTrainer
+
+    overrides = [
+        f"run_dir={run_dir}",
+        "label=online grpo",
+        f"env.name={setting}",
+        "env.n_train_tasks=512",
+        "env.n_eval_tasks=64",
+        "env.env_kwargs={max_turns = 6}",
+        "policy.max_new_tokens=24",
+        f"warm_start.init_from={warm}",
+        "rollout.group_size=4",
+        f"rollout.tasks_per_step={BLOCK // 4}",
+        "credit.estimator=grpo",
+        f"train.steps={steps}",
+        f"train.lr={lr}",
+        "train.kl_coef=0.05",
+        "train.epochs=1",
+        "train.minibatch_size=128",
+        f"train.eval_every={every}",
+        "train.eval_temperature=0.0",
+        "train.checkpoint_every=0",
+        "train.log_rollouts_every=0",
+        f"train.seed={seed}",
+        "train.threads=1",
+    ]
+    return OnlineTrainer(load_config(RunConfig, None, overrides), quiet=True).run()
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+KEYS = ("eval_return", "eval_success", "return", "success", "malformed_rate", "eval_malformed_rate")
+
+
+def write_compare(out: Path, label: str, points: list[dict]) -> Path:
+    """A run directory whose steps are deployed conversations (for the shared report)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.toml").write_text(f'label = "{label}"\n')
+    (out / "metrics.jsonl").write_text("".join(json.dumps(p) + "\n" for p in points))
+    return out
+
+
+def iterative_points(run: Path) -> list[dict]:
+    points = []
+    for r in rows(run):
+        point = {"step": int(r["conversations"])}
+        point.update(
+            {k: r[k] for k in ("eval_return", "eval_success", "eval_malformed_rate") if k in r}
+        )
+        if r["step"] > 0:  # the batch deployed in this iteration (by the previous policy)
+            point.update(
+                deployed_return=r["return"],
+                deployed_success=r["success"],
+                deployed_malformed_rate=r["malformed_rate"],
+            )
+        points.append(point)
+    return points
+
+
+def online_points(run: Path, per_block: int) -> list[dict]:
+    """Eval rows as they are; training-batch metrics averaged over each block of
+    ``per_block`` steps (the same conversations an iteration deploys)."""
+    data = rows(run)
+    points = []
+    for r in data:
+        if "eval_return" not in r:
+            continue
+        step = int(r["step"])
+        point = {"step": step * BLOCK}
+        point.update({k: r[k] for k in ("eval_return", "eval_success", "eval_malformed_rate")})
+        block = [x for x in data if step - per_block < x["step"] <= step and "return" in x]
+        if step > 0 and block:
+            point.update(
+                deployed_return=float(np.mean([x["return"] for x in block])),
+                deployed_success=float(np.mean([x["success"] for x in block])),
+                deployed_malformed_rate=float(np.mean([x["malformed_rate"] for x in block])),
+            )
+        points.append(point)
+    return points
+
+
+def cell(values: list[float]) -> str:
+    values = [v for v in values if v == v]
+    if not values:
+        return "n/a"
+    return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
+
+
+def method_table(setting: str, compare: dict[str, list[Path]], seeds: int) -> list[str]:
+    lines = [
+        f"### {setting}: Iterative GRPO vs online GRPO at equal deployed conversations",
+        "",
+        "| conversations | method | eval value | eval deal rate | deployed value "
+        "| deployed deal rate | eval malformed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    series = {m: [rows(d) for d in dirs] for m, dirs in compare.items()}
+    steps = sorted({p["step"] for runs in series.values() for run in runs for p in run})
+    for step in steps:
+        for method, runs in series.items():
+            at = [next((p for p in run if p["step"] == step), None) for run in runs]
+            at = [p for p in at if p is not None]
+            if not at:
+                continue
+            lines.append(
+                f"| {step} | {method} | "
+                + " | ".join(
+                    cell([p.get(k, float("nan")) for p in at])
+                    for k in (
+                        "eval_return",
+                        "eval_success",
+                        "deployed_return",
+                        "deployed_success",
+                        "eval_malformed_rate",
+                    )
+                )
+                + " |"
+            )
+    lines.append("")
+    lines.append(f"(mean ± std over {seeds} seeds; value = normalised deal value, 0 without deal)")
+    return lines
+
+
+Q_KEYS = (
+    ("q_heldout_loss", "held-out MSE"),
+    ("q_heldout_baseline_loss", "constant-mean MSE"),
+    ("q_heldout_ece", "held-out ECE"),
+    ("q_heldout_spearman", "held-out Spearman"),
+    ("q_heldout_within_state_pearson", "within-state corr."),
+    ("qprev_spearman", "previous Q on this batch (Spearman)"),
+    ("improve_q_first", "Q of candidates, first step"),
+    ("improve_q_last", "last step"),
+    ("improve_q_spread", "within-state Q std"),
+    ("improve_kl_ref", "KL to deployed"),
+)
+
+
+def q_table(setting: str, runs: list[Path]) -> list[str]:
+    lines = [
+        f"### {setting}: Q quality (held-out conversations) and improvement, per iteration",
+        "",
+        "| iteration | " + " | ".join(label for _, label in Q_KEYS) + " |",
+        "|---|" + "---|" * len(Q_KEYS),
+    ]
+    data = [rows(r) for r in runs]
+    iterations = sorted({r["step"] for run in data for r in run if r["step"] > 0})
+    for it in iterations:
+        at = [next(r for r in run if r["step"] == it) for run in data]
+        lines.append(
+            f"| {it} | "
+            + " | ".join(cell([r.get(k, float("nan")) for r in at]) for k, _ in Q_KEYS)
+            + " |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--settings", nargs="+", default=["split_money", "haggle"])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--conversations", type=int, default=128, help="per iteration")
+    parser.add_argument("--lr", type=float, default=1e-3, help="policy lr (both methods)")
+    parser.add_argument("--out", default=str(ROOT / "runs" / "iterative_grpo"))
+    parser.add_argument("--quick", action="store_true", help="1 seed, tiny budgets (smoke run)")
+    args = parser.parse_args()
+    out = Path(args.out)
+    seeds = 1 if args.quick else args.seeds
+    conversations = 32 if args.quick else args.conversations
+    iterations = 2 if args.quick else args.iterations
+    if conversations % (4 * BLOCK // 4) or conversations % 4:
+        raise SystemExit("--conversations must be a multiple of 16")
+    common = [
+        f"iterations={iterations}",
+        f"deploy.tasks_per_iteration={conversations // 4}",
+        "deploy.conversations_per_task=4",
+        f"improve.lr={args.lr}",
+    ]
+    if args.quick:
+        common += ["warm_start.steps=10", "q.steps=5", "improve.steps=2", "env.n_eval_tasks=8"]
+    per_block = conversations // BLOCK
+    from turnrl.report import write_report
+
+    summary: list[str] = ["# Iterative GRPO experiment", ""]
+    for setting in args.settings:
+        compare: dict[str, list[Path]] = {"iterative grpo": [], "online grpo": []}
+        iterative_runs = []
+        for seed in range(seeds):
+            started = time.perf_counter()
+            it_dir = run_iterative(
+                setting, seed, out / setting / "iterative" / f"seed{seed}", common
+            )
+            t_it = time.perf_counter() - started
+            on_dir = run_online(
+                setting,
+                seed,
+                out / setting / "online" / f"seed{seed}",
+                it_dir / "warm_start",
+                steps=iterations * per_block,
+                every=per_block,
+                lr=args.lr,
+            )
+            print(
+                f"{setting} seed {seed}: iterative {t_it:.0f}s, "
+                f"online {time.perf_counter() - started - t_it:.0f}s",
+                flush=True,
+            )
+            iterative_runs.append(it_dir)
+            compare["iterative grpo"].append(
+                write_compare(
+                    out / setting / "compare" / f"iterative-seed{seed}",
+                    "iterative grpo",
+                    iterative_points(it_dir),
+                )
+            )
+            compare["online grpo"].append(
+                write_compare(
+                    out / setting / "compare" / f"online-seed{seed}",
+                    "online grpo",
+                    online_points(on_dir, per_block),
+                )
+            )
+        dirs = [d for ds in compare.values() for d in ds]
+        write_report(
+            dirs, out / f"report-{setting}.html", title=f"{setting}: per deployed conversations"
+        )
+        write_report(
+            iterative_runs, out / f"report-{setting}-q.html", title=f"{setting}: Q and improvement"
+        )
+        summary += [*method_table(setting, compare, seeds), "", *q_table(setting, iterative_runs)]
+        summary.append("")
+        (out / "summary.md").write_text("\n".join(summary) + "\n")
+    print("\n".join(summary))
+
+
+if __name__ == "__main__":
+    main()

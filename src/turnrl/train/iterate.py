@@ -1,0 +1,600 @@
+"""Iterative GRPO: batch-online policy iteration with a learned turn-level Q.
+
+Jiang et al. 2025 (arXiv 2511.21638). Conversational agents are deployed,
+logged, retrained in batches and redeployed; the customer cannot sit in the
+training loop. Each iteration:
+
+1. **Deploy** the current policy ``pi_i`` on a batch of tasks (optionally at several
+   sampling temperatures, for exploration) and log every turn as a turn record.
+   With ``--from-logs`` the first batch is imported production logs instead.
+2. **Evaluate**: Monte Carlo return ``G_t`` of every logged ``(state, response)``
+   (``turnrl.credit.returns.return_to_go``), and a fit of ``Q^{pi_i}`` to them
+   (:mod:`turnrl.train.qmodel`) with a held-out split of conversations and
+   calibration metrics.
+3. **Improve**: for logged states, sample ``G`` candidates with the current
+   policy, score them with Q, normalise within the state (the ``q`` estimator:
+   candidates of one state share a ``node_id``) and take PPO-clip steps with a
+   KL penalty to ``pi_i``. No environment or counterpart is called here: the
+   improvement function receives no environment factory, and it runs inside
+   :func:`forbid_env_calls`, which makes every ``Env`` method raise.
+4. Redeploy ``pi_{i+1}`` and repeat.
+
+Departures and choices: the paper leaves the state distribution of the
+improvement step as "visited states"; here states are logged turns drawn
+uniformly (so a state visited twice weighs twice, as under the deployed
+policy's state distribution), ``states_per_step`` per GRPO step. Q is refitted
+from scratch each iteration by default (``q.refit``). The logged behaviour
+log-probs are not used: improvement is on-policy single-turn GRPO against Q.
+
+Run directory::
+
+    config.toml          resolved config (documented)
+    warm_start/          the policy deployed first (pi_0)
+    metrics.jsonl        step 0: held-out eval of pi_0; step i: iteration i
+    iter-NNN/deploy.jsonl   the logged turns (with ``mc_return``)
+    iter-NNN/q/          the fitted Q;  iter-NNN/q_quality.json  reliability tables
+    iter-NNN/policy/     the improved policy (``save_policies``)
+    final_policy/        the last improved policy
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from turnrl.credit import compute_credit
+from turnrl.envs import make_env, make_tasks
+from turnrl.io import append_jsonl, atomic_write_json, atomic_write_text
+from turnrl.policy import HFPolicy
+from turnrl.records import dumps_record
+from turnrl.rollout import RolloutBatch, run_episodes
+from turnrl.table import TurnTable
+from turnrl.train.chatlogs import read_chat_logs, tokenise_conversations
+from turnrl.train.config import config_to_toml_text
+from turnrl.train.iterate_config import DeployConfig, ImproveConfig, IterateConfig
+from turnrl.train.metrics import episode_metrics
+from turnrl.train.online import PPOSettings, build_policy, build_update_batch, ppo_update
+from turnrl.train.qmodel import (
+    QFit,
+    QFunction,
+    QModel,
+    build_q_model,
+    fit_q,
+    mc_returns,
+    q_examples,
+    q_quality,
+)
+from turnrl.train.sft import TurnExample, demonstration_examples, supervised_warm_start
+from turnrl.types import Env, Task
+
+Scorer = Callable[[list[list[int]], list[list[int]]], np.ndarray]
+"""Scores candidate responses: ``(contexts, responses) -> Q per row``."""
+
+# --------------------------------------------------------------------------- the no-env guard
+
+
+class EnvCallError(RuntimeError):
+    """An environment was called where none may be (Iterative GRPO's improvement step)."""
+
+
+def _env_classes() -> list[type]:
+    seen: list[type] = []
+    stack: list[type] = [Env]
+    while stack:
+        cls = stack.pop()
+        if cls not in seen:
+            seen.append(cls)
+            stack.extend(cls.__subclasses__())
+    return seen
+
+
+_ENV_METHODS = ("reset", "step", "snapshot", "restore")
+
+
+@contextlib.contextmanager
+def forbid_env_calls(reason: str = "the improvement step") -> Iterator[None]:
+    """Make ``reset``/``step``/``snapshot``/``restore`` of every ``Env`` class raise.
+
+    Patches every class that defines one of those methods (``Env`` and all its
+    subclasses known when the guard starts) and restores them on exit, also
+    when the body raises. Process-wide while active: use it in single-threaded
+    training code, not in a server.
+    """
+
+    def refuse(cls: type, name: str) -> Callable[..., Any]:
+        def refused(self: Any, *args: Any, **kwargs: Any) -> Any:
+            raise EnvCallError(
+                f"{cls.__name__}.{name}() was called during {reason}; Iterative GRPO's "
+                "improvement must not talk to an environment or counterpart"
+            )
+
+        return refused
+
+    patched: list[tuple[type, str, Any]] = []
+    try:
+        for cls in _env_classes():
+            for name in _ENV_METHODS:
+                if name in vars(cls):
+                    patched.append((cls, name, vars(cls)[name]))
+                    setattr(cls, name, refuse(cls, name))
+        yield
+    finally:
+        for cls, name, original in reversed(patched):
+            setattr(cls, name, original)
+
+
+# --------------------------------------------------------------------------- deploy
+
+
+def merge_batches(batches: Sequence[RolloutBatch]) -> RolloutBatch:
+    """One batch with the records, episodes and costs of several."""
+    merged = RolloutBatch(records=[], episodes=[])
+    for batch in batches:
+        merged.records.extend(batch.records)
+        merged.episodes.extend(batch.episodes)
+        merged.sampled_tokens += batch.sampled_tokens
+        merged.context_tokens += batch.context_tokens
+        merged.seconds_sampling += batch.seconds_sampling
+        merged.seconds_env += batch.seconds_env
+    return merged
+
+
+def temperature_counts(conversations: int, temperatures: Sequence[float]) -> list[int]:
+    """Conversations per task at each temperature (as even as possible, earlier first)."""
+    if not temperatures:
+        raise ValueError("deploy.temperatures must list at least one temperature")
+    base, extra = divmod(conversations, len(temperatures))
+    return [base + (1 if j < extra else 0) for j in range(len(temperatures))]
+
+
+def deploy(
+    policy: HFPolicy,
+    make_env_fn: Callable[[], Env],
+    tasks: Sequence[Task],
+    cfg: DeployConfig,
+    *,
+    max_new_tokens: int,
+    seed: int,
+    prefix: str,
+) -> RolloutBatch:
+    """Collect ``conversations_per_task`` conversations per task, split over temperatures.
+
+    Records carry the ``temperature`` they were sampled at.
+    """
+    policy.model.eval()
+    batches = []
+    counts = temperature_counts(cfg.conversations_per_task, cfg.temperatures)
+    for j, (temperature, count) in enumerate(zip(cfg.temperatures, counts, strict=True)):
+        if count == 0:
+            continue
+        batch = run_episodes(
+            policy,
+            make_env_fn,
+            list(tasks),
+            group_size=count,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed * 31 + j,
+            traj_prefix=f"{prefix}t{j}-",
+        )
+        for record in batch.records:
+            record["temperature"] = float(temperature)
+        batches.append(batch)
+    return merge_batches(batches)
+
+
+# --------------------------------------------------------------------------- improve
+
+
+@dataclass(frozen=True)
+class LoggedState:
+    """A decision point from the logs: its task and the exact context the policy saw."""
+
+    task_id: str
+    prompt_ids: list[int]
+
+
+def logged_states(records: Sequence[dict[str, Any]]) -> list[LoggedState]:
+    """One state per logged turn (duplicates kept: they weigh as often as visited)."""
+    return [LoggedState(str(r["task_id"]), list(r["prompt_ids"])) for r in records]
+
+
+def trainable(policy: HFPolicy) -> list[torch.nn.Parameter]:
+    """The parameters an optimiser should update (all, or only adapters if frozen)."""
+    return [p for p in policy.parameters() if p.requires_grad]
+
+
+def improve_policy(
+    policy: HFPolicy,
+    optimizer: torch.optim.Optimizer,
+    score: Scorer,
+    states: Sequence[LoggedState],
+    cfg: ImproveConfig,
+    *,
+    max_new_tokens: int,
+    reference: HFPolicy | None,
+    seed: int,
+) -> dict[str, float]:
+    """Single-turn GRPO on logged states with ``score`` (Q) as the reward model.
+
+    Takes no environment: everything it needs is the logged contexts. The whole
+    step runs inside :func:`forbid_env_calls`, so a scorer or sampler that
+    reached for an environment would raise :class:`EnvCallError`.
+
+    Returns means over the steps of the PPO statistics (``improve_*``), plus the
+    mean Q of the candidates at the first and at the last step
+    (``improve_q_first``/``improve_q_last``: the improvement as Q sees it) and
+    the mean within-state std of Q over candidates (``improve_q_spread``: how much
+    Q tells candidates apart; the ``q`` estimator divides by it).
+    """
+    if not states:
+        raise ValueError("no logged states to improve on")
+    settings = PPOSettings(
+        epochs=cfg.epochs,
+        minibatch_size=cfg.minibatch_size,
+        clip_low=cfg.clip_low,
+        clip_high=cfg.clip_high,
+        kl_coef=cfg.kl_coef,
+        kl_estimator=cfg.kl_estimator,
+        max_grad_norm=cfg.max_grad_norm,
+    )
+    rng = np.random.default_rng(seed)
+    stats: list[dict[str, float]] = []
+    q_means: list[float] = []
+    q_spreads: list[float] = []
+    with forbid_env_calls("Iterative GRPO's improvement step"):
+        for step in range(cfg.steps):
+            picks = rng.choice(len(states), min(cfg.states_per_step, len(states)), replace=False)
+            chosen = [states[i] for i in picks for _ in range(cfg.candidates)]
+            contexts = [s.prompt_ids for s in chosen]
+            policy.model.eval()
+            samples = policy.sample(
+                contexts,
+                max_new_tokens=max_new_tokens,
+                temperature=cfg.temperature,
+                seed=seed * 7919 + step,
+            )
+            responses = [list(s.response_ids) for s in samples]
+            q_values = np.asarray(score(contexts, responses), dtype=np.float64)
+            q_means.append(float(q_values.mean()))
+            q_spreads.append(float(q_values.reshape(-1, cfg.candidates).std(axis=1).mean()))
+            records = [
+                {
+                    "task_id": state.task_id,
+                    "traj_id": f"cand{step}-{k}",
+                    "turn": 0,
+                    "prompt_ids": state.prompt_ids,
+                    "response_ids": response,
+                    "logprobs": [float(x) for x in sample.logprobs],
+                    "q": float(value),
+                }
+                for k, (state, response, sample, value) in enumerate(
+                    zip(chosen, responses, samples, q_values, strict=True)
+                )
+            ]
+            table = TurnTable.from_records(records, source=f"improvement step {step}")
+            credit = compute_credit(table, "q", use_std=cfg.use_std)
+            batch = build_update_batch(records, table, credit.advantages, None, cfg.aggregation)
+            stats.append(
+                ppo_update(
+                    policy,
+                    optimizer,
+                    batch,
+                    settings,
+                    temperature=cfg.temperature,
+                    reference=reference,
+                    seed=seed * 100_003 + step,
+                )
+            )
+    out = {f"improve_{k}": float(np.mean([s[k] for s in stats])) for k in stats[0]}
+    out["improve_q_first"] = q_means[0]
+    out["improve_q_last"] = q_means[-1]
+    out["improve_q_spread"] = float(np.mean(q_spreads))
+    out["improve_states"] = float(len(states))
+    return out
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+class IterativeGRPO:
+    """Runs one ``turnrl iterate`` job described by an ``IterateConfig``.
+
+    ``from_logs``: a chat-log JSONL file (:mod:`turnrl.train.chatlogs`) used as the
+    first iteration's deployed batch.
+    """
+
+    def __init__(
+        self, config: IterateConfig, *, from_logs: str | Path | None = None, quiet: bool = False
+    ) -> None:
+        self.config = config
+        self.run_dir = Path(config.run_dir)
+        self.quiet = quiet
+        self.from_logs = Path(from_logs) if from_logs is not None else None
+        env = config.env
+        self.has_env = bool(env.name)
+        if not self.has_env and self.from_logs is None:
+            raise ValueError("env.name is empty: give --from-logs, or name an environment")
+        # Validate the logs before anything is written or trained.
+        self.conversations = read_chat_logs(self.from_logs) if self.from_logs else None
+        self.train_tasks: list[Task] = []
+        self.eval_tasks: list[Task] = []
+        if self.has_env:
+            self.train_tasks = make_tasks(env.name, env.n_train_tasks, env.seed, **env.task_kwargs)
+            self.eval_tasks = make_tasks(
+                env.name, env.n_eval_tasks, env.seed + 7919, **env.task_kwargs
+            )
+            if config.deploy.tasks_per_iteration > len(self.train_tasks):
+                raise ValueError(
+                    f"deploy.tasks_per_iteration={config.deploy.tasks_per_iteration} exceeds "
+                    f"env.n_train_tasks={len(self.train_tasks)}"
+                )
+        if config.threads > 0:
+            torch.set_num_threads(config.threads)
+        torch.manual_seed(config.seed)
+        self.policy = build_policy(config.policy, config.seed)
+        self.sampler = np.random.default_rng(config.seed)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.q_model: QModel | None = None
+        self.previous_q: QFunction | None = None
+        self.conversations_deployed = 0
+
+    # ------------------------------------------------------------------ set-up
+    def _make_env(self) -> Env:
+        return make_env(self.config.env.name, **self.config.env.env_kwargs)
+
+    def _demonstration_kwargs(self) -> dict[str, Any]:
+        from turnrl.envs.negotiation import SETTINGS
+
+        kwargs = dict(self.config.env.env_kwargs)
+        style = self.config.warm_start.style
+        if style is not None and self.config.env.name in SETTINGS:
+            kwargs["style"] = style
+        return kwargs
+
+    def _warm_start_examples(self, log_records: list[dict[str, Any]] | None) -> list[TurnExample]:
+        cfg = self.config
+        if self.has_env:
+            return demonstration_examples(
+                self.policy,
+                cfg.env.name,
+                self.train_tasks,
+                seed=cfg.seed,
+                tool_fraction=cfg.warm_start.tool_fraction,
+                easy_tool_fraction=cfg.warm_start.easy_tool_fraction,
+                env_kwargs=self._demonstration_kwargs(),
+            )
+        assert log_records is not None
+        return [TurnExample(r["prompt_ids"], r["response_ids"]) for r in log_records]
+
+    def _warm_start(self, log_records: list[dict[str, Any]] | None) -> None:
+        """SFT on demonstrations (or on the logs when there is no env), unless
+        ``init_from`` already gave the policy; saves ``warm_start/``."""
+        cfg = self.config.warm_start
+        if cfg.init_from is None and cfg.steps > 0:
+            losses = supervised_warm_start(
+                self.policy,
+                self._warm_start_examples(log_records),
+                steps=cfg.steps,
+                lr=cfg.lr,
+                batch_size=cfg.batch_size,
+                seed=self.config.seed,
+            )
+            atomic_write_json(self.run_dir / "warm_start_losses.json", losses)
+        self.policy.save(self.run_dir / "warm_start")
+
+    def _log(self, message: str) -> None:
+        if not self.quiet:
+            print(message, flush=True)
+
+    # --------------------------------------------------------------- the steps
+    def evaluate(self) -> dict[str, float]:
+        """Deal rate / value (success / return) on the held-out tasks; {} without an env."""
+        if not self.has_env:
+            return {}
+        cfg = self.config.eval
+        self.policy.model.eval()
+        batch = run_episodes(
+            self.policy,
+            self._make_env,
+            self.eval_tasks,
+            group_size=cfg.samples,
+            max_new_tokens=self.config.policy.max_new_tokens,
+            temperature=cfg.temperature,
+            seed=0,
+            traj_prefix="eval-",
+        )
+        return episode_metrics(batch.episodes, prefix="eval_")
+
+    def collect(self, iteration: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """The iteration's logged turns and deployment metrics."""
+        cfg = self.config
+        picks = self.sampler.choice(
+            len(self.train_tasks), cfg.deploy.tasks_per_iteration, replace=False
+        )
+        batch = deploy(
+            self.policy,
+            self._make_env,
+            [self.train_tasks[i] for i in picks],
+            cfg.deploy,
+            max_new_tokens=cfg.policy.max_new_tokens,
+            seed=cfg.seed * 1_000_003 + iteration,
+            prefix=f"i{iteration}-",
+        )
+        self.conversations_deployed += len(batch.episodes)
+        metrics = {
+            "conversations": float(self.conversations_deployed),
+            **episode_metrics(batch.episodes),
+            "deploy_tokens": float(batch.sampled_tokens),
+        }
+        return batch.records, metrics
+
+    def import_logs(self) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """The imported conversations, tokenised with the policy's chat template."""
+        assert self.conversations is not None and self.from_logs is not None
+        records = tokenise_conversations(
+            self.policy, self.conversations, source=str(self.from_logs)
+        )
+        self.conversations_deployed += len(self.conversations)
+        outcomes = [c.outcome for c in self.conversations]
+        return records, {
+            "conversations": float(self.conversations_deployed),
+            "return": float(np.mean(outcomes)),
+            "turns": float(len(records) / len(self.conversations)),
+            "logged_conversations": float(len(self.conversations)),
+        }
+
+    def fit_q(self, records: list[dict[str, Any]], iteration: int) -> tuple[QFit, dict[str, float]]:
+        """Fit Q^pi to the logged returns; also score them with the previous Q."""
+        cfg = self.config.q
+        examples = q_examples(records, cfg.gamma)
+        metrics: dict[str, float] = {}
+        if self.previous_q is not None:
+            pred = self.previous_q.predict(
+                [e.context for e in examples], [e.response for e in examples]
+            )
+            target = np.array([e.target for e in examples])
+            drift = q_quality(
+                pred,
+                target,
+                loss=self.previous_q.loss,
+                baseline=self.previous_q.target_mean
+                if self.previous_q.loss == "mse"
+                else float(np.mean(target)),
+                bins=cfg.calibration_bins,
+                states=[e.state for e in examples],
+            )
+            metrics.update({f"qprev_{k}": float(v) for k, v in drift.items() if k != "reliability"})
+        if cfg.refit or self.q_model is None:
+            self.q_model = build_q_model(
+                init=cfg.init,
+                seed=self.config.seed * 1009 + iteration,
+                hidden=cfg.hidden,
+                layers=cfg.layers,
+                policy=self.policy,
+            )
+        fit = fit_q(
+            self.q_model,
+            examples,
+            loss=cfg.loss,
+            steps=cfg.steps,
+            lr=cfg.lr,
+            batch_size=cfg.batch_size,
+            holdout_fraction=cfg.holdout_fraction,
+            calibration_bins=cfg.calibration_bins,
+            seed=self.config.seed * 1009 + iteration,
+            pad_id=self.policy.pad_token_id,
+        )
+        self.previous_q = fit.q
+        metrics.update(fit.metrics())
+        metrics["q_bce"] = float(fit.q.loss == "bce")
+        return fit, metrics
+
+    def improve(
+        self, records: list[dict[str, Any]], q: QFunction, iteration: int
+    ) -> dict[str, float]:
+        """Single-turn GRPO against ``q`` on the logged states, KL to the deployed policy."""
+        cfg = self.config.improve
+        if self.optimizer is None:
+            self.optimizer = torch.optim.AdamW(trainable(self.policy), lr=cfg.lr, weight_decay=0.0)
+        reference = self.policy.clone_frozen() if cfg.kl_coef > 0 else None
+        return improve_policy(
+            self.policy,
+            self.optimizer,
+            lambda contexts, responses: q.predict(contexts, responses),
+            logged_states([r for r in records if r.get("prompt_ids")]),
+            cfg,
+            max_new_tokens=self.config.policy.max_new_tokens,
+            reference=reference,
+            seed=self.config.seed * 1_000_033 + iteration,
+        )
+
+    # -------------------------------------------------------------------- run
+    def _write_iteration(self, iteration: int, records: list[dict[str, Any]], fit: QFit) -> None:
+        out = self.run_dir / f"iter-{iteration:03d}"
+        out.mkdir(parents=True, exist_ok=True)
+        returns = mc_returns(records, self.config.q.gamma)
+        lines = [
+            dumps_record({**r, "mc_return": float(g)}) + "\n"
+            for r, g in zip(records, returns, strict=True)
+        ]
+        atomic_write_text(out / "deploy.jsonl", "".join(lines))
+        fit.q.save(out / "q")
+        atomic_write_json(
+            out / "q_quality.json",
+            {
+                "loss": fit.q.loss,
+                "train": fit.train,
+                "heldout": fit.heldout,
+                "fit_losses": fit.losses,
+            },
+        )
+        if self.config.save_policies:
+            self.policy.save(out / "policy")
+
+    def run(self) -> Path:
+        """Warm start, then ``iterations`` rounds; returns the run directory."""
+        cfg = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.run_dir / "config.toml", config_to_toml_text(cfg))
+        metrics_path = self.run_dir / "metrics.jsonl"
+        if metrics_path.exists():
+            metrics_path.unlink()
+        if cfg.warm_start.init_from is not None:
+            self.policy = HFPolicy.from_pretrained(cfg.warm_start.init_from)
+        # Logs are tokenised with the policy's own chat template (weights do not matter).
+        log_records = self.import_logs() if self.conversations is not None else None
+        self._warm_start(log_records[0] if log_records else None)
+        append_jsonl(metrics_path, {"step": 0, "conversations": 0.0, **self.evaluate()})
+        iterations = cfg.iterations if self.has_env else 1
+        for iteration in range(1, iterations + 1):
+            started = time.perf_counter()
+            if iteration == 1 and log_records is not None:
+                records, row = log_records
+            else:
+                records, row = self.collect(iteration)
+            t_deploy = time.perf_counter()
+            fit, q_metrics = self.fit_q(records, iteration)
+            t_q = time.perf_counter()
+            improved = self.improve(records, fit.q, iteration)
+            t_improve = time.perf_counter()
+            evaluation = self.evaluate()
+            row = {
+                "step": iteration,
+                **row,
+                **q_metrics,
+                **improved,
+                **evaluation,
+                "seconds_deploy": t_deploy - started,
+                "seconds_q": t_q - t_deploy,
+                "seconds_improve": t_improve - t_q,
+                "seconds_eval": time.perf_counter() - t_improve,
+            }
+            append_jsonl(metrics_path, row)
+            self._write_iteration(iteration, records, fit)
+            self._log(describe_row(row))
+        self.policy.save(self.run_dir / "final_policy")
+        if not self.has_env and cfg.iterations > 1:
+            self._log("no environment configured: stopped after improving on the logs")
+        return self.run_dir
+
+
+def describe_row(row: dict[str, Any]) -> str:
+    """One progress line per iteration."""
+    parts = [f"iteration {row['step']}", f"conversations {int(row.get('conversations', 0))}"]
+    if "success" in row:
+        parts.append(f"deal rate {row['success']:.2f}")
+    if "return" in row:
+        parts.append(f"value {row['return']:.3f}")
+    if "q_heldout_spearman" in row:
+        parts.append(f"Q rank corr {row['q_heldout_spearman']:.2f}")
+    if "eval_return" in row:
+        parts.append(f"eval value {row['eval_return']:.3f} (deal {row['eval_success']:.2f})")
+    return "  ".join(parts)

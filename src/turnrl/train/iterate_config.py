@@ -1,0 +1,156 @@
+"""Typed configuration of ``turnrl iterate`` (Iterative GRPO), read like ``RunConfig``.
+
+Sections reuse the online trainer's where they mean the same thing (``policy``);
+the environment and warm-start sections extend theirs with what batch-online
+training adds (no environment at all when training from logs only; the style of
+negotiation demonstrations). Every field carries a docstring, so
+``config_to_toml_text`` writes a self-documenting copy into the run directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from turnrl.train.config import EnvConfig, PolicyConfig, WarmStartConfig
+
+
+@dataclass
+class IterateEnvConfig(EnvConfig):
+    """The environment policies are deployed in (and evaluated on)."""
+
+    name: str = "haggle"
+    """Registered environment name (see ``turnrl.envs``). Empty (``""``) means no
+    environment: only ``--from-logs`` training, which stops after the first
+    improvement (nothing to deploy the improved policy in)."""
+
+
+@dataclass
+class IterateWarmStartConfig(WarmStartConfig):
+    """Supervised warm start before the first deployment."""
+
+    style: str | None = "weak"
+    """Demonstration style for settings that have several (negotiation:
+    ``weak``/``medium``/``strong``); ignored (set to none) for others. With
+    ``--from-logs`` and no environment, the warm start imitates the logged
+    assistant turns instead (behaviour cloning of the logging policy)."""
+
+
+@dataclass
+class DeployConfig:
+    """Step 1, deploy: conversations collected with the current policy each iteration."""
+
+    tasks_per_iteration: int = 16
+    """Distinct tasks (counterpart personas) drawn from the training pool per iteration."""
+    conversations_per_task: int = 4
+    """Conversations per task; the batch has ``tasks_per_iteration * conversations_per_task``."""
+    temperatures: list[float] = field(default_factory=lambda: [1.0])
+    """Exploration: conversations are split evenly over these sampling temperatures
+    (e.g. ``[0.7, 1.0, 1.3]`` varies how adventurous the deployed policy is)."""
+
+
+@dataclass
+class QConfig:
+    """Step 2, evaluate: the turn-level Q model fitted to Monte Carlo returns."""
+
+    gamma: float = 1.0
+    """Discount of the Monte Carlo return ``G_t = sum_j gamma^j r_{t+j}``."""
+    init: str = "fresh"
+    """``fresh``: a new tiny Qwen2 backbone; ``policy``: a copy of the deployed policy's
+    transformer (a head on the policy backbone, trained separately)."""
+    hidden: int = 64
+    """Hidden size of a ``fresh`` Q backbone."""
+    layers: int = 2
+    """Layers of a ``fresh`` Q backbone."""
+    loss: str = "auto"
+    """``mse``, ``bce`` (0/1 returns) or ``auto`` (BCE when every return is 0 or 1)."""
+    steps: int = 300
+    """AdamW steps of each fit."""
+    lr: float = 1e-3
+    """Learning rate of the Q fit."""
+    batch_size: int = 32
+    """Logged turns per Q-fit step."""
+    holdout_fraction: float = 0.2
+    """Share of conversations held out to measure Q (never trained on)."""
+    calibration_bins: int = 10
+    """Equal-count bins of the reliability table and ECE."""
+    refit: bool = True
+    """Start every iteration's Q from scratch (True, a fit of Q^pi for the new pi), or
+    continue from the previous iteration's weights (False)."""
+
+
+@dataclass
+class ImproveConfig:
+    """Step 3, improve: single-turn GRPO on logged states with Q as the reward model."""
+
+    steps: int = 8
+    """GRPO steps per iteration (each samples fresh candidates from the current policy)."""
+    states_per_step: int = 16
+    """Logged turns (states) drawn per step, without replacement within the step."""
+    candidates: int = 8
+    """Candidate responses sampled per state (the group size G)."""
+    temperature: float = 1.0
+    """Sampling temperature of candidates (the PPO ratio uses the same)."""
+    use_std: bool = True
+    """Divide by the group's std in the ``q`` estimator (mean-only when False)."""
+    lr: float = 3e-4
+    """Learning rate of the policy optimiser (one optimiser for the whole run)."""
+    epochs: int = 2
+    """PPO epochs over each step's candidates."""
+    minibatch_size: int = 64
+    """Candidates per optimiser step."""
+    clip_low: float = 0.2
+    """PPO clip width below 1."""
+    clip_high: float = 0.2
+    """PPO clip width above 1."""
+    kl_coef: float = 0.05
+    """Weight of the KL penalty to the policy deployed this iteration."""
+    kl_estimator: str = "k3"
+    """KL estimator: ``k3``, ``k1`` or ``k2``."""
+    aggregation: str = "token-mean"
+    """Loss aggregation: ``token-mean`` or ``seq-mean-token-mean`` (each candidate is its
+    own one-turn rollout, so ``rollout-mean`` equals ``seq-mean-token-mean``)."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clipping threshold."""
+
+
+@dataclass
+class IterateEvalConfig:
+    """Held-out evaluation after each iteration (same protocol as ``turnrl train``)."""
+
+    temperature: float = 0.0
+    """Sampling temperature of evaluation; 0 is greedy."""
+    samples: int = 1
+    """Conversations per held-out task."""
+
+
+@dataclass
+class IterateConfig:
+    """A complete Iterative GRPO run: deploy, evaluate (fit Q), improve, repeat."""
+
+    run_dir: str = "runs/iterate"
+    """Directory for metrics, logged conversations, Q models and policies."""
+    label: str | None = None
+    """Name of this run in reports (runs sharing a label are seeds of one method)."""
+    iterations: int = 4
+    """Number of deploy -> evaluate -> improve rounds."""
+    seed: int = 0
+    """Seed of initialisation, task draws, sampling and splits."""
+    threads: int = 0
+    """Torch intra-op threads; 0 keeps torch's default."""
+    save_policies: bool = True
+    """Save the improved policy of every iteration (``iter-NNN/policy``); the last one is
+    always saved as ``final_policy``."""
+    env: IterateEnvConfig = field(default_factory=IterateEnvConfig)
+    """Environment section."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """Policy section."""
+    warm_start: IterateWarmStartConfig = field(default_factory=IterateWarmStartConfig)
+    """Warm-start (SFT) section."""
+    deploy: DeployConfig = field(default_factory=DeployConfig)
+    """Deployment (data collection) section."""
+    q: QConfig = field(default_factory=QConfig)
+    """Q-model (policy evaluation) section."""
+    improve: ImproveConfig = field(default_factory=ImproveConfig)
+    """Policy-improvement section."""
+    eval: IterateEvalConfig = field(default_factory=IterateEvalConfig)
+    """Held-out evaluation section."""

@@ -1,0 +1,520 @@
+"""A learned turn-level Q^pi(state, response): a small transformer with a scalar head.
+
+Iterative GRPO's policy-evaluation step (Jiang et al. 2025, arXiv 2511.21638):
+log ``(s_i, a_i, G_i)`` with the deployed policy, where ``G_i`` is the Monte Carlo
+return of the turn (discounted sum of the rewards from that turn to the end of
+the conversation), and fit ``Q^pi(s, a)`` to it by ordinary regression. The state
+is the exact context the policy saw (``prompt_ids``), the action the whole turn
+(``response_ids``); the model reads ``state ids + response ids`` and a linear head
+on the LAST token's hidden state gives the score.
+
+Departures from the paper, and choices it leaves open:
+
+* The backbone is a tiny Qwen2 (``turnrl.policy.tiny``), either freshly
+  initialised (``init="fresh"``) or a copy of the policy's own transformer
+  (``init="policy"``, "a head on the policy backbone", fine-tuned separately so
+  the policy is untouched). The paper fits a reward model on an LLM.
+* ``loss="mse"`` standardises the targets (mean/std of the training split) and
+  predicts in return units; ``loss="bce"`` (for 0/1 returns) fits a logit and
+  predicts a probability. ``"auto"`` picks BCE when every target is 0 or 1.
+* The held-out split is by conversation (``group``), never by turn: turns of one
+  conversation share their prefix and their return, so a per-turn split would
+  leak.
+* Calibration uses equal-count bins of the prediction (reliability table and
+  ECE = sum over bins of ``n_b / n * |mean prediction - mean target|``), which
+  works for probabilities and for unbounded returns alike. Rank correlation is
+  Spearman's (average ranks for ties), computed with numpy.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from turnrl.credit.returns import return_to_go
+from turnrl.table import TurnTable, default_node_id
+
+LOSSES = ("mse", "bce")
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class QExample:
+    """One logged ``(state, response, return)``; ``group`` is its conversation id,
+    ``state`` a key of its exact decision point (rows sharing it had the same context)."""
+
+    context: list[int]
+    response: list[int]
+    target: float
+    group: str
+    state: str = ""
+
+
+def mc_returns(records: Sequence[dict[str, Any]], gamma: float = 1.0) -> np.ndarray:
+    """Monte Carlo return ``G_t = sum_{j>=t} gamma^(j-t) r_j`` of every record's turn.
+
+    ``records`` are turn records (validated by ``TurnTable``: each trajectory's
+    turns are ``0..n-1``); the result is aligned with them.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    table = TurnTable.from_records(list(records), source="<logged turns>")
+    return return_to_go(table, gamma)
+
+
+def q_examples(records: Sequence[dict[str, Any]], gamma: float = 1.0) -> list[QExample]:
+    """Training examples for Q from turn records with ``prompt_ids`` and ``response_ids``.
+
+    Rows without response tokens are skipped (nothing to score).
+    """
+    returns = mc_returns(records, gamma)
+    out = []
+    for record, value in zip(records, returns, strict=True):
+        if record.get("prompt_ids") is None or record.get("response_ids") is None:
+            raise ValueError(
+                f"record {record.get('traj_id')!r} turn {record.get('turn')}: "
+                "Q needs prompt_ids and response_ids (tokenise the log first)"
+            )
+        if record["response_ids"]:
+            out.append(
+                QExample(
+                    list(record["prompt_ids"]),
+                    list(record["response_ids"]),
+                    float(value),
+                    str(record["traj_id"]),
+                    str(default_node_id(record["task_id"], record["prompt_ids"], None)),
+                )
+            )
+    return out
+
+
+def split_by_group(
+    examples: Sequence[QExample], holdout_fraction: float, seed: int
+) -> tuple[list[QExample], list[QExample]]:
+    """Split whole conversations into (train, held-out).
+
+    At least one conversation is held out when ``holdout_fraction > 0`` and there
+    are two or more; at least one is always kept for training.
+    """
+    if not 0.0 <= holdout_fraction < 1.0:
+        raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
+    groups = sorted({e.group for e in examples})
+    n_held = 0
+    if holdout_fraction > 0 and len(groups) >= 2:
+        n_held = min(len(groups) - 1, max(1, round(holdout_fraction * len(groups))))
+    order = np.random.default_rng(seed).permutation(len(groups))
+    held = {groups[i] for i in order[:n_held]}
+    train = [e for e in examples if e.group not in held]
+    heldout = [e for e in examples if e.group in held]
+    return train, heldout
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties sharing their average rank (as ``scipy.stats.rankdata``)."""
+    values = np.asarray(values, dtype=np.float64)
+    order = np.argsort(values, kind="mergesort")
+    sorted_values = values[order]
+    # start index of each run of equal values
+    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])
+    ends = np.r_[starts[1:], len(values)]
+    mean_rank = (starts + ends + 1) / 2.0  # mean of 1-based ranks start+1..end
+    ranks = np.empty(len(values))
+    ranks[order] = np.repeat(mean_rank, ends - starts)
+    return ranks
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation; NaN when either side is constant or has < 2 values."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
+    if a.size < 2:
+        return math.nan
+    ra, rb = average_ranks(a), average_ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denom = math.sqrt(float((ra * ra).sum() * (rb * rb).sum()))
+    return float((ra * rb).sum() / denom) if denom > 0 else math.nan
+
+
+def reliability(pred: np.ndarray, target: np.ndarray, bins: int) -> list[dict[str, float]]:
+    """Equal-count bins of the prediction: mean prediction, mean target and count each."""
+    pred, target = np.asarray(pred, dtype=np.float64), np.asarray(target, dtype=np.float64)
+    if pred.size == 0:
+        return []
+    order = np.argsort(pred, kind="mergesort")
+    out = []
+    for chunk in np.array_split(order, min(bins, pred.size)):
+        out.append(
+            {
+                "pred_mean": float(pred[chunk].mean()),
+                "target_mean": float(target[chunk].mean()),
+                "count": float(chunk.size),
+            }
+        )
+    return out
+
+
+def expected_calibration_error(table: Sequence[dict[str, float]]) -> float:
+    """``sum_b n_b / n * |mean prediction_b - mean target_b|`` over a reliability table."""
+    total = sum(row["count"] for row in table)
+    if total == 0:
+        return math.nan
+    return float(
+        sum(row["count"] / total * abs(row["pred_mean"] - row["target_mean"]) for row in table)
+    )
+
+
+def prediction_loss(pred: np.ndarray, target: np.ndarray, loss: str) -> float:
+    """MSE, or log-loss of probabilities (clipped away from 0 and 1)."""
+    pred, target = np.asarray(pred, dtype=np.float64), np.asarray(target, dtype=np.float64)
+    if pred.size == 0:
+        return math.nan
+    if loss == "mse":
+        return float(np.mean((pred - target) ** 2))
+    p = np.clip(pred, 1e-7, 1 - 1e-7)
+    return float(-np.mean(target * np.log(p) + (1 - target) * np.log(1 - p)))
+
+
+def within_state(
+    pred: np.ndarray, target: np.ndarray, states: Sequence[str]
+) -> tuple[float, float, int]:
+    """How well Q ranks responses to the SAME state, which is all the ``q`` estimator uses.
+
+    Prediction and return are centred within each state that has two or more
+    logged responses; returns ``(pearson, spearman, rows)`` over those rows
+    (NaN, NaN, 0 when there are none or nothing varies).
+    """
+    codes = {key: i for i, key in enumerate(dict.fromkeys(states))}
+    code = np.array([codes[k] for k in states], dtype=np.int64)
+    count = np.bincount(code, minlength=len(codes))
+    keep = count[code] >= 2
+    if not keep.any():
+        return math.nan, math.nan, 0
+
+    def centred(values: np.ndarray) -> np.ndarray:
+        means = np.bincount(code, weights=values, minlength=len(codes)) / np.maximum(count, 1)
+        return (values - means[code])[keep]
+
+    p, t = centred(np.asarray(pred, float)), centred(np.asarray(target, float))
+    pearson = math.nan
+    if p.std() > 1e-12 and t.std() > 1e-12:
+        pearson = float(np.corrcoef(p, t)[0, 1])
+    return pearson, spearman(p, t), int(keep.sum())
+
+
+def q_quality(
+    pred: np.ndarray,
+    target: np.ndarray,
+    *,
+    loss: str,
+    baseline: float,
+    bins: int = 10,
+    states: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Quality of Q predictions against returns.
+
+    ``loss`` (MSE or log-loss), ``baseline_loss`` (the same loss of the constant
+    ``baseline``, the training mean: Q is useful only if it beats this),
+    ``ece``, ``spearman``, ``pearson``, ``n`` and the ``reliability`` table; with
+    ``states``, also ``within_state_pearson``/``within_state_spearman``/
+    ``within_state_n`` (see :func:`within_state`).
+    """
+    pred, target = np.asarray(pred, dtype=np.float64), np.asarray(target, dtype=np.float64)
+    table = reliability(pred, target, bins)
+    pearson = math.nan
+    if pred.size >= 2 and pred.std() > 0 and target.std() > 0:
+        pearson = float(np.corrcoef(pred, target)[0, 1])
+    out: dict[str, Any] = {
+        "loss": prediction_loss(pred, target, loss),
+        "baseline_loss": prediction_loss(np.full_like(target, baseline), target, loss),
+        "ece": expected_calibration_error(table),
+        "spearman": spearman(pred, target),
+        "pearson": pearson,
+        "n": int(pred.size),
+        "reliability": table,
+    }
+    if states is not None:
+        w_pearson, w_spearman, w_n = within_state(pred, target, states)
+        out.update(
+            within_state_pearson=w_pearson, within_state_spearman=w_spearman, within_state_n=w_n
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- model
+
+
+class QModel(nn.Module):
+    """A transformer backbone (``input_ids -> last_hidden_state``) and a scalar head."""
+
+    def __init__(self, backbone: nn.Module, hidden: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, ids_B_L: torch.Tensor, mask_B_L: torch.Tensor) -> torch.Tensor:
+        """Raw score ``(B,)`` read at each row's last real token (rows right-padded)."""
+        batch, length = ids_B_L.shape
+        hidden_B_L_H = self.backbone(
+            input_ids=ids_B_L,
+            attention_mask=mask_B_L,
+            position_ids=torch.arange(length, device=ids_B_L.device).expand(batch, length),
+            use_cache=False,
+        ).last_hidden_state
+        last_B = mask_B_L.sum(dim=1) - 1
+        picked_B_H = hidden_B_L_H[torch.arange(batch, device=ids_B_L.device), last_B]
+        return self.head(picked_B_H.float()).squeeze(-1)
+
+
+@dataclass
+class QFunction:
+    """A ``QModel`` plus how its raw output maps to return units.
+
+    ``loss="mse"``: ``Q = raw * target_std + target_mean``. ``loss="bce"``:
+    ``Q = sigmoid(raw)``. ``pad_id`` fills padding (masked out anyway).
+    """
+
+    model: QModel
+    loss: str
+    pad_id: int = 0
+    target_mean: float = 0.0
+    target_std: float = 1.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"unknown Q loss {self.loss!r}; known: {', '.join(LOSSES)}")
+
+    def _batch(
+        self, contexts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(contexts) != len(responses):
+            raise ValueError(f"{len(contexts)} contexts but {len(responses)} responses")
+        rows = [[*c, *r] for c, r in zip(contexts, responses, strict=True)]
+        for i, row in enumerate(rows):
+            if not row:
+                raise ValueError(f"row {i}: empty state and response")
+        length = max(len(r) for r in rows)
+        ids_B_L = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
+        mask_B_L = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids_B_L[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask_B_L[i, : len(row)] = 1
+        device = next(self.model.parameters()).device
+        return ids_B_L.to(device), mask_B_L.to(device)
+
+    def raw(
+        self, contexts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+    ) -> torch.Tensor:
+        """Raw head outputs ``(B,)`` (differentiable): standardised value or logit."""
+        return self.model(*self._batch(contexts, responses))
+
+    def to_output(self, raw_B: torch.Tensor) -> torch.Tensor:
+        """Raw outputs in return units (MSE) or as probabilities (BCE)."""
+        if self.loss == "bce":
+            return torch.sigmoid(raw_B)
+        return raw_B * self.target_std + self.target_mean
+
+    @torch.no_grad()
+    def predict(
+        self,
+        contexts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        *,
+        batch_size: int = 64,
+    ) -> np.ndarray:
+        """Q of each ``(context, response)`` pair, in batches, without gradients."""
+        was_training = self.model.training
+        self.model.eval()
+        out = []
+        for start in range(0, len(contexts), batch_size):
+            raw_B = self.raw(
+                contexts[start : start + batch_size], responses[start : start + batch_size]
+            )
+            out.append(self.to_output(raw_B).float().cpu().numpy())
+        self.model.train(was_training)
+        return np.concatenate(out) if out else np.zeros(0)
+
+    # ------------------------------------------------------------------ saving
+    def save(self, directory: str | Path) -> None:
+        """Weights and scaling to ``directory/q.pt`` (the backbone's config alongside)."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "loss": self.loss,
+            "pad_id": self.pad_id,
+            "target_mean": self.target_mean,
+            "target_std": self.target_std,
+            "backbone_config": self.model.backbone.config.to_dict(),
+            "info": self.info,
+        }
+        (path / "q.json").write_text(json.dumps(meta, indent=2, default=str))
+        torch.save(self.model.state_dict(), path / "q.pt")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> QFunction:
+        """Rebuild a ``QFunction`` saved by :meth:`save` (weights only; nothing downloaded)."""
+        from transformers import AutoConfig, AutoModel
+
+        path = Path(directory)
+        meta = json.loads((path / "q.json").read_text())
+        config_dict = dict(meta["backbone_config"])
+        config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
+        backbone = AutoModel.from_config(config)
+        model = QModel(backbone, config.hidden_size)
+        model.load_state_dict(torch.load(path / "q.pt", weights_only=True))
+        return cls(
+            model.eval(),
+            meta["loss"],
+            pad_id=meta["pad_id"],
+            target_mean=meta["target_mean"],
+            target_std=meta["target_std"],
+            info=meta.get("info", {}),
+        )
+
+
+def build_q_model(
+    *,
+    init: str,
+    seed: int,
+    hidden: int = 64,
+    layers: int = 2,
+    policy: Any = None,
+) -> QModel:
+    """A fresh tiny-Qwen2 Q model, or one whose backbone copies ``policy``'s transformer.
+
+    ``init="policy"`` needs an ``HFPolicy`` (its causal LM's ``base_model`` is
+    deep-copied; ``hidden``/``layers`` are then the policy's). The head starts at
+    zero, so an untrained Q predicts the target mean (MSE) or 0.5 (BCE).
+    """
+    if init == "fresh":
+        from turnrl.policy import build_tiny_model, build_tiny_tokenizer
+
+        causal = build_tiny_model(build_tiny_tokenizer(), seed=seed, hidden=hidden, layers=layers)
+        backbone = causal.base_model
+    elif init == "policy":
+        if policy is None:
+            raise ValueError("Q init 'policy' needs the policy whose backbone it copies")
+        backbone = copy.deepcopy(policy.model.base_model)
+        backbone.requires_grad_(True)
+    else:
+        raise ValueError(f"unknown Q init {init!r}; known: fresh, policy")
+    return QModel(backbone.train(), int(backbone.config.hidden_size))
+
+
+def choose_loss(loss: str, targets: np.ndarray) -> str:
+    """``"auto"``: BCE when every target is exactly 0 or 1, else MSE."""
+    if loss == "auto":
+        targets = np.asarray(targets)
+        binary = targets.size > 0 and bool(np.isin(targets, (0.0, 1.0)).all())
+        return "bce" if binary else "mse"
+    if loss not in LOSSES:
+        raise ValueError(f"unknown Q loss {loss!r}; known: auto, {', '.join(LOSSES)}")
+    if loss == "bce" and not bool(((targets >= 0) & (targets <= 1)).all()):
+        raise ValueError("Q loss 'bce' needs returns in [0, 1]; use 'mse'")
+    return loss
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+@dataclass
+class QFit:
+    """What ``fit_q`` returns: the fitted Q and its train/held-out quality."""
+
+    q: QFunction
+    train: dict[str, Any]
+    heldout: dict[str, Any]
+    losses: list[float]
+
+    def metrics(self, prefix: str = "q_") -> dict[str, float]:
+        """Scalar metrics (no reliability tables) for ``metrics.jsonl``."""
+        out: dict[str, float] = {}
+        for split, quality in (("train", self.train), ("heldout", self.heldout)):
+            for key, value in quality.items():
+                if key != "reliability":
+                    out[f"{prefix}{split}_{key}"] = float(value)
+        return out
+
+
+def fit_q(
+    model: QModel,
+    examples: Sequence[QExample],
+    *,
+    loss: str = "auto",
+    steps: int = 300,
+    lr: float = 1e-3,
+    batch_size: int = 32,
+    holdout_fraction: float = 0.2,
+    calibration_bins: int = 10,
+    seed: int = 0,
+    pad_id: int = 0,
+    max_grad_norm: float = 1.0,
+) -> QFit:
+    """Fit ``model`` to the examples' returns by regression (MSE or BCE).
+
+    Conversations are split into train and held-out first (``split_by_group``);
+    ``steps`` AdamW steps on random training mini-batches follow; quality on
+    both splits is measured at the end (no early stopping, so the held-out
+    numbers are an honest estimate).
+    """
+    if not examples:
+        raise ValueError("no logged turns to fit Q on")
+    train, heldout = split_by_group(examples, holdout_fraction, seed)
+    targets = np.array([e.target for e in train], dtype=np.float64)
+    chosen = choose_loss(loss, np.array([e.target for e in examples]))
+    mean = float(targets.mean())
+    std = float(targets.std()) if chosen == "mse" and targets.std() > 1e-8 else 1.0
+    q = QFunction(model, chosen, pad_id=pad_id, target_mean=mean, target_std=std)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    target_T = torch.as_tensor(targets, dtype=torch.float32)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        index = torch.randint(len(train), (min(batch_size, len(train)),), generator=generator)
+        rows = [train[i] for i in index.tolist()]
+        raw_B = q.raw([e.context for e in rows], [e.response for e in rows])
+        y_B = target_T[index].to(raw_B.device)
+        if chosen == "bce":
+            step_loss = nn.functional.binary_cross_entropy_with_logits(raw_B, y_B)
+        else:
+            step_loss = nn.functional.mse_loss(raw_B, (y_B - mean) / std)
+        optimizer.zero_grad(set_to_none=True)
+        step_loss.backward()
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        losses.append(float(step_loss.item()))
+    model.eval()
+
+    def quality(split: Sequence[QExample]) -> dict[str, Any]:
+        pred = q.predict([e.context for e in split], [e.response for e in split])
+        target = np.array([e.target for e in split], dtype=np.float64)
+        return q_quality(
+            pred,
+            target,
+            loss=chosen,
+            baseline=mean,
+            bins=calibration_bins,
+            states=[e.state or e.group for e in split],
+        )
+
+    q.info = {"n_train": len(train), "n_heldout": len(heldout), "steps": steps}
+    return QFit(q, quality(train), quality(heldout), losses)

@@ -1,0 +1,258 @@
+"""Iterative GRPO loop: the no-environment guard, one tiny run end to end, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from turnrl.cli import main
+from turnrl.envs import make_env, make_tasks
+from turnrl.envs.negotiation import HaggleEnv
+from turnrl.policy import build_tiny_policy
+from turnrl.train.config import load_config
+from turnrl.train.iterate import (
+    EnvCallError,
+    IterativeGRPO,
+    LoggedState,
+    forbid_env_calls,
+    improve_policy,
+    temperature_counts,
+    trainable,
+)
+from turnrl.train.iterate_config import ImproveConfig, IterateConfig
+from turnrl.types import Env, StepResult
+
+torch.set_num_threads(1)
+REPO = Path(__file__).resolve().parents[1]
+
+TINY = [
+    "threads=1",
+    "iterations=2",
+    "env.n_train_tasks=8",
+    "env.n_eval_tasks=2",
+    "policy.hidden=16",
+    "policy.layers=1",
+    "policy.max_new_tokens=12",
+    "warm_start.steps=3",
+    "warm_start.batch_size=4",
+    "deploy.tasks_per_iteration=2",
+    "deploy.conversations_per_task=3",
+    "deploy.temperatures=[1.0, 1.3]",
+    "q.hidden=16",
+    "q.layers=1",
+    "q.steps=3",
+    "q.batch_size=4",
+    "improve.steps=2",
+    "improve.states_per_step=3",
+    "improve.candidates=2",
+    "improve.minibatch_size=4",
+]
+
+LOG = {
+    "conversation_id": "c1",
+    "messages": [
+        {"role": "system", "content": "Sell a lamp."},
+        {"role": "user", "content": "I'd pay 50."},
+        {"role": "assistant", "content": "<offer>90</offer>"},
+        {"role": "user", "content": "No. 60?"},
+        {"role": "assistant", "content": "<accept/>"},
+    ],
+    "outcome": 0.25,
+}
+
+
+class CountingEnv(Env):
+    """A user-defined environment (subclassed in a test, not registered)."""
+
+    def reset(self, task):
+        return [{"role": "user", "content": "hi"}]
+
+    def step(self, response):
+        return StepResult(None, 1.0, True)
+
+    def snapshot(self):
+        return None
+
+    def restore(self, snapshot):
+        return None
+
+
+# --------------------------------------------------------------------------- the guard
+
+
+def test_guard_makes_every_env_method_raise_and_restores_them() -> None:
+    task = make_tasks("haggle", 1, seed=0)[0]
+    env = make_env("haggle")
+    mine = CountingEnv()
+    with forbid_env_calls():
+        with pytest.raises(EnvCallError, match=r"HaggleEnv\.step\(\)|NegotiationEnv\.reset"):
+            env.reset(task)
+        with pytest.raises(EnvCallError, match="step"):
+            env.step("<accept/>")
+        with pytest.raises(EnvCallError, match="snapshot"):
+            env.snapshot()
+        with pytest.raises(EnvCallError, match=r"CountingEnv\.step"):
+            mine.step("x")
+    # restored afterwards, also after nested guards and errors inside them
+    with pytest.raises(RuntimeError), forbid_env_calls(), forbid_env_calls():
+        raise RuntimeError("boom")
+    assert env.reset(task)[0]["role"] == "system"
+    assert mine.step("x").reward == 1.0
+    assert HaggleEnv.step.__name__ == "step"
+
+
+def _improve(score) -> dict[str, float]:
+    policy = build_tiny_policy(seed=0, hidden=16, layers=1)
+    states = [LoggedState("t", policy.encode_initial([{"role": "user", "content": "hi"}]))]
+    cfg = ImproveConfig(steps=1, states_per_step=1, candidates=3, minibatch_size=3, kl_coef=0.1)
+    optimizer = torch.optim.AdamW(trainable(policy), lr=1e-3)
+    return improve_policy(
+        policy,
+        optimizer,
+        score,
+        states,
+        cfg,
+        max_new_tokens=4,
+        reference=policy.clone_frozen(),
+        seed=0,
+    )
+
+
+def test_improvement_raises_if_anything_calls_an_environment() -> None:
+    task = make_tasks("haggle", 1, seed=0)[0]
+    env = make_env("haggle")
+    env.reset(task)
+
+    def sneaky(contexts, responses):  # a "reward model" that asks the counterpart
+        return np.array([env.step("<accept/>").reward for _ in contexts])
+
+    with pytest.raises(EnvCallError, match="improvement"):
+        _improve(sneaky)
+    stats = _improve(lambda contexts, responses: np.array([len(r) for r in responses], float))
+    assert stats["improve_states"] == 1.0 and "improve_kl_ref" in stats
+
+
+def test_temperature_counts() -> None:
+    assert temperature_counts(4, [0.7, 1.0, 1.3]) == [2, 1, 1]
+    assert temperature_counts(2, [1.0]) == [2]
+    with pytest.raises(ValueError, match="at least one"):
+        temperature_counts(2, [])
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tiny_run_end_to_end_without_env_calls_in_improvement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = {"step": 0, "during_improve": 0}
+    original_step = HaggleEnv.step
+
+    def counting_step(self, response):
+        calls["step"] += 1
+        return original_step(self, response)
+
+    monkeypatch.setattr(HaggleEnv, "step", counting_step)
+    original_improve = IterativeGRPO.improve
+
+    def watched_improve(self, records, q, iteration):
+        before = calls["step"]
+        out = original_improve(self, records, q, iteration)
+        calls["during_improve"] += calls["step"] - before
+        return out
+
+    monkeypatch.setattr(IterativeGRPO, "improve", watched_improve)
+    config = load_config(
+        IterateConfig, REPO / "examples" / "iterate_haggle.toml", [*TINY, f"run_dir={tmp_path}"]
+    )
+    run = IterativeGRPO(config, quiet=True).run()
+    assert calls["step"] > 0 and calls["during_improve"] == 0
+    metrics = rows(run)
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert [m["conversations"] for m in metrics] == [0, 6, 12]
+    last = metrics[-1]
+    for key in (
+        "success",
+        "return",
+        "q_heldout_loss",
+        "q_heldout_ece",
+        "q_heldout_spearman",
+        "qprev_loss",
+        "improve_q_first",
+        "improve_kl_ref",
+        "eval_return",
+        "eval_success",
+    ):
+        assert key in last, key
+    deployed = [json.loads(x) for x in (run / "iter-001" / "deploy.jsonl").read_text().splitlines()]
+    assert len({r["traj_id"] for r in deployed}) == 6
+    assert {r["temperature"] for r in deployed} == {1.0, 1.3}
+    for record in deployed:  # the logged return is the reward-to-go
+        later = [
+            r["reward"]
+            for r in deployed
+            if r["traj_id"] == record["traj_id"] and r["turn"] >= record["turn"]
+        ]
+        assert record["mc_return"] == pytest.approx(sum(later))
+    quality = json.loads((run / "iter-002" / "q_quality.json").read_text())
+    assert quality["loss"] in ("mse", "bce") and quality["heldout"]["reliability"]
+    for name in ("config.toml", "warm_start", "iter-002/q/q.pt", "iter-002/policy", "final_policy"):
+        assert (run / name).exists(), name
+
+
+def test_from_logs_without_env_stops_after_improving(tmp_path: Path) -> None:
+    logs = tmp_path / "logs.jsonl"
+    second = {**LOG, "conversation_id": "c2", "outcome": 0.0}
+    logs.write_text(json.dumps(LOG) + "\n" + json.dumps(second) + "\n")
+    config = load_config(
+        IterateConfig,
+        None,
+        [*TINY, "env.name=", "iterations=3", "warm_start.steps=2", f"run_dir={tmp_path / 'run'}"],
+    )
+    run = IterativeGRPO(config, from_logs=logs, quiet=True).run()
+    metrics = rows(run)
+    assert [m["step"] for m in metrics] == [0, 1]
+    assert metrics[1]["conversations"] == 2 and metrics[1]["return"] == pytest.approx(0.125)
+    assert "eval_return" not in metrics[1]
+    assert (run / "final_policy" / "config.json").exists()
+    deployed = (run / "iter-001" / "deploy.jsonl").read_text().splitlines()
+    assert len(deployed) == 4  # one record per assistant message
+
+
+def test_cli_iterate_reports_bad_logs_with_file_line_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = tmp_path / "bad.jsonl"
+    logs.write_text(json.dumps(LOG) + "\n" + json.dumps({**LOG, "outcome": "high"}) + "\n")
+    code = main(
+        ["iterate", "--from-logs", str(logs), "--run-dir", str(tmp_path / "r"), "env.name="]
+    )
+    assert code == 2
+    assert f"{logs}:2: field 'outcome'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # nothing written before the input is valid
+
+
+def test_cli_iterate_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "iterate",
+            "--config",
+            str(REPO / "examples" / "iterate_haggle.toml"),
+            "--quiet",
+            "--run-dir",
+            str(tmp_path),
+            *TINY,
+            "iterations=1",
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "report:" in out and (tmp_path / "report.html").exists()
