@@ -10,7 +10,7 @@ imports the trainer.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,6 +31,25 @@ class StrategyContext:
     """Compute credit on these turn records and update the policy; returns statistics."""
     seed: int
     traj_prefix: str
+    runner: Callable[..., RolloutBatch] = run_episodes
+    """Runs independent episodes, with ``run_episodes``'s signature: in this process by
+    default, or elsewhere (``RayRolloutPool.run_episodes``: Ray workers holding their own
+    policy copies, which ignore ``policy`` and ``make_env``)."""
+
+
+class RolloutPool(Protocol):
+    """Runs independent episodes outside this process (e.g. Ray rollout workers).
+
+    ``run_episodes`` has the in-process runner's signature (it may ignore ``policy``
+    and ``make_env``); ``push_weights`` hands it the learner's weights as ``version``
+    (the trainer pushes before its first rollout and after every update).
+    """
+
+    def run_episodes(
+        self, policy: Policy, make_env: Callable[[], Env], tasks: Sequence[Task], **kwargs: Any
+    ) -> RolloutBatch: ...
+
+    def push_weights(self, state_dict: Mapping[str, Any], version: int) -> None: ...
 
 
 @dataclass
@@ -94,7 +113,7 @@ def independent(
     reports the token counts of :mod:`turnrl.rollout.tokens`.
     """
     policy = PrefixReuse(ctx.policy, enabled=prefix_cache)
-    batch = run_episodes(
+    batch = ctx.runner(
         policy,
         ctx.make_env,
         tasks,
@@ -105,7 +124,7 @@ def independent(
         traj_prefix=ctx.traj_prefix,
     )
     extra = {
-        **token_metrics(batch.records, policy.tokens_computed),
+        **token_metrics(batch.records, batch.extra.get("tokens_computed", policy.tokens_computed)),
         "rollout_env_steps": float(len(batch.records)),
     }
     return StepExperience(batch, [ctx.learn(batch.records)], extra)
