@@ -3,6 +3,7 @@ worker killed mid-batch loses nothing (local Ray with 2 CPUs; skipped without Ra
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from functools import partial
@@ -14,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from turnrl.envs import make_env, make_tasks
-from turnrl.integrations.ray_workers import RayRolloutPool, shard
+from turnrl.integrations.ray_workers import RayRolloutPool, shard, train_with_workers
 from turnrl.policy import build_tiny_policy
 from turnrl.rollout import run_episodes
 from turnrl.rollout.runner import (
@@ -24,10 +25,29 @@ from turnrl.rollout.runner import (
     plan_episodes,
     start_episode,
 )
+from turnrl.train.config import RunConfig, load_config
+from turnrl.train.online import OnlineTrainer
 
 torch.set_num_threads(1)
 
 ENV = "calculator"
+REPO = Path(__file__).resolve().parents[1]
+TINY_RUN = [
+    "warm_start.steps=2",
+    "warm_start.batch_size=4",
+    "env.n_train_tasks=8",
+    "env.n_eval_tasks=2",
+    "rollout.group_size=2",
+    "rollout.tasks_per_step=2",
+    "rollout.workers=2",
+    "policy.max_new_tokens=8",
+    "train.steps=2",
+    "train.eval_every=2",
+    "train.checkpoint_every=2",
+    "train.minibatch_size=8",
+    "train.threads=1",
+    "train.log_rollouts_every=1",
+]
 ROLLOUT = {"group_size": 2, "max_new_tokens": 16, "temperature": 1.0, "traj_prefix": "s1-"}
 
 
@@ -100,6 +120,49 @@ def test_shards_cover_the_batch_in_order(n: int, workers: int, per_call: int | N
         assert len(chunks) <= workers
 
 
+def run_config(run_dir: Path) -> RunConfig:
+    return load_config(
+        RunConfig, REPO / "examples" / "calculator.toml", [*TINY_RUN, f"run_dir={run_dir}"]
+    )
+
+
+def logged_versions(run_dir: Path, step: int) -> set[int]:
+    lines = (run_dir / "rollouts" / f"step-{step:06d}.jsonl").read_text().splitlines()
+    return {json.loads(line)["policy_version"] for line in lines}
+
+
+class InProcessPool:
+    """A ``RolloutPool`` without Ray: its own policy copy, loaded from every push."""
+
+    def __init__(self) -> None:
+        self.policy = build_tiny_policy(1)
+        self.pushes: list[int] = []
+
+    def push_weights(self, state_dict, version: int) -> None:
+        self.policy.load_state_dict(state_dict)
+        self.pushes.append(version)
+
+    def run_episodes(self, policy, make_env, tasks, **kwargs) -> RolloutBatch:
+        batch = run_episodes(self.policy, make_env, tasks, per_episode_seeds=True, **kwargs)
+        for record in batch.records:
+            record["policy_version"] = self.pushes[-1]
+        return batch
+
+
+def test_trainer_pushes_weights_to_its_pool_after_every_update(tmp_path: Path) -> None:
+    config = run_config(tmp_path)
+    with pytest.raises(ValueError, match="rollout pool"):
+        OnlineTrainer(config, quiet=True)
+    pool = InProcessPool()
+    trainer = OnlineTrainer(config, quiet=True, pool=pool)
+    trainer.run()
+    assert pool.pushes == [0, 1, 2]  # the warm start, then one per update
+    trained = trainer.policy.state_dict()
+    held = pool.policy.state_dict()
+    assert all(torch.equal(trained[k], held[k]) for k in trained)
+    assert logged_versions(tmp_path, 1) == {0} and logged_versions(tmp_path, 2) == {1}
+
+
 # ---------------------------------------------------------------- with Ray
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'turnrl[ray]')")
 
@@ -146,7 +209,10 @@ def pool(arm: Path):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     # Workers cannot import this test module: send CrashingPolicy by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    pool = RayRolloutPool(partial(CrashingPolicy.build, str(arm)), ENV, workers=2)
+    # 0-CPU actors leave the 2 CPUs to the pool that train_with_workers starts.
+    pool = RayRolloutPool(
+        partial(CrashingPolicy.build, str(arm)), ENV, workers=2, actor_options={"num_cpus": 0}
+    )
     yield pool
     pool.close()
     ray.shutdown()
@@ -221,3 +287,24 @@ def test_a_worker_killed_between_batches_is_replaced(pool: RayRolloutPool) -> No
     again = pool.run(tasks(), seed=8, **ROLLOUT)
     assert again.extra["worker_restarts"] == 1
     assert_same_batch(again, clean, exact=True)
+
+
+@pytest.mark.slow
+def test_training_with_ray_workers(pool: RayRolloutPool, tmp_path: Path) -> None:
+    run_dir = train_with_workers(run_config(tmp_path), quiet=True)
+    assert logged_versions(run_dir, 1) == {0} and logged_versions(run_dir, 2) == {1}
+
+
+def test_workers_that_cannot_start_are_a_clear_error(pool: RayRolloutPool) -> None:
+    greedy = RayRolloutPool(
+        partial(build_tiny_policy, 0),
+        ENV,
+        workers=1,
+        actor_options={"num_cpus": 64},
+        load_timeout_s=1.0,
+    )
+    try:
+        with pytest.raises(RuntimeError, match="does the Ray cluster have room"):
+            greedy.push_weights(build_tiny_policy(0).state_dict(), 0)
+    finally:
+        greedy.close()

@@ -193,6 +193,8 @@ class RayRolloutPool:
     ``{"num_cpus": 1}``; e.g. ``{"num_gpus": 1}`` on a cluster). ``address`` joins a
     running cluster (``"auto"`` or ``"ray://host:10001"``); without it, an already
     initialised Ray is used, else a local one is started (and shut down by ``close``).
+    Starting a worker and loading weights must finish within ``load_timeout_s``
+    (a cluster without room for the workers would otherwise wait forever).
     """
 
     def __init__(
@@ -207,6 +209,7 @@ class RayRolloutPool:
         max_restarts: int = 3,
         threads: int = 1,
         actor_options: Mapping[str, Any] | None = None,
+        load_timeout_s: float = 600.0,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -218,6 +221,7 @@ class RayRolloutPool:
         self._ray = ray
         self._owns_ray = False
         options = {"num_cpus": 1, **(actor_options or {})}
+        self._options = options
         if address is not None:
             ray.init(address=address, ignore_reinit_error=True)
         elif not ray.is_initialized():
@@ -231,6 +235,7 @@ class RayRolloutPool:
         self.workers = workers
         self.episodes_per_call = episodes_per_call
         self.max_restarts = max_restarts
+        self.load_timeout_s = load_timeout_s
         self.stats = PoolStats()
         self._weights: Any = None
         self._version: int | None = None
@@ -241,8 +246,18 @@ class RayRolloutPool:
     def _new_actor(self) -> Any:
         """A started actor holding the current weights."""
         actor = self._actor_class.remote(*self._init_args)
-        self._ray.get(actor.load_weights.remote(self._weights, self._version))
+        self._await_load(actor.load_weights.remote(self._weights, self._version))
         return actor
+
+    def _await_load(self, ref: Any) -> None:
+        try:
+            self._ray.get(ref, timeout=self.load_timeout_s)
+        except self._ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"a rollout worker did not start and load weights within {self.load_timeout_s} s; "
+                f"does the Ray cluster have room for {self.workers} workers "
+                f"({self._options})? {self._ray.available_resources()} available"
+            ) from None
 
     def _replace(self, slot: int) -> None:
         """A fresh actor in ``slot`` holding the current weights."""
@@ -286,7 +301,7 @@ class RayRolloutPool:
         loads = [s.actor.load_weights.remote(self._weights, version) for s in self._slots]
         for slot, ref in enumerate(loads):
             try:
-                self._ray.get(ref)
+                self._await_load(ref)
             except self._ray.exceptions.RayActorError:
                 self._replace(slot)
 
