@@ -42,8 +42,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from turnrl.policy.prefix_cache import LayerKV, PrefixCache, Segment
 from turnrl.policy import lora
+from turnrl.policy.prefix_cache import LayerKV, PrefixCache, Segment
 from turnrl.types import Message, Sample
 
 _REFERENCE_TURN: list[Message] = [
@@ -264,7 +264,7 @@ class HFPolicy:
         *,
         max_new_tokens: int,
         temperature: float = 1.0,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
         prefix_cache: PrefixCache | None = None,
     ) -> list[Sample]:
         """Sample one response per context in one batched, KV-cached loop.
@@ -273,7 +273,10 @@ class HFPolicy:
         or after ``max_new_tokens`` tokens (``"length"``); a row whose context
         nearly fills the model's positions stops earlier, also with ``"length"``.
         ``seed`` seeds a private ``torch.Generator`` (same seed and batch, same
-        samples); ``None`` draws from a fresh random seed.
+        samples); ``None`` draws from a fresh random seed. ``seed`` may also be a
+        list with one seed per context: each row then draws from its own generator,
+        so its samples do not depend on which other rows share the batch (up to
+        float rounding of the batched forward pass).
 
         With ``prefix_cache``, identical contexts in the batch are encoded once,
         each context's longest cached prefix is taken from the cache instead of
@@ -296,11 +299,7 @@ class HFPolicy:
             else min(max_new_tokens, self.max_context - len(c))
             for c in contexts
         ]
-        generator = torch.Generator(device=self.device)
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(seed)
+        generators = self._generators(seed, len(contexts))
 
         if prefix_cache is None:
             prefill = self._prefill(contexts)
@@ -317,7 +316,7 @@ class HFPolicy:
         logps: list[list[float]] = [[] for _ in range(batch)]
         reasons: list[str | None] = [None] * batch
         for _ in range(max(budgets)):
-            token_B, logp_B = self._draw(logits_B_V, temperature, generator)
+            token_B, logp_B = self._draw(logits_B_V, temperature, generators)
             for i, (token, logp) in enumerate(zip(token_B.tolist(), logp_B.tolist(), strict=True)):
                 if reasons[i] is not None:
                     continue
@@ -467,6 +466,20 @@ class HFPolicy:
                     context_segment[u], len(context), take(i, width, width + len(response) - 1)
                 )
                 prefix_cache.store(sequence, decoded)
+
+    def _generators(self, seed: int | Sequence[int] | None, rows: int) -> list[torch.Generator]:
+        """One generator for the whole batch (``seed`` an int, or ``None`` for a fresh
+        random seed), or one per row (``seed`` a sequence of ``rows`` ints)."""
+        if seed is None or not isinstance(seed, Sequence):
+            generator = torch.Generator(device=self.device)
+            if seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(int(seed))
+            return [generator]
+        if len(seed) != rows:
+            raise ValueError(f"seed: {len(seed)} per-row seeds for {rows} contexts")
+        return [torch.Generator(device=self.device).manual_seed(int(s)) for s in seed]
 
     @staticmethod
     def _draw(
