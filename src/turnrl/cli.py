@@ -89,7 +89,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.run_dir:
         overrides.append(f"run_dir={args.run_dir}")
     config = load_config(RunConfig, args.config, overrides)
-    run_dir = OnlineTrainer(config, resume=args.resume, quiet=args.quiet).run()
+    if config.rollout.workers > 0:
+        from turnrl.integrations.ray_workers import train_with_workers
+
+        run_dir = train_with_workers(config, resume=args.resume, quiet=args.quiet)
+    else:
+        run_dir = OnlineTrainer(config, resume=args.resume, quiet=args.quiet).run()
     report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
     console = Console()
     console.print(before_after_table(run_dir))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 Message = dict[str, str]
@@ -139,7 +140,11 @@ class Policy(Protocol):
         *,
         max_new_tokens: int,
         temperature: float = 1.0,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[Sample]:
-        """Sample one response per context, all contexts in one batch."""
+        """Sample one response per context, all contexts in one batch.
+
+        ``seed`` is one seed for the batch, or one per context (each row then
+        draws from its own generator, so its samples do not depend on the batch).
+        """
         ...
