@@ -15,8 +15,8 @@ Conventions:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 Message = dict[str, str]
