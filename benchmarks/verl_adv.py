@@ -229,7 +229,7 @@ def main() -> None:
 
     base = {layout: s for layout, label, s in rows if label.startswith("verl `grpo` (built-in")}
     lines = [
-        "| batch | method | time (best of 3) | vs verl `grpo` |",
+        "| batch | method | time (best of 3) | speedup vs verl `grpo` |",
         "|---|---|---:|---:|",
         *[
             f"| {layout} | {label} | {s * 1e3:,.1f} ms | {base[layout] / s:.1f}x |"
