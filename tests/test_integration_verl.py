@@ -388,3 +388,22 @@ def test_agent_lightning_default_is_verl_grpo_is_turnrl_grpo_mixed() -> None:
     theirs = ray_trainer.compute_advantage(data, adv_estimator="grpo").batch["advantages"][:, 0]
     ours = compute_advantages(TurnTable.from_records(records()), "grpo_mixed")
     np.testing.assert_allclose(theirs.numpy(), ours, rtol=1e-5, atol=1e-5)
+
+
+def test_per_segment_state_keys_through_the_hook() -> None:
+    """One row per trajectory, a list of state keys per row (one per assistant segment)."""
+    from verl.trainer.ppo import ray_trainer
+
+    hook.install()
+    cols = segment_rows()
+    states = np.empty(len(TRAJECTORIES), dtype=object)
+    for i, (_, _, turns) in enumerate(TRAJECTORIES):
+        states[i] = [state for *_, state in turns]
+    data = dataproto(cols, {"uid": cols["uid"], "turnrl_state_key": states})
+    adv = ray_trainer.compute_advantage(data, adv_estimator="turnrl_gigpo").batch["advantages"]
+    want = compute_advantages(TurnTable.from_records(records()), "gigpo")
+    got = []
+    for row in range(len(TRAJECTORIES)):
+        m = cols["response_mask"][row].tolist()
+        got += [adv[row, t].item() for t in range(len(m)) if m[t] and (t == 0 or not m[t - 1])]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
