@@ -5,8 +5,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# The verl adapter and the Agent Lightning/TRL adapters need pins that conflict with
+# the main venv and with each other (see requirements/*.txt): one venv each.
+INT_VENV := .venv-integrations
+AGL_VENV := .venv-agl
+INT_STAMP := $(INT_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations.txt | cksum | cut -d' ' -f1)
+AGL_STAMP := $(AGL_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations-agl.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test test-slow lint bench bench-rollout grouping clean
+.PHONY: setup setup-integrations test-integrations demo test test-slow lint bench bench-rollout grouping clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,13 +25,39 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# $(call integration_venv,VENV,REQUIREMENTS,STAMP)
+define integration_venv
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/pip install -q --upgrade pip
+	$(1)/bin/pip install -q torch==2.13.0
+	$(1)/bin/pip install -q -r $(2)
+	$(1)/bin/pip install -q -e '.[dev]'
+	rm -f $(1)/.installed-*
+	touch $(3)
+endef
+
+$(INT_STAMP): pyproject.toml requirements/integrations.txt
+	$(call integration_venv,$(INT_VENV),requirements/integrations.txt,$(INT_STAMP))
+
+$(AGL_STAMP): pyproject.toml requirements/integrations-agl.txt
+	$(call integration_venv,$(AGL_VENV),requirements/integrations-agl.txt,$(AGL_STAMP))
+
+setup-integrations: $(INT_STAMP) $(AGL_STAMP)
+
 demo: setup
 	$(VENV)/bin/turnrl train --config examples/calculator.toml
 	$(VENV)/bin/turnrl audit runs/calculator/rollouts/step-000060.jsonl
 
-test: setup
+test: setup setup-integrations
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-integrations
+
+# The adapters against the real verl, agentlightning and trl packages.
+test-integrations: setup-integrations
+	$(INT_VENV)/bin/python -m pytest -q tests/test_integration_tokens.py tests/test_integration_verl.py
+	$(AGL_VENV)/bin/python -m pytest -q tests/test_integration_tokens.py \
+		tests/test_integration_agentlightning.py tests/test_integration_trl.py
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow
@@ -44,4 +76,4 @@ grouping: setup
 	$(PY) examples/grouping/run.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(INT_VENV) $(AGL_VENV) runs .pytest_cache .ruff_cache .hypothesis
