@@ -80,7 +80,7 @@ def run_online(
         "train.minibatch_size=128",
         f"train.eval_every={every}",
         "train.eval_temperature=0.0",
-        "train.checkpoint_every=0",
+        "train.checkpoint_every=1000000",  # (0 divides by zero in OnlineTrainer.run)
         "train.log_rollouts_every=0",
         f"train.seed={seed}",
         "train.threads=1",
@@ -191,8 +191,8 @@ Q_KEYS = (
     ("q_heldout_spearman", "held-out Spearman"),
     ("q_heldout_within_state_pearson", "within-state corr."),
     ("qprev_spearman", "previous Q on this batch (Spearman)"),
-    ("improve_q_first", "Q of candidates, first step"),
-    ("improve_q_last", "last step"),
+    ("improve_q_before", "policy's mean Q, before improving"),
+    ("improve_q_after", "after"),
     ("improve_q_spread", "within-state Q std"),
     ("improve_kl_ref", "KL to deployed"),
 )
@@ -223,9 +223,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--conversations", type=int, default=128, help="per iteration")
-    parser.add_argument("--lr", type=float, default=1e-3, help="policy lr (both methods)")
+    parser.add_argument("--lr", type=float, default=3e-4, help="policy lr (both methods)")
     parser.add_argument("--out", default=str(ROOT / "runs" / "iterative_grpo"))
     parser.add_argument("--quick", action="store_true", help="1 seed, tiny budgets (smoke run)")
+    parser.add_argument(
+        "--summarise", action="store_true", help="only rebuild tables and reports from --out"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     seeds = 1 if args.quick else args.seeds
@@ -249,25 +252,26 @@ def main() -> None:
         compare: dict[str, list[Path]] = {"iterative grpo": [], "online grpo": []}
         iterative_runs = []
         for seed in range(seeds):
-            started = time.perf_counter()
-            it_dir = run_iterative(
-                setting, seed, out / setting / "iterative" / f"seed{seed}", common
-            )
-            t_it = time.perf_counter() - started
-            on_dir = run_online(
-                setting,
-                seed,
-                out / setting / "online" / f"seed{seed}",
-                it_dir / "warm_start",
-                steps=iterations * per_block,
-                every=per_block,
-                lr=args.lr,
-            )
-            print(
-                f"{setting} seed {seed}: iterative {t_it:.0f}s, "
-                f"online {time.perf_counter() - started - t_it:.0f}s",
-                flush=True,
-            )
+            it_dir = out / setting / "iterative" / f"seed{seed}"
+            on_dir = out / setting / "online" / f"seed{seed}"
+            if not args.summarise:
+                started = time.perf_counter()
+                run_iterative(setting, seed, it_dir, common)
+                t_it = time.perf_counter() - started
+                run_online(
+                    setting,
+                    seed,
+                    on_dir,
+                    it_dir / "warm_start",
+                    steps=iterations * per_block,
+                    every=per_block,
+                    lr=args.lr,
+                )
+                print(
+                    f"{setting} seed {seed}: iterative {t_it:.0f}s, "
+                    f"online {time.perf_counter() - started - t_it:.0f}s",
+                    flush=True,
+                )
             iterative_runs.append(it_dir)
             compare["iterative grpo"].append(
                 write_compare(

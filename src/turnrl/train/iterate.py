@@ -206,6 +206,10 @@ def logged_states(records: Sequence[dict[str, Any]]) -> list[LoggedState]:
     return [LoggedState(str(r["task_id"]), list(r["prompt_ids"])) for r in records]
 
 
+PROBE_STATES = 32
+"""Logged states on which the policy's mean Q is measured before and after improving."""
+
+
 def trainable(policy: HFPolicy) -> list[torch.nn.Parameter]:
     """The parameters an optimiser should update (all, or only adapters if frozen)."""
     return [p for p in policy.parameters() if p.requires_grad]
@@ -229,10 +233,12 @@ def improve_policy(
     reached for an environment would raise :class:`EnvCallError`.
 
     Returns means over the steps of the PPO statistics (``improve_*``), plus the
-    mean Q of the candidates at the first and at the last step
-    (``improve_q_first``/``improve_q_last``: the improvement as Q sees it) and
-    the mean within-state std of Q over candidates (``improve_q_spread``: how much
-    Q tells candidates apart; the ``q`` estimator divides by it).
+    mean Q of responses sampled on a fixed probe set of logged states (up to
+    ``PROBE_STATES``, ``candidates`` each, same sampling seed) before and after
+    the improvement (``improve_q_before``/``improve_q_after``: the improvement as
+    Q sees it) and the mean within-state std of Q over candidates
+    (``improve_q_spread``: how much Q tells candidates apart; the ``q``
+    estimator divides by it).
     """
     if not states:
         raise ValueError("no logged states to improve on")
@@ -247,9 +253,22 @@ def improve_policy(
     )
     rng = np.random.default_rng(seed)
     stats: list[dict[str, float]] = []
-    q_means: list[float] = []
     q_spreads: list[float] = []
+    probe = [
+        states[i].prompt_ids
+        for i in rng.choice(len(states), min(PROBE_STATES, len(states)), replace=False)
+        for _ in range(cfg.candidates)
+    ]
+
+    def probe_q() -> float:
+        policy.model.eval()
+        samples = policy.sample(
+            probe, max_new_tokens=max_new_tokens, temperature=cfg.temperature, seed=seed - 1
+        )
+        return float(np.mean(score(probe, [list(s.response_ids) for s in samples])))
+
     with forbid_env_calls("Iterative GRPO's improvement step"):
+        q_before = probe_q()
         for step in range(cfg.steps):
             picks = rng.choice(len(states), min(cfg.states_per_step, len(states)), replace=False)
             chosen = [states[i] for i in picks for _ in range(cfg.candidates)]
@@ -263,7 +282,6 @@ def improve_policy(
             )
             responses = [list(s.response_ids) for s in samples]
             q_values = np.asarray(score(contexts, responses), dtype=np.float64)
-            q_means.append(float(q_values.mean()))
             q_spreads.append(float(q_values.reshape(-1, cfg.candidates).std(axis=1).mean()))
             records = [
                 {
@@ -293,9 +311,10 @@ def improve_policy(
                     seed=seed * 100_003 + step,
                 )
             )
+        q_after = probe_q()
     out = {f"improve_{k}": float(np.mean([s[k] for s in stats])) for k in stats[0]}
-    out["improve_q_first"] = q_means[0]
-    out["improve_q_last"] = q_means[-1]
+    out["improve_q_before"] = q_before
+    out["improve_q_after"] = q_after
     out["improve_q_spread"] = float(np.mean(q_spreads))
     out["improve_states"] = float(len(states))
     return out

@@ -6,7 +6,8 @@ return of the turn (discounted sum of the rewards from that turn to the end of
 the conversation), and fit ``Q^pi(s, a)`` to it by ordinary regression. The state
 is the exact context the policy saw (``prompt_ids``), the action the whole turn
 (``response_ids``); the model reads ``state ids + response ids`` and a linear head
-on the LAST token's hidden state gives the score.
+on the last token's hidden state and the response tokens' mean hidden state
+gives the score.
 
 Departures from the paper, and choices it leaves open:
 
@@ -259,27 +260,45 @@ def q_quality(
 
 
 class QModel(nn.Module):
-    """A transformer backbone (``input_ids -> last_hidden_state``) and a scalar head."""
+    """A transformer backbone (``input_ids -> last_hidden_state``) and a scalar head.
+
+    The head reads the hidden state of the last token concatenated with the mean
+    hidden state over the response tokens. The last token alone sees the whole
+    sequence, but a small backbone fitted on a few hundred turns then mostly
+    scores the (long) state and hardly the (short) response; the response mean
+    gives the head a direct view of the action, which is what the ``q``
+    estimator needs to tell candidates for one state apart.
+    """
 
     def __init__(self, backbone: nn.Module, hidden: int) -> None:
         super().__init__()
         self.backbone = backbone
-        self.head = nn.Linear(hidden, 1)
+        self.head = nn.Linear(2 * hidden, 1)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, ids_B_L: torch.Tensor, mask_B_L: torch.Tensor) -> torch.Tensor:
-        """Raw score ``(B,)`` read at each row's last real token (rows right-padded)."""
+    def forward(
+        self, ids_B_L: torch.Tensor, mask_B_L: torch.Tensor, start_B: torch.Tensor
+    ) -> torch.Tensor:
+        """Raw score ``(B,)``; rows right-padded, the response of row b starting at
+        position ``start_B[b]`` (an empty response falls back to the last token)."""
         batch, length = ids_B_L.shape
         hidden_B_L_H = self.backbone(
             input_ids=ids_B_L,
             attention_mask=mask_B_L,
             position_ids=torch.arange(length, device=ids_B_L.device).expand(batch, length),
             use_cache=False,
-        ).last_hidden_state
-        last_B = mask_B_L.sum(dim=1) - 1
-        picked_B_H = hidden_B_L_H[torch.arange(batch, device=ids_B_L.device), last_B]
-        return self.head(picked_B_H.float()).squeeze(-1)
+        ).last_hidden_state.float()
+        end_B = mask_B_L.sum(dim=1)
+        last_B_H = hidden_B_L_H[torch.arange(batch, device=ids_B_L.device), end_B - 1]
+        positions_L = torch.arange(length, device=ids_B_L.device)
+        start_B = torch.minimum(start_B, end_B - 1)
+        in_response_B_L = (positions_L[None, :] >= start_B[:, None]) & (
+            positions_L[None, :] < end_B[:, None]
+        )
+        weights_B_L = in_response_B_L.float() / in_response_B_L.sum(dim=1, keepdim=True)
+        response_B_H = (weights_B_L[:, :, None] * hidden_B_L_H).sum(dim=1)
+        return self.head(torch.cat([last_B_H, response_B_H], dim=-1)).squeeze(-1)
 
 
 @dataclass
@@ -303,7 +322,7 @@ class QFunction:
 
     def _batch(
         self, contexts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if len(contexts) != len(responses):
             raise ValueError(f"{len(contexts)} contexts but {len(responses)} responses")
         rows = [[*c, *r] for c, r in zip(contexts, responses, strict=True)]
@@ -317,7 +336,8 @@ class QFunction:
             ids_B_L[i, : len(row)] = torch.tensor(row, dtype=torch.long)
             mask_B_L[i, : len(row)] = 1
         device = next(self.model.parameters()).device
-        return ids_B_L.to(device), mask_B_L.to(device)
+        start_B = torch.tensor([len(c) for c in contexts], dtype=torch.long)
+        return ids_B_L.to(device), mask_B_L.to(device), start_B.to(device)
 
     def raw(
         self, contexts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
