@@ -7,7 +7,7 @@ import torch
 
 from turnrl.policy import build_tiny_policy
 from turnrl.policy.prefix_cache import PrefixCache, Segment
-from turnrl.rollout.tokens import PrefixReuse
+from turnrl.rollout.tokens import PrefixReuse, trie_size
 
 torch.set_num_threads(1)
 
@@ -73,8 +73,9 @@ def test_tokens_computed_counts_exactly_what_was_run(policy) -> None:
     cache = PrefixCache()
     before = policy.tokens_computed
     first = policy.sample([a, a, b], max_new_tokens=6, seed=1, prefix_cache=cache)
-    decoded = sum(len(s.response_ids) - 1 for s in first)
-    assert policy.tokens_computed - before == len(a) + len(b) + decoded  # a once
+    # a once; the two rows of a decode as one stream while their tokens agree
+    decoded = shared_decode([a, a, b], first)
+    assert policy.tokens_computed - before == len(a) + len(b) + decoded
 
     nxt = extend(policy, [a, a, b], first, "ok")
     before = policy.tokens_computed
@@ -87,8 +88,21 @@ def test_tokens_computed_counts_exactly_what_was_run(policy) -> None:
             continue
         seen.add(tuple(sample))
         new += len(sample) - (len(context) + len(old.response_ids) - 1)
-    decoded = sum(len(s.response_ids) - 1 for s in second)
-    assert policy.tokens_computed - before == new + decoded
+    assert policy.tokens_computed - before == new + shared_decode(nxt, second)
+
+
+def shared_decode(contexts, samples) -> int:
+    """Fed-back tokens when rows share a stream while context and tokens agree."""
+    paths = [[tuple(c), *s.response_ids[:-1]] for c, s in zip(contexts, samples, strict=True)]
+    return trie_size(paths) - len({tuple(c) for c in contexts})
+
+
+def test_identical_greedy_rows_decode_once(policy) -> None:
+    a = initial(policy, "same")
+    before = policy.tokens_computed
+    samples = policy.sample([a] * 4, max_new_tokens=8, temperature=0, prefix_cache=PrefixCache())
+    assert len({tuple(s.response_ids) for s in samples}) == 1
+    assert policy.tokens_computed - before == len(a) + len(samples[0].response_ids) - 1
 
 
 def test_a_parameter_update_invalidates_the_cache(policy) -> None:

@@ -43,7 +43,7 @@ from transformers import (
 )
 
 from turnrl.policy import lora
-from turnrl.policy.prefix_cache import LayerKV, PrefixCache, Segment
+from turnrl.policy.prefix_cache import PrefixCache, Segment
 from turnrl.types import Message, Sample
 
 _REFERENCE_TURN: list[Message] = [
@@ -84,11 +84,13 @@ def _check_messages(messages: Sequence[Message], what: str) -> None:
 
 @dataclass
 class _Prefill:
-    """State after encoding the contexts of one ``sample`` call (rows in batch order).
+    """State after encoding the contexts of one ``sample`` call.
 
-    The cached path also keeps what ``_store_prefixes`` needs: each row's distinct
-    context (``owner_B``), how much of it came from the cache and from which
-    segment, and the width of the prefill layout (decode positions follow it).
+    The plain path has one row per context. The cached path has one row per
+    distinct context (``contexts_U``) and keeps what decoding needs to share and
+    store states: each context's row (``owner_B``), how much of it came from the
+    cache and from which segment, and the width of the prefill layout (decode
+    positions follow it).
     """
 
     logits_B_V: torch.Tensor
@@ -99,6 +101,23 @@ class _Prefill:
     cached_U: list[int] = field(default_factory=list)
     segments_U: list[Segment | None] = field(default_factory=list)
     width: int = 0
+    contexts_U: list[list[int]] = field(default_factory=list)
+
+
+@dataclass
+class _Decoding:
+    """Per-row results of a decoding loop: tokens, their log-probs, why each row ended."""
+
+    ids: list[list[int]]
+    logps: list[list[float]]
+    reasons: list[str | None]
+
+    @classmethod
+    def empty(cls, rows: int) -> _Decoding:
+        return cls([[] for _ in range(rows)], [[] for _ in range(rows)], [None] * rows)
+
+    def __iter__(self):
+        return iter((self.ids, self.logps, self.reasons))
 
 
 class HFPolicy:
@@ -280,11 +299,12 @@ class HFPolicy:
 
         With ``prefix_cache``, identical contexts in the batch are encoded once,
         each context's longest cached prefix is taken from the cache instead of
-        being recomputed, and the states of every ``context + response`` are
-        stored for later calls (see :mod:`turnrl.policy.prefix_cache`). The
-        samples are the same as without a cache (same seed and batch), up to
-        float rounding. ``tokens_computed`` counts the positions run through the
-        model either way.
+        being recomputed, rows decode as shared streams while their tokens agree
+        (see :meth:`_decode_shared`), and the states of every ``context +
+        response`` are stored for later calls (see
+        :mod:`turnrl.policy.prefix_cache`). The samples are the same as without a
+        cache (same seed and batch), up to float rounding. ``tokens_computed``
+        counts the positions run through the model either way.
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -300,11 +320,42 @@ class HFPolicy:
             for c in contexts
         ]
         generators = self._generators(seed, len(contexts))
+        decode = self._decode_plain if prefix_cache is None else self._decode_shared
+        ids, logps, reasons = decode(contexts, budgets, temperature, generators, prefix_cache)
+        return [
+            Sample(response_ids=r, logprobs=lp, stop_reason=str(why), text=self.decode(r))
+            for r, lp, why in zip(ids, logps, reasons, strict=True)
+        ]
 
-        if prefix_cache is None:
-            prefill = self._prefill(contexts)
-        else:
-            prefill = self._prefill_cached(contexts, prefix_cache)
+    def _record(
+        self, draws: tuple[torch.Tensor, torch.Tensor], state: _Decoding, budgets: list[int]
+    ) -> list[int]:
+        """Append one drawn token to every unfinished row; return the rows that just ended."""
+        token_B, logp_B = draws
+        ended = []
+        for i, (token, logp) in enumerate(zip(token_B.tolist(), logp_B.tolist(), strict=True)):
+            if state.reasons[i] is not None:
+                continue
+            state.ids[i].append(token)
+            state.logps[i].append(logp)
+            if token in self.stop_token_ids:
+                state.reasons[i] = "stop"
+            elif len(state.ids[i]) >= budgets[i]:
+                state.reasons[i] = "length"
+            if state.reasons[i] is not None:
+                ended.append(i)
+        return ended
+
+    def _decode_plain(
+        self,
+        contexts: list[list[int]],
+        budgets: list[int],
+        temperature: float,
+        generators: list[torch.Generator],
+        prefix_cache: None,
+    ) -> _Decoding:
+        """Every row prefilled and decoded on its own (finished rows keep stepping)."""
+        prefill = self._prefill(contexts)
         logits_B_V, cache, mask_B_L, next_pos_B = (
             prefill.logits_B_V,
             prefill.cache,
@@ -312,21 +363,11 @@ class HFPolicy:
             prefill.next_pos_B,
         )
         batch = len(contexts)
-        ids: list[list[int]] = [[] for _ in range(batch)]
-        logps: list[list[float]] = [[] for _ in range(batch)]
-        reasons: list[str | None] = [None] * batch
+        state = _Decoding.empty(batch)
         for _ in range(max(budgets)):
             token_B, logp_B = self._draw(logits_B_V, temperature, generators)
-            for i, (token, logp) in enumerate(zip(token_B.tolist(), logp_B.tolist(), strict=True)):
-                if reasons[i] is not None:
-                    continue
-                ids[i].append(token)
-                logps[i].append(logp)
-                if token in self.stop_token_ids:
-                    reasons[i] = "stop"
-                elif len(ids[i]) >= budgets[i]:
-                    reasons[i] = "length"
-            if all(r is not None for r in reasons):
+            self._record((token_B, logp_B), state, budgets)
+            if all(r is not None for r in state.reasons):
                 break
             # Finished rows keep stepping (their outputs are ignored).
             mask_B_L = torch.cat([mask_B_L, mask_B_L.new_ones(batch, 1)], dim=1)
@@ -340,13 +381,92 @@ class HFPolicy:
             logits_B_V, cache = out.logits[:, -1, :], out.cache
             next_pos_B = next_pos_B + 1
         # Each row's last token is never fed back; finished rows' steps are not counted.
-        self.tokens_computed += sum(len(r) - 1 for r in ids)
-        if prefix_cache is not None:
-            self._store_prefixes(prefix_cache, prefill, cache, contexts, ids)
-        return [
-            Sample(response_ids=r, logprobs=lp, stop_reason=str(why), text=self.decode(r))
-            for r, lp, why in zip(ids, logps, reasons, strict=True)
+        self.tokens_computed += sum(len(r) - 1 for r in state.ids)
+        return state
+
+    def _decode_shared(
+        self,
+        contexts: list[list[int]],
+        budgets: list[int],
+        temperature: float,
+        generators: list[torch.Generator],
+        prefix_cache: PrefixCache | None,
+    ) -> _Decoding:
+        """Decode with shared streams: rows whose context and tokens so far are equal
+        are one stream of the KV cache (one forward per step) until their draws differ.
+
+        Each row still draws its own token from its stream's logits, with the same
+        generators in the same order as :meth:`_decode_plain`, so the samples are
+        the same. Finished rows leave their stream; the states of every distinct
+        context and of every ``context + response[:-1]`` go into ``prefix_cache``.
+        """
+        assert prefix_cache is not None
+        prefill = self._prefill_cached(contexts, prefix_cache)
+        width = prefill.width
+        cache = prefill.cache
+        context_segment = [
+            self._store_segment(
+                prefix_cache,
+                cache,
+                u,
+                rows_u,
+                prefill.segments_U[u],
+                prefill.cached_U[u],
+                width,
+            )
+            for u, rows_u in enumerate(prefill.contexts_U)
         ]
+        logits_S_V, mask_S_L, next_pos_S = prefill.logits_B_V, prefill.mask_B_L, prefill.next_pos_B
+        stream_B = list(prefill.owner_B)
+        state = _Decoding.empty(len(contexts))
+        for _ in range(max(budgets)):
+            index_B = torch.tensor(stream_B, device=logits_S_V.device)
+            token_B, logp_B = self._draw(logits_S_V[index_B], temperature, generators)
+            for i in self._record((token_B, logp_B), state, budgets):
+                sequence = [*contexts[i], *state.ids[i][:-1]]
+                if len(state.ids[i]) > 1 and not prefix_cache.covers(sequence):
+                    self._store_segment(
+                        prefix_cache,
+                        cache,
+                        stream_B[i],
+                        sequence,
+                        context_segment[prefill.owner_B[i]],
+                        len(contexts[i]),
+                        width + len(state.ids[i]) - 1,
+                    )
+            live = [i for i, why in enumerate(state.reasons) if why is None]
+            if not live:
+                break
+            streams: dict[tuple[int, int], int] = {}
+            parents: list[int] = []
+            tokens: list[int] = []
+            drawn = token_B.tolist()
+            for i in live:
+                key = (stream_B[i], drawn[i])
+                if key not in streams:
+                    streams[key] = len(parents)
+                    parents.append(stream_B[i])
+                    tokens.append(drawn[i])
+                stream_B[i] = streams[key]
+            for i, why in enumerate(state.reasons):
+                if why is not None:
+                    stream_B[i] = 0  # finished: its draws are ignored
+            if parents != list(range(len(parents))) or len(parents) != logits_S_V.shape[0]:
+                order = torch.tensor(parents, device=logits_S_V.device)
+                cache.reorder_cache(order)
+                mask_S_L, next_pos_S = mask_S_L[order], next_pos_S[order]
+            mask_S_L = torch.cat([mask_S_L, mask_S_L.new_ones(len(parents), 1)], dim=1)
+            out = self.model(
+                input_ids=torch.tensor(tokens, device=logits_S_V.device)[:, None],
+                attention_mask=mask_S_L,
+                position_ids=next_pos_S[:, None],
+                cache=cache,
+                use_cache=True,
+            )
+            logits_S_V, cache = out.logits[:, -1, :], out.cache
+            next_pos_S = next_pos_S + 1
+            self.tokens_computed += len(parents)
+        return state
 
     def _prefill(self, contexts: list[list[int]]) -> _Prefill:
         """Encode whole contexts, left-padded: the plain path, no reuse."""
@@ -367,7 +487,7 @@ class HFPolicy:
         return id(self.model), sum(p._version for p in self.model.parameters())
 
     def _prefill_cached(self, contexts: list[list[int]], prefix_cache: PrefixCache) -> _Prefill:
-        """Encode only what the cache lacks, once per distinct context, then expand.
+        """Encode only what the cache lacks, once per distinct context (rows ``U``).
 
         Layout of unique row ``u`` (``P`` cached positions, ``S`` new ones, both
         padded to the batch maximum): ``[pad | cached P | pad | new S]``. The
@@ -417,55 +537,38 @@ class HFPolicy:
             logits_to_keep=1,
         )
         self.tokens_computed += sum(new_U)
-        owner = torch.tensor(owner_B, device=device)
-        cache = out.cache
-        if n_unique < len(contexts):
-            cache.reorder_cache(owner)
-        ends_U = torch.tensor([len(row) for row in rows], device=device)
         return _Prefill(
-            out.logits[owner, -1, :],
-            cache,
-            mask_U_L.to(device)[owner],
-            ends_U[owner],
+            out.logits[:, -1, :],
+            out.cache,
+            mask_U_L.to(device),
+            torch.tensor([len(row) for row in rows], device=device),
             owner_B=owner_B,
             cached_U=cached_U,
             segments_U=[segment for _, segment in found],
             width=max_cached + max_new,
+            contexts_U=[list(row) for row in rows],
         )
 
     @staticmethod
-    def _store_prefixes(
+    def _store_segment(
         prefix_cache: PrefixCache,
-        prefill: _Prefill,
         cache: Any,
-        contexts: list[list[int]],
-        responses: list[list[int]],
-    ) -> None:
-        """Store each distinct context, then each ``context + response[:-1]``."""
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
-
-        def take(row: int, start: int, stop: int) -> tuple[LayerKV, ...]:
-            return tuple(
-                (k[row, :, start:stop].clone(), v[row, :, start:stop].clone()) for k, v in layers
-            )
-
-        width = prefill.width
-        context_segment: dict[int, Segment] = {}
-        for i, (context, response) in enumerate(zip(contexts, responses, strict=True)):
-            u = prefill.owner_B[i]
-            if u not in context_segment:
-                depth = prefill.cached_U[u]
-                segment = Segment(
-                    prefill.segments_U[u], depth, take(i, width - (len(context) - depth), width)
-                )
-                prefix_cache.store(context, segment)
-                context_segment[u] = segment
-            sequence = [*context, *response[:-1]]
-            if len(response) > 1 and not prefix_cache.covers(sequence):
-                decoded = Segment(
-                    context_segment[u], len(context), take(i, width, width + len(response) - 1)
-                )
-                prefix_cache.store(sequence, decoded)
+        row: int,
+        sequence: list[int],
+        parent: Segment | None,
+        start: int,
+        stop: int,
+    ) -> Segment:
+        """Store the states of ``sequence[start:]``, held by cache row ``row`` at positions
+        ``[stop - (len(sequence) - start), stop)``, as a segment after ``parent``."""
+        first = stop - (len(sequence) - start)
+        kv = tuple(
+            (layer.keys[row, :, first:stop].clone(), layer.values[row, :, first:stop].clone())
+            for layer in cache.layers
+        )
+        segment = Segment(parent, start, kv)
+        prefix_cache.store(sequence, segment)
+        return segment
 
     def _generators(self, seed: int | Sequence[int] | None, rows: int) -> list[torch.Generator]:
         """One generator for the whole batch (``seed`` an int, or ``None`` for a fresh
