@@ -55,6 +55,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "runs" / "grouping"))
     parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, tiny warm start")
+    parser.add_argument(
+        "--summarise", action="store_true", help="only rebuild reports, figures and the summary"
+    )
     args = parser.parse_args()
     seeds = 1 if args.quick else args.seeds
     steps = 4 if args.quick else args.steps
@@ -65,7 +68,13 @@ def main() -> None:
 
     # 1. one warm start per seed (shared by every estimator and cost setting)
     warm = {s: out / "warm" / f"seed{s}" for s in range(seeds)}
-    with ProcessPoolExecutor(args.workers) as pool:
+    if not args.summarise:
+        run_all(args.workers, warm, budget, seeds, out)
+    summarise(out, seeds, args.quick)
+
+
+def run_all(workers: int, warm: dict[int, Path], budget: list[str], seeds: int, out: Path) -> None:
+    with ProcessPoolExecutor(workers) as pool:
         list(
             pool.map(
                 train,
@@ -92,10 +101,18 @@ def main() -> None:
                         f"env.env_kwargs={{max_turns = 4, turn_cost = {cost}}}",
                     ]
                 )
-    with ProcessPoolExecutor(args.workers) as pool:
+    with ProcessPoolExecutor(workers) as pool:
         list(pool.map(train, jobs))
 
-    from turnrl.report import write_report
+
+def summarise(out: Path, seeds: int, quick: bool) -> None:
+    """Reports, figures (docs/img) and the markdown summary table."""
+    from turnrl.report import load_runs, write_report
+    from turnrl.report.plots import plot_metric
+    from turnrl.report.runs import group_by_label
+
+    figures = ROOT / "docs" / "img"
+    figures.mkdir(parents=True, exist_ok=True)
 
     lines = [
         "| setting | estimator | eval success | eval success (hard) | eval tool rate (hard) "
@@ -108,6 +125,11 @@ def main() -> None:
             runs, out / f"report-{cost_name}.html", title=f"grouping: {cost_name}"
         )
         print(f"report: {report}")
+        if not quick:  # the figures the write-up shows (mean ± std over seeds)
+            groups = group_by_label(load_runs(runs))
+            for key in ("tool_rate_hard", "success_hard", "eval_success_hard"):
+                png = plot_metric(groups, key, smoothing=1 if key.startswith("eval") else 5)
+                (figures / f"grouping-{cost_name}-{key}.png").write_bytes(png)
         for estimator in ESTIMATORS:
             dirs = [out / cost_name / estimator / f"seed{s}" for s in range(seeds)]
             cells = []
