@@ -113,3 +113,6 @@ def test_training_context_is_the_sampling_context_and_log_probs_match(prefix_cac
                 assert r["prompt_ids"] == trunk[k]["prompt_ids"]  # the trunk's exact context
     if prefix_cache:
         assert exp.extra["tokens_computed"] < exp.extra["tokens_all"]
+        # the least possible: unique tokens, plus the trunk contexts re-encoded after updates
+        minimum = exp.extra["tokens_unique"] + exp.extra["tokens_refresh"]
+        assert 0.9 * minimum <= exp.extra["tokens_computed"] <= 1.1 * minimum

@@ -34,7 +34,9 @@ Departures from the paper:
 * Prefix reuse: the siblings at ``k`` share the prefill of their common
   context, but after each update the cache is cleared (states computed with
   older parameters are invalid), so each ``k`` re-encodes the trunk prefix
-  once. This is the method's real cost, reported in ``tokens_computed``.
+  once. This is the method's real cost, reported in ``tokens_computed``;
+  ``tokens_refresh`` counts those re-encoded trunk contexts, so ``tokens_unique +
+  tokens_refresh`` is the least any implementation could compute.
 """
 
 from __future__ import annotations
@@ -151,7 +153,10 @@ def rtpo(
     records = [r for t in trunks for r in t.branch.records]
     episodes = [t.branch.episode for t in trunks]
     stats = []
+    refresh = 0  # trunk contexts re-encoded because an update made cached states stale
     for k in reversed(range(max((len(t.before) for t in trunks), default=0))):
+        if stats:
+            refresh += sum(len(t.before[k].context) for t in trunks if len(t.before) > k)
         rows, sibling_episodes, batch = siblings_at(
             ctx, trunks, k, n_siblings, policy, seeds.next(), max_turns
         )
@@ -175,5 +180,6 @@ def rtpo(
         "rollout_env_steps": float(physical_env_steps(records)),
         "leaves": float(len(episodes)),
         "updates": float(len(stats)),
+        "tokens_refresh": float(refresh),
     }
     return StepExperience(batch, stats, extra)
