@@ -5,25 +5,32 @@ Per negotiation setting and seed:
 1. ``turnrl iterate`` (``examples/iterate_<setting>.toml``): warm start on weak
    demonstrations, then ``--iterations`` rounds of deploy ``--conversations``
    conversations -> fit Q -> improve against Q (no counterpart) -> redeploy.
+   Two configurations (``VARIANTS``): the paper's ``q`` estimator (mean and std
+   within the state), and "mean-only + explore" (no std division; half the
+   conversations deployed at temperature 1.5). Both start from the same weights.
 2. Online ``grpo`` (``OnlineTrainer``) from the SAME warm-started weights, talking
    to the scripted counterpart during training: 4 tasks x 4 rollouts (16
    conversations) per step, ``iterations * conversations / 16`` steps, so both
    deploy the same number of conversations; one optimiser step per RL step, the
    same number of policy updates as Iterative GRPO's ``improve.steps`` per
-   iteration (8 per 128 conversations) by default.
+   iteration (8 per 128 conversations) by default. Same policy lr and KL weight.
 
-Both are evaluated the same way (greedy, 64 held-out personas) after every
-``--conversations`` deployed conversations. Outputs, under ``--out``:
+All are evaluated the same way (greedy, 64 held-out personas) after every
+``--conversations`` deployed conversations; the value of the conversations
+deployed in each block is reported too. Outputs, under ``--out``:
 
-    <setting>/iterative/seed<k>/    turnrl iterate run dirs (Q quality per iteration)
-    <setting>/online/seed<k>/       turnrl train run dirs
-    <setting>/compare/<method>-seed<k>/   metrics re-indexed by deployed conversations
-    report-<setting>.html           both methods vs conversations (seed mean +- std)
-    report-<setting>-q.html         Q quality and improvement metrics per iteration
-    summary.md                      the tables quoted in docs/iterative-grpo.md
+    <setting>/iterative[-variant]/seed<k>/   turnrl iterate run dirs (Q quality per iteration)
+    <setting>/online/seed<k>/                turnrl train run dirs
+    <setting>/compare/<method>-seed<k>/      metrics re-indexed by deployed conversations
+    report-<setting>.html            every method vs conversations (seed mean +- std)
+    report-<setting>-q.html          Q quality and improvement metrics per iteration
+    summary.md                       the tables quoted in docs/iterative-grpo.md
 
-    nice -n 10 python examples/iterative_grpo/run.py                # full (about 30 min)
-    python examples/iterative_grpo/run.py --quick                   # smoke run (1 seed)
+    nice -n 10 python examples/iterative_grpo/run.py                 # everything
+    python examples/iterative_grpo/run.py --settings split_money \
+        --methods "iterative grpo, mean-only + explore"               # one method
+    python examples/iterative_grpo/run.py --summarise                # tables only
+    python examples/iterative_grpo/run.py --quick --out /tmp/ig      # smoke run (1 seed)
 
 Runs are sequential, one torch thread (the machine is shared).
 """
@@ -43,6 +50,7 @@ BLOCK = 16
 
 
 def run_iterative(setting: str, seed: int, run_dir: Path, overrides: list[str]) -> Path:
+    """One ``turnrl iterate`` run from the setting's recipe, with ``overrides``."""
     from turnrl.train.config import load_config
     from turnrl.train.iterate import IterativeGRPO
     from turnrl.train.iterate_config import IterateConfig
@@ -217,9 +225,37 @@ def q_table(setting: str, runs: list[Path]) -> list[str]:
     return lines
 
 
+VARIANTS: dict[str, list[str]] = {
+    "iterative grpo": [],
+    "iterative grpo, mean-only + explore": [
+        "improve.use_std=false",
+        "deploy.temperatures=[1.0, 1.5]",
+    ],
+}
+"""Iterative GRPO configurations compared (overrides on top of the recipe): the paper's
+``q`` estimator (mean and std within the state), and a variant that does not divide by
+the within-state std and deploys half the conversations at a higher temperature."""
+
+ONLINE = "online grpo"
+
+
+def method_dir(out: Path, setting: str, method: str, seed: int) -> Path:
+    if method == ONLINE:
+        return out / setting / "online" / f"seed{seed}"
+    suffix = "" if method == "iterative grpo" else "-" + method.split(", ")[1].replace(" ", "")
+    return out / setting / f"iterative{suffix}" / f"seed{seed}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--settings", nargs="+", default=["split_money", "haggle"])
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=[*VARIANTS, ONLINE],
+        choices=[*VARIANTS, ONLINE],
+        help="which methods to train (all found under --out are summarised)",
+    )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--conversations", type=int, default=128, help="per iteration")
@@ -234,8 +270,8 @@ def main() -> None:
     seeds = 1 if args.quick else args.seeds
     conversations = 32 if args.quick else args.conversations
     iterations = 2 if args.quick else args.iterations
-    if conversations % (4 * BLOCK // 4) or conversations % 4:
-        raise SystemExit("--conversations must be a multiple of 16")
+    if conversations % BLOCK:
+        raise SystemExit(f"--conversations must be a multiple of {BLOCK}")
     common = [
         f"iterations={iterations}",
         f"deploy.tasks_per_iteration={conversations // 4}",
@@ -248,54 +284,59 @@ def main() -> None:
     from turnrl.report import write_report
 
     summary: list[str] = ["# Iterative GRPO experiment", ""]
+    methods = [*VARIANTS, ONLINE]
     for setting in args.settings:
-        compare: dict[str, list[Path]] = {"iterative grpo": [], "online grpo": []}
-        iterative_runs = []
-        for seed in range(seeds):
-            it_dir = out / setting / "iterative" / f"seed{seed}"
-            on_dir = out / setting / "online" / f"seed{seed}"
-            if not args.summarise:
+        for seed in range(seeds if not args.summarise else 0):
+            warm = method_dir(out, setting, "iterative grpo", seed) / "warm_start"
+            for method in [m for m in methods if m in args.methods]:
                 started = time.perf_counter()
-                run_iterative(setting, seed, it_dir, common)
-                t_it = time.perf_counter() - started
-                run_online(
-                    setting,
-                    seed,
-                    on_dir,
-                    it_dir / "warm_start",
-                    steps=iterations * per_block,
-                    every=per_block,
-                    lr=args.lr,
-                )
+                run_dir = method_dir(out, setting, method, seed)
+                if method == ONLINE:
+                    run_online(
+                        setting, seed, run_dir, warm, iterations * per_block, per_block, args.lr
+                    )
+                else:
+                    # Variants start from the same warm-started weights when they exist.
+                    shared = [f"warm_start.init_from={warm}"] if warm.exists() else []
+                    run_iterative(
+                        setting,
+                        seed,
+                        run_dir,
+                        [*common, *VARIANTS[method], *shared, f"label={method}"],
+                    )
                 print(
-                    f"{setting} seed {seed}: iterative {t_it:.0f}s, "
-                    f"online {time.perf_counter() - started - t_it:.0f}s",
+                    f"{setting} seed {seed} {method}: {time.perf_counter() - started:.0f}s",
                     flush=True,
                 )
-            iterative_runs.append(it_dir)
-            compare["iterative grpo"].append(
-                write_compare(
-                    out / setting / "compare" / f"iterative-seed{seed}",
-                    "iterative grpo",
-                    iterative_points(it_dir),
+        compare: dict[str, list[Path]] = {}
+        iterative_runs: dict[str, list[Path]] = {}
+        for method in methods:
+            for seed in range(seeds):
+                run_dir = method_dir(out, setting, method, seed)
+                if not (run_dir / "metrics.jsonl").exists():
+                    continue
+                tag = method_dir(out, setting, method, seed).parent.name
+                points = (
+                    online_points(run_dir, per_block)
+                    if method == ONLINE
+                    else iterative_points(run_dir)
                 )
-            )
-            compare["online grpo"].append(
-                write_compare(
-                    out / setting / "compare" / f"online-seed{seed}",
-                    "online grpo",
-                    online_points(on_dir, per_block),
+                compare.setdefault(method, []).append(
+                    write_compare(out / setting / "compare" / f"{tag}-seed{seed}", method, points)
                 )
-            )
+                if method != ONLINE:
+                    iterative_runs.setdefault(method, []).append(run_dir)
+        if not compare:
+            continue
         dirs = [d for ds in compare.values() for d in ds]
         write_report(
             dirs, out / f"report-{setting}.html", title=f"{setting}: per deployed conversations"
         )
-        write_report(
-            iterative_runs, out / f"report-{setting}-q.html", title=f"{setting}: Q and improvement"
-        )
-        summary += [*method_table(setting, compare, seeds), "", *q_table(setting, iterative_runs)]
-        summary.append("")
+        runs = [d for ds in iterative_runs.values() for d in ds]
+        write_report(runs, out / f"report-{setting}-q.html", title=f"{setting}: Q and improvement")
+        summary += [*method_table(setting, compare, seeds), ""]
+        for method, method_runs in iterative_runs.items():
+            summary += [*q_table(f"{setting}, {method}", method_runs), ""]
         (out / "summary.md").write_text("\n".join(summary) + "\n")
     print("\n".join(summary))
 
