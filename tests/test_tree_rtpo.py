@@ -28,7 +28,7 @@ def test_updates_run_from_the_last_turn_back_and_train_each_turn_once() -> None:
     learn = SpyLearn("node")
     ctx = context(policy, lambda: FrozenLakeEnv(max_turns=4), learn)
     tasks = [LAKE, Task("lake-b", {**LAKE.payload, "seed": 1})]
-    exp = get_strategy("rtpo")(ctx, tasks, 3)  # 2 siblings per turn
+    exp = get_strategy("rtpo")(ctx, tasks, 3, skip_ties=False)  # 2 siblings per turn
     assert len(learn.calls) == 4 == exp.extra["updates"]
     trained_turns = [sorted({r["turn"] for r in learn.trained(i)}) for i in range(4)]
     assert trained_turns == [[3], [2], [1], [0]]  # reverse order, one turn each
@@ -104,7 +104,7 @@ def test_training_context_is_the_sampling_context_and_log_probs_match(prefix_cac
 
     learn = SpyLearn("node", after=check_then_update)
     ctx = context(policy, lambda: FrozenLakeEnv(max_turns=3), learn, max_new_tokens=8)
-    exp = get_strategy("rtpo")(ctx, [LAKE], 3, prefix_cache=prefix_cache)
+    exp = get_strategy("rtpo")(ctx, [LAKE], 3, prefix_cache=prefix_cache, skip_ties=False)
     assert checks == [2, 2, 2]
     trunk = {r["turn"]: r for r in exp.batch.records if r["traj_id"] == "s1-lake#0"}
     for call, k in zip(learn.calls, (2, 1, 0), strict=True):
@@ -116,3 +116,21 @@ def test_training_context_is_the_sampling_context_and_log_probs_match(prefix_cac
         # the least possible: unique tokens, plus the trunk contexts re-encoded after updates
         minimum = exp.extra["tokens_unique"] + exp.extra["tokens_refresh"]
         assert 0.9 * minimum <= exp.extra["tokens_computed"] <= 1.1 * minimum
+
+
+def test_turn_positions_where_all_siblings_tie_are_not_updated() -> None:
+    # k=1 siblings tie (both right: no signal, skipped); k=0 siblings differ (one update)
+    def script(ctx, call, row):
+        if call == 0:
+            return "<call>2+3</call>"
+        if call in (1, 2):
+            return "<answer>5</answer>"
+        return ["<answer>5</answer>", "<answer>4</answer>"][row]
+
+    learn = SpyLearn("node")
+    ctx = context(ScriptedPolicy(script), CalculatorEnv, learn)
+    exp = get_strategy("rtpo")(ctx, [CALC], 3)
+    assert exp.extra["updates"] == 1 and exp.extra["updates_skipped"] == 1
+    assert [r["turn"] for r in learn.trained(0)] == [0, 0]
+    tied = [r for r in exp.batch.records if ".k1." in r["traj_id"] and r["turn"] == 1]
+    assert len(tied) == 2 and all(r["advantage"] == 0.0 for r in tied)

@@ -8,14 +8,16 @@ tree prefixes are not steps; the trainer's own ``env_steps`` column counts them,
 so this script logs ``env_steps_physical``). Evaluation (held-out maps, 2
 samples at temperature 0.7) runs every ``--eval-every`` environment steps.
 
-    python examples/tree/run.py              # 3 seeds x 3 strategies, one run at a time
-    python examples/tree/run.py --quick      # 1 seed, tiny budget (smoke test)
+    python examples/tree/run.py --out runs/tree/lr3e-4            # the recipes (lr 3e-4)
+    python examples/tree/run.py --out runs/tree/lr1e-3 --lr 1e-3  # every strategy at 1e-3
+    python examples/tree/run.py --quick --out /tmp/tree            # 1 seed, tiny budget
 
-Runs go to ``runs/tree/<strategy>/seed<k>``; the HTML report (``turnrl report``)
-to ``runs/tree/report.html``; eval success against environment steps and
-against tokens computed to ``runs/tree/curves.png``; a markdown summary to
-``runs/tree/summary.md``. Runs execute one after the other with one torch
-thread (the machine is shared); a finished run is skipped when rerun.
+Runs go to ``OUT/<strategy>/seed<k>`` (warm starts to ``OUT/../warm``, shared
+by every ``OUT``); the HTML report (``turnrl report``) to ``OUT/report.html``;
+eval success against environment steps and against tokens computed to
+``OUT/curves.png``; a markdown summary to ``OUT/summary.md``. Runs execute one
+after the other with one torch thread (the machine is shared); a finished run
+is skipped when rerun.
 """
 
 from __future__ import annotations
@@ -41,11 +43,11 @@ def load(strategy: str, overrides: list[str]):
     return load_config(RunConfig, recipe(strategy), [*overrides, "train.threads=1"])
 
 
-def warm_start(out: Path, seed: int, overrides: list[str]) -> Path:
+def warm_start(root: Path, seed: int, overrides: list[str]) -> Path:
     """One warm start per seed (the independent recipe's, identical in all three)."""
     from turnrl.train.online import OnlineTrainer
 
-    run_dir = out / "warm" / f"seed{seed}"
+    run_dir = root / f"seed{seed}"
     if not (run_dir / "warm_start" / "config.json").exists():
         config = load(
             "independent", [*overrides, f"run_dir={run_dir}", f"train.seed={seed}", "train.steps=0"]
@@ -171,15 +173,22 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=6000, help="environment steps per run")
     parser.add_argument("--eval-every", type=float, default=1000, help="in environment steps")
     parser.add_argument("--out", default=str(ROOT / "runs" / "tree"))
+    parser.add_argument("--lr", type=float, default=None, help="override every recipe's lr")
+    parser.add_argument(
+        "--warm", default=None, help="warm starts' directory (default: OUT/../warm, shared)"
+    )
     parser.add_argument("--quick", action="store_true", help="1 seed, 300 steps, tiny warm start")
     args = parser.parse_args()
     overrides: list[str] = []
     if args.quick:
         args.seeds, args.budget, args.eval_every = 1, 300, 150
         overrides = ["warm_start.steps=10", "env.n_eval_tasks=4", "rollout.tasks_per_step=2"]
+    if args.lr is not None:
+        overrides.append(f"train.lr={args.lr}")
     out = Path(args.out)
+    warm_root = Path(args.warm) if args.warm else out.parent / "warm"
     for seed in range(args.seeds):
-        warm = warm_start(out, seed, overrides)
+        warm = warm_start(warm_root, seed, [o for o in overrides if not o.startswith("train.lr")])
         for strategy in STRATEGIES:
             run_dir = out / strategy / f"seed{seed}"
             if (run_dir / "done").exists():

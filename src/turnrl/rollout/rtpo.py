@@ -28,6 +28,9 @@ Departures from the paper:
   again in this step; the shared parameters keep changing for earlier turns
   (a single LLM cannot freeze one turn position).
 * Tasks whose trunk is shorter than ``k + 1`` turns sit out that ``k``.
+* A turn position where every sibling group tied (all advantages zero) is
+  not updated on (``updates_skipped``): with Adam, a zero-gradient step still
+  moves the parameters, and RTPO makes many small updates.
 * The advantage includes each sibling in its own mean (the ``node``
   estimator's convention); the paper's "mean of the siblings' R" may exclude
   it, which would scale the advantage by ``n/(n-1)``.
@@ -131,6 +134,24 @@ def siblings_at(
     return records, episodes, batch
 
 
+def has_signal(records: Sequence[dict[str, Any]]) -> bool:
+    """Whether some sibling group (trained rows of one task sharing one context) has
+    returns that differ. When none does, every RTPO advantage is zero and the update is
+    skipped: an optimiser step on a zero gradient still moves Adam's parameters (its
+    momentum), and many such steps degrade the policy."""
+    trained = {r["traj_id"]: r for r in records if r.get("train", True)}
+    returns = dict.fromkeys(trained, 0.0)
+    for r in records:
+        own = trained.get(r["traj_id"])
+        if own is not None and r["turn"] >= own["turn"]:
+            returns[r["traj_id"]] += float(r.get("reward", 0.0))
+    groups: dict[tuple, set[float]] = {}
+    for traj_id, r in trained.items():
+        key = (r["task_id"], tuple(r["prompt_ids"]))
+        groups.setdefault(key, set()).add(round(returns[traj_id], 9))
+    return any(len(values) > 1 for values in groups.values())
+
+
 @register_strategy("rtpo")
 def rtpo(
     ctx: StrategyContext,
@@ -140,9 +161,11 @@ def rtpo(
     siblings: int | None = None,
     max_turns: int = 32,
     prefix_cache: bool = True,
+    skip_ties: bool = True,
 ) -> StepExperience:
     """One trunk per task, then ``siblings`` (default ``group_size - 1``) responses per
-    turn boundary from the last turn back to the first, one update per turn position."""
+    turn boundary from the last turn back to the first, one update per turn position
+    (``skip_ties``: none where every sibling group tied, see :func:`has_signal`)."""
     n_siblings = group_size - 1 if siblings is None else siblings
     if n_siblings < 1:
         raise ValueError(f"rtpo needs at least 1 sibling per turn; got {n_siblings}")
@@ -154,6 +177,7 @@ def rtpo(
     episodes = [t.branch.episode for t in trunks]
     stats = []
     refresh = 0  # trunk contexts re-encoded because an update made cached states stale
+    skipped = 0
     for k in reversed(range(max((len(t.before) for t in trunks), default=0))):
         if stats:
             refresh += sum(len(t.before[k].context) for t in trunks if len(t.before) > k)
@@ -161,12 +185,17 @@ def rtpo(
             ctx, trunks, k, n_siblings, policy, seeds.next(), max_turns
         )
         merge_costs(work, batch)
+        records += rows
+        episodes += sibling_episodes
+        if skip_ties and not has_signal(rows):
+            skipped += 1
+            for r in rows:
+                r["advantage"] = 0.0
+            continue
         learned = learn_on(ctx, rows)
         policy.clear()  # the parameters changed: cached states are stale
         if learned is not None:
             stats.append(learned)
-        records += rows
-        episodes += sibling_episodes
     batch = RolloutBatch(
         records=records,
         episodes=episodes,
@@ -180,6 +209,7 @@ def rtpo(
         "rollout_env_steps": float(physical_env_steps(records)),
         "leaves": float(len(episodes)),
         "updates": float(len(stats)),
+        "updates_skipped": float(skipped),
         "tokens_refresh": float(refresh),
     }
     return StepExperience(batch, stats, extra)

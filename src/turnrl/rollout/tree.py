@@ -29,7 +29,6 @@ environment; the policy samples through :class:`~turnrl.rollout.tokens.PrefixReu
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,13 +166,3 @@ def merge_costs(into: RolloutBatch, other: RolloutBatch) -> None:
     into.context_tokens += other.context_tokens
     into.seconds_sampling += other.seconds_sampling
     into.seconds_env += other.seconds_env
-
-
-class Stopwatch:
-    """Seconds since creation (for strategy-level timings)."""
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-
-    def seconds(self) -> float:
-        return time.perf_counter() - self.started
