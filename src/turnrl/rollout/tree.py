@@ -73,11 +73,13 @@ def copy_rows(records: Iterable[dict[str, Any]], traj_id: str) -> list[dict[str,
 
 
 def exclude(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mark rows as not trained and give each a node of its own (in no baseline)."""
+    """Mark rows as not trained and give each a node of its own (in no baseline) and
+    advantage 0 (overwritten if credit is computed on them)."""
     out = []
     for r in records:
         r["train"] = False
         r["node_id"] = f"solo:{r['traj_id']}:{r['turn']}"
+        r["advantage"] = 0.0
         out.append(r)
     return out
 
