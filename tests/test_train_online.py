@@ -141,3 +141,16 @@ def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "bad.toml:2" in done.stderr and "learning_rate" in done.stderr
+
+
+def test_zero_periods_mean_only_at_the_end(tmp_path: Path) -> None:
+    run = OnlineTrainer(
+        config(
+            tmp_path, "train.eval_every=0", "train.checkpoint_every=0", "train.log_rollouts_every=0"
+        ),
+        quiet=True,
+    ).run()
+    evaluated = [m["step"] for m in metrics(run) if "eval_success" in m]
+    assert evaluated == [0, 4]
+    assert sorted(p.name for p in (run / "checkpoints").glob("step-*.pt")) == ["step-000004.pt"]
+    assert not (run / "rollouts").exists()

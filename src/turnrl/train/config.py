@@ -179,7 +179,8 @@ class TrainConfig:
     seed: int = 0
     """Seed of sampling and initialisation."""
     eval_every: int = 20
-    """Evaluate on the held-out tasks every this many steps (and at the start and end)."""
+    """Evaluate on the held-out tasks every this many steps (and at the start and end; 0: only
+    then)."""
     eval_temperature: float = 0.0
     """Sampling temperature of evaluation; 0 is greedy decoding."""
     eval_samples: int = 1
@@ -188,7 +189,7 @@ class TrainConfig:
     """Write the step's turn records (with advantages) to ``rollouts/`` every this many
     steps; 0 disables."""
     checkpoint_every: int = 50
-    """Save a checkpoint every this many steps; 0 disables."""
+    """Save a checkpoint every this many steps (and at the end; 0: only at the end)."""
     keep_checkpoints: int = 2
     """How many of the most recent checkpoints to keep on disk."""
     threads: int = 0

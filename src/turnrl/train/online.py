@@ -437,7 +437,7 @@ class OnlineTrainer:
             **cfg.rollout.params,
         )
         batch = experience.batch
-        if cfg.train.log_rollouts_every and self.step % cfg.train.log_rollouts_every == 0:
+        if _due(self.step, cfg.train.log_rollouts_every):
             path = self.run_dir / "rollouts" / f"step-{self.step:06d}.jsonl"
             path.parent.mkdir(exist_ok=True)
             atomic_write_text(path, "".join(dumps_record(r) + "\n" for r in batch.records))
@@ -471,10 +471,10 @@ class OnlineTrainer:
                 if stop_after is not None and self.step >= stop_after:
                     return self.run_dir
                 row = self.train_step()
-                if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+                if _due(self.step, cfg.eval_every) or self.step == cfg.steps:
                     row.update(self.evaluate())
                 append_jsonl(metrics_path, row)
-                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                if _due(self.step, cfg.checkpoint_every) or self.step == cfg.steps:
                     self._checkpoint()
                 bar.update(
                     task,
@@ -482,6 +482,11 @@ class OnlineTrainer:
                     description=_describe(row),
                 )
         return self.run_dir
+
+
+def _due(step: int, every: int) -> bool:
+    """Whether a periodic action (``every`` steps; 0 = never) falls on ``step``."""
+    return every > 0 and step % every == 0
 
 
 def _mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
