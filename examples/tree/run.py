@@ -95,21 +95,25 @@ def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def curves(out: Path, seeds: int) -> dict[str, dict[str, list]]:
-    """Per strategy and seed: (env steps, tokens computed, eval success) at each evaluation."""
-    data: dict[str, dict[str, list]] = {}
+def curves(out: Path, seeds: int) -> dict[str, list[tuple[list, list, list, list]]]:
+    """Per strategy, per seed, at each evaluation: environment steps, tokens computed,
+    unique tokens so far (what sampling with the prefix cache computes, within ~1%:
+    benchmarks/tree_tokens.py), eval success."""
+    data = {}
     for strategy in STRATEGIES:
         per_seed = []
         for seed in range(seeds):
-            evals = [r for r in rows(out / strategy / f"seed{seed}") if "eval_success" in r]
-            per_seed.append(
-                (
-                    [r.get("env_steps_physical", 0.0) for r in evals],
-                    [r.get("tokens_computed_total", 0.0) for r in evals],
-                    [r["eval_success"] for r in evals],
-                )
-            )
-        data[strategy] = {"runs": per_seed}
+            steps, computed, unique, success = [], [], [], []
+            total_unique = 0.0
+            for r in rows(out / strategy / f"seed{seed}"):
+                total_unique += r.get("tokens_unique", 0.0)
+                if "eval_success" in r:
+                    steps.append(r.get("env_steps_physical", 0.0))
+                    computed.append(r.get("tokens_computed_total", 0.0))
+                    unique.append(total_unique)
+                    success.append(r["eval_success"])
+            per_seed.append((steps, computed, unique, success))
+        data[strategy] = per_seed
     return data
 
 
@@ -119,22 +123,32 @@ def plot(out: Path, data: dict) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for (strategy, entry), color in zip(data.items(), ("C0", "C1", "C2"), strict=False):
-        runs = entry["runs"]
-        n = min(len(r[2]) for r in runs)
-        for axis, which, label in ((0, 0, "environment steps"), (1, 1, "tokens computed")):
-            ax = axes[axis]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    lines = [(s, which, runs) for s, runs in data.items() for which in (0, 1)]
+    lines.append(("independent, cache on", 2, data["independent"]))
+    colors = {"independent": "C0", "patr": "C1", "rtpo": "C2", "independent, cache on": "C0"}
+    for label, which, runs in lines:
+        ax = axes[min(which, 1)]
+        n = min(len(r[3]) for r in runs)
+        first = 0 if which == 0 else 1  # token axis is logarithmic: no point at 0
+        x = np.mean([r[which][first:n] for r in runs], axis=0)
+        y = np.array([r[3][first:n] for r in runs])
+        style = "--" if which == 2 else "-"
+        name = f"{label} ({len(runs)} seeds)"
+        ax.plot(x, y.mean(0), style, color=colors[label], lw=2, label=name)
+        if which != 2:
             for run in runs:
-                ax.plot(run[which], run[2], color=color, alpha=0.25, lw=1)
-            x = np.mean([r[which][:n] for r in runs], axis=0)
-            y = np.array([r[2][:n] for r in runs])
-            ax.plot(x, y.mean(0), color=color, lw=2, label=f"{strategy} ({len(runs)} seeds)")
-            ax.fill_between(x, y.mean(0) - y.std(0), y.mean(0) + y.std(0), color=color, alpha=0.1)
-            ax.set_xlabel(label)
-            ax.set_ylabel("eval success (held-out maps)")
-    axes[0].legend()
-    fig.suptitle("FrozenLake 3x3: eval success vs environment steps and vs tokens computed")
+                ax.plot(run[which][first:], run[3][first:], color=colors[label], alpha=0.2, lw=1)
+            ax.fill_between(
+                x, y.mean(0) - y.std(0), y.mean(0) + y.std(0), color=colors[label], alpha=0.1
+            )
+    axes[0].set_xlabel("environment steps (taken, not copies)")
+    axes[1].set_xlabel("tokens computed in sampling (log scale; from the first evaluation)")
+    axes[1].set_xscale("log")
+    for ax in axes:
+        ax.set_ylabel("eval success (32 maps, 2 samples, T=0.7)")
+        ax.legend(fontsize=8)
+    fig.suptitle("FrozenLake 3x3, tiny model: mean ± std over seeds (thin lines: seeds)")
     fig.tight_layout()
     path = out / "curves.png"
     fig.savefig(path, dpi=110)
@@ -143,28 +157,38 @@ def plot(out: Path, data: dict) -> Path:
 
 def summary(out: Path, seeds: int) -> str:
     lines = [
-        "| strategy | eval success: start | end (mean ± std) | env steps | tokens computed "
-        "| computed / env step | updates | minutes |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| strategy | eval success: start | end (mean ± std) | mean over evals | env steps "
+        "| tokens computed | unique tokens | updates | minutes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for strategy in STRATEGIES:
-        start, end, steps, tokens, updates, minutes = [], [], [], [], [], []
-        for seed in range(seeds):
-            run = rows(out / strategy / f"seed{seed}")
-            evals = [r for r in run if "eval_success" in r]
-            start.append(evals[0]["eval_success"])
-            end.append(evals[-1]["eval_success"])
-            steps.append(run[-1]["env_steps_physical"])
-            tokens.append(run[-1]["tokens_computed_total"])
-            updates.append(sum(r.get("updates", 1.0) for r in run[1:]))
-            minutes.append(run[-1]["seconds_total"] / 60)
+    for strategy, runs in curves(out, seeds).items():
+        start = [r[3][0] for r in runs]
+        end = [r[3][-1] for r in runs]
+        average = [np.mean(r[3][1:]) for r in runs]
+        raw = [rows(out / strategy / f"seed{seed}") for seed in range(seeds)]
+        updates = [sum(r.get("updates", 1.0) for r in run[1:]) for run in raw]
+        minutes = [run[-1]["seconds_total"] / 60 for run in raw]
         lines.append(
             f"| {strategy} | {np.mean(start):.3f} | {np.mean(end):.3f} ± {np.std(end):.3f} "
-            f"| {np.mean(steps):,.0f} | {np.mean(tokens):,.0f} "
-            f"| {np.sum(tokens) / np.sum(steps):.0f} | {np.mean(updates):.0f} "
-            f"| {np.mean(minutes):.1f} |"
+            f"| {np.mean(average):.3f} ± {np.std(average):.3f} "
+            f"| {np.mean([r[0][-1] for r in runs]):,.0f} "
+            f"| {np.mean([r[1][-1] for r in runs]):,.0f} "
+            f"| {np.mean([r[2][-1] for r in runs]):,.0f} "
+            f"| {np.mean(updates):.0f} | {np.mean(minutes):.1f} |"
         )
     return "\n".join(lines)
+
+
+def summarise(out: Path, seeds: int) -> None:
+    """The report, the curves and the summary table of finished runs."""
+    from turnrl.report import write_report
+
+    run_dirs = [out / s / f"seed{k}" for s in STRATEGIES for k in range(seeds)]
+    report = write_report(run_dirs, out / "report.html", title="Tree rollouts on FrozenLake")
+    figure = plot(out, curves(out, seeds))
+    table = summary(out, seeds)
+    (out / "summary.md").write_text(table + "\n")
+    print(table, f"\nreport: {report}\ncurves: {figure}", sep="\n")
 
 
 def main() -> None:
@@ -178,7 +202,11 @@ def main() -> None:
         "--warm", default=None, help="warm starts' directory (default: OUT/../warm, shared)"
     )
     parser.add_argument("--quick", action="store_true", help="1 seed, 300 steps, tiny warm start")
+    parser.add_argument("--summarise", action="store_true", help="only rebuild report and tables")
     args = parser.parse_args()
+    if args.summarise:
+        summarise(Path(args.out), args.seeds)
+        return
     overrides: list[str] = []
     if args.quick:
         args.seeds, args.budget, args.eval_every = 1, 300, 150
@@ -195,15 +223,7 @@ def main() -> None:
                 continue
             print(f"{strategy} seed {seed} ...", flush=True)
             train(strategy, seed, warm, run_dir, args, overrides)
-
-    from turnrl.report import write_report
-
-    run_dirs = [out / s / f"seed{k}" for s in STRATEGIES for k in range(args.seeds)]
-    report = write_report(run_dirs, out / "report.html", title="Tree rollouts on FrozenLake")
-    figure = plot(out, curves(out, args.seeds))
-    table = summary(out, args.seeds)
-    (out / "summary.md").write_text(table + "\n")
-    print(table, f"\nreport: {report}\ncurves: {figure}", sep="\n")
+    summarise(out, args.seeds)
 
 
 if __name__ == "__main__":
