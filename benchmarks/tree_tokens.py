@@ -8,7 +8,7 @@ step's rollouts of every strategy are collected on the same tasks with the same
 tiny policy (random initialisation, or ``--warm-start N`` supervised steps, so
 responses are short and realistic), and nothing is learned: ``learn`` is a
 no-op that still counts as an update, so RTPO clears its KV cache after every
-turn position as it must in training. Per strategy it reports the leaves
+turn position it updates on, as it must in training. Per strategy it reports the leaves
 (trajectories that end the tree), the tokens of all trajectories, the unique
 tokens (each shared prefix once: the physical minimum), the tokens the model
 computed (prefill plus fed-back tokens, ``HFPolicy.tokens_computed``), and
@@ -96,6 +96,7 @@ def measure(env: str, seeds: list[int], tasks_per_step: int, group: int, warm: i
     for row in out:
         row["computed_per_leaf"] = row["tokens_computed"] / row["leaves"]
         row["vs_independent"] = row["computed_per_leaf"] / base
+        row["computed_over_unique"] = row["tokens_computed"] / row["tokens_unique"]
         minimum = row["tokens_unique"] + row.get("tokens_refresh", 0.0)
         row["computed_over_minimum"] = row["tokens_computed"] / minimum
     return out
@@ -139,8 +140,9 @@ def main() -> None:
         body = (
             f"- setup: {args.tasks} tasks per step, {args.seeds} seeds (means), tiny policy "
             f"({'random init' if not args.warm_start else f'{args.warm_start} SFT steps'}), "
-            "temperature 1, 24 new tokens at most; no update (RTPO still clears its cache "
-            "after each turn position)\n"
+            "temperature 1, 24 new tokens at most; ratios of the means; no update, but RTPO "
+            "still clears its cache after every turn position it would update on (tied ones "
+            "are skipped)\n"
             "- leaves: trajectories in the records (RTPO: trunk + siblings; AT-GRPO: main + "
             "unchosen candidates); PATR stops growing at the group size\n"
             "- unique: each shared prefix once (token trie per task); minimum: unique, plus for "
