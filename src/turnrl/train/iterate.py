@@ -242,15 +242,7 @@ def improve_policy(
     """
     if not states:
         raise ValueError("no logged states to improve on")
-    settings = PPOSettings(
-        epochs=cfg.epochs,
-        minibatch_size=cfg.minibatch_size,
-        clip_low=cfg.clip_low,
-        clip_high=cfg.clip_high,
-        kl_coef=cfg.kl_coef,
-        kl_estimator=cfg.kl_estimator,
-        max_grad_norm=cfg.max_grad_norm,
-    )
+    settings = PPOSettings.from_config(cfg)
     rng = np.random.default_rng(seed)
     stats: list[dict[str, float]] = []
     q_spreads: list[float] = []

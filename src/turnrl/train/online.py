@@ -139,7 +139,8 @@ class PPOSettings:
     max_grad_norm: float
 
     @classmethod
-    def from_train_config(cls, cfg: TrainConfig) -> PPOSettings:
+    def from_config(cls, cfg: TrainConfig | Any) -> PPOSettings:
+        """From any config section with these fields (``TrainConfig``, ``ImproveConfig``)."""
         return cls(
             epochs=cfg.epochs,
             minibatch_size=cfg.minibatch_size,
@@ -377,7 +378,7 @@ class OnlineTrainer:
             self.policy,
             self.optimizer,
             batch,
-            PPOSettings.from_train_config(cfg),
+            PPOSettings.from_config(cfg),
             temperature=self.config.policy.temperature,
             reference=self.reference,
             seed=cfg.seed * 100_003 + self.step,
