@@ -314,6 +314,16 @@ def test_q_normalised_per_node(records):
         assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12)
     # mean only: [-0.3, 0, 0.3]
     assert credit_by_key(records, "q", use_std=False)["k1", 0] == pytest.approx(-0.3, rel=1e-9)
+    # std floor 0.6 (above the std 0.3): [-0.3, 0, 0.3] / (0.6 + 1e-6); below it: plain std
+    floored = credit_by_key(records, "q", std_floor=0.6)
+    assert floored["k1", 0] == pytest.approx(-0.3 / (0.6 + EPS), rel=1e-9)
+    assert floored["k3", 0] == pytest.approx(0.3 / (0.6 + EPS), rel=1e-9)
+    assert credit_by_key(records, "q", std_floor=0.1)["k3", 0] == pytest.approx(k, rel=1e-9)
+
+
+def test_q_rejects_a_negative_std_floor():
+    with pytest.raises(ValueError, match="std_floor"):
+        compute_credit(TurnTable.from_records(QLOG), "q", std_floor=-0.1)
 
 
 def test_q_missing_names_line_and_field():

@@ -81,7 +81,7 @@ options = {
         }
     ),
     "node": st.fixed_dictionaries({"gamma": st.floats(0, 1), "use_std": st.booleans()}),
-    "q": st.fixed_dictionaries({"use_std": st.booleans()}),
+    "q": st.fixed_dictionaries({"use_std": st.booleans(), "std_floor": st.floats(0, 2)}),
     "a2tgpo": st.fixed_dictionaries(
         {"alpha": st.floats(0, 1), "gamma": st.floats(0, 1), "beta": st.floats(0, 1)}
     ),

@@ -257,3 +257,64 @@ def test_cli_iterate_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert code == 0
     out = capsys.readouterr().out
     assert "report:" in out and (tmp_path / "report.html").exists()
+
+
+# --------------------------------------------------------------------------- format check
+
+
+def test_check_response_is_a_pure_syntax_check() -> None:
+    task = make_tasks("split_money", 1, seed=0)[0]
+    env = make_env("split_money")  # never reset: the check needs no episode
+    assert env.check_response(task, "<offer>45</offer>") is None
+    assert env.check_response(task, "<accept/>") is None
+    assert env.check_response(task, "<offer>45<aoffer>") == "unclosed <offer>"
+    assert env.check_response(task, "<accccept/>") == (
+        "no action; use <offer>, <accept/>, <reject/> or <end/>"
+    )
+    with forbid_env_calls():  # allowed inside the improvement guard
+        assert env.check_response(task, "<accept/> ok") == "text after the action: 'ok'"
+    calc = make_env("calculator")
+    assert calc.check_response(make_tasks("calculator", 1, seed=0)[0], "<answer>3</answer>") is None
+    assert calc.check_response(make_tasks("calculator", 1, seed=0)[0], "3") is not None
+
+
+def _improve_with_check(check) -> tuple[dict[str, float], list[torch.Tensor], list[str]]:
+    """Two improvement steps where Q prefers responses with large token ids; returns the stats, the
+    weights after, and every text the check saw."""
+    policy = build_tiny_policy(seed=0, hidden=16, layers=1)
+    states = [LoggedState("t", policy.encode_initial([{"role": "user", "content": "hi"}]))]
+    cfg = ImproveConfig(steps=2, states_per_step=1, candidates=3, minibatch_size=3, kl_coef=0.0)
+    seen: list[str] = []
+
+    def watched(state: LoggedState, text: str) -> str | None:
+        seen.append(text)
+        return check(text)
+
+    stats = improve_policy(
+        policy,
+        torch.optim.AdamW(trainable(policy), lr=1e-2, weight_decay=0.0),
+        lambda contexts, responses: np.array([float(sum(r)) for r in responses]),
+        states,
+        cfg,
+        max_new_tokens=6,
+        reference=None,
+        seed=0,
+        check=watched,
+        malformed_score=-1.0,
+    )
+    return stats, [p.detach().clone() for p in policy.parameters()], seen
+
+
+def test_rejected_candidates_get_the_malformed_score() -> None:
+    start = [
+        p.detach().clone() for p in build_tiny_policy(seed=0, hidden=16, layers=1).parameters()
+    ]
+    # Every candidate rejected: equal scores, zero advantages, no KL -> no change.
+    stats, after, seen = _improve_with_check(lambda text: "bad")
+    assert len(seen) == 6  # 2 steps x 3 candidates (the probes are not checked)
+    assert stats["improve_malformed"] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(start, after, strict=True))
+    # Nothing rejected: Q's preference moves the weights.
+    stats, after, _ = _improve_with_check(lambda text: None)
+    assert stats["improve_malformed"] == 0.0
+    assert not all(torch.equal(a, b) for a, b in zip(start, after, strict=True))

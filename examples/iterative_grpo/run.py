@@ -5,9 +5,10 @@ Per negotiation setting and seed:
 1. ``turnrl iterate`` (``examples/iterate_<setting>.toml``): warm start on weak
    demonstrations, then ``--iterations`` rounds of deploy ``--conversations``
    conversations -> fit Q -> improve against Q (no counterpart) -> redeploy.
-   Two configurations (``VARIANTS``): the paper's ``q`` estimator (mean and std
-   within the state), and "mean-only + explore" (no std division; half the
-   conversations deployed at temperature 1.5). Both start from the same weights.
+   Four configurations (``VARIANTS``): the paper's ``q`` estimator (mean and std
+   within the state), "mean-only + explore" (no std division; half the
+   conversations deployed at temperature 1.5), and two guards against exploiting Q
+   ("format check", "+ std floor"). All start from the same weights.
 2. Online ``grpo`` (``OnlineTrainer``) from the SAME warm-started weights, talking
    to the scripted counterpart during training: 4 tasks x 4 rollouts (16
    conversations) per step, ``iterations * conversations / 16`` steps, so both
@@ -226,15 +227,24 @@ def q_table(setting: str, runs: list[Path]) -> list[str]:
 
 
 VARIANTS: dict[str, list[str]] = {
-    "iterative grpo": [],
+    "iterative grpo": ["improve.reject_malformed=false"],
     "iterative grpo, mean-only + explore": [
+        "improve.reject_malformed=false",
         "improve.use_std=false",
         "deploy.temperatures=[1.0, 1.5]",
     ],
+    "iterative grpo, format check": ["improve.reject_malformed=true"],
+    "iterative grpo, format check + std floor": [
+        "improve.reject_malformed=true",
+        "improve.std_floor=0.05",
+    ],
 }
 """Iterative GRPO configurations compared (overrides on top of the recipe): the paper's
-``q`` estimator (mean and std within the state), and a variant that does not divide by
-the within-state std and deploys half the conversations at a higher temperature."""
+``q`` estimator (mean and std within the state, every candidate scored by Q); a variant
+that does not divide by the within-state std and deploys half the conversations at a
+higher temperature; and two guards against Q exploitation (not in the paper):
+candidates that are no well-formed action scored as the worst logged return instead of
+by Q, alone and with the within-state std floored at 0.05 (return units)."""
 
 ONLINE = "online grpo"
 

@@ -90,6 +90,16 @@ class Env(ABC):
         """
         return None
 
+    def check_response(self, task: Task, response: str) -> str | None:
+        """Why ``response`` is not a well-formed action for ``task`` (``None``: it is).
+
+        A pure check of the action syntax the environment would parse, made
+        without starting an episode or touching any state, so code that must not
+        talk to the environment (Iterative GRPO's improvement step) may still
+        reject malformed candidates. Default: every response is well formed.
+        """
+        return None
+
 
 @dataclass(frozen=True)
 class Sample:

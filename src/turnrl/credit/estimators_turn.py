@@ -118,7 +118,7 @@ def node(table: TurnTable, *, gamma: float = 1.0, use_std: bool = False) -> Cred
 
 
 @register_estimator("q", group_key="node")
-def q(table: TurnTable, *, use_std: bool = True) -> Credit:
+def q(table: TurnTable, *, use_std: bool = True, std_floor: float = 0.0) -> Credit:
     """Iterative GRPO: learned turn-level Q score normalised among responses of one state.
 
     Iterative GRPO (Jiang et al. 2025, arXiv 2511.21638) scores several candidate
@@ -127,7 +127,14 @@ def q(table: TurnTable, *, use_std: bool = True) -> Credit:
     ``node_id`` (the exact state); mean and std. Fitting Q is not part of credit
     assignment (see ``turnrl.train``). Every row needs a ``q``: a missing one is
     an error naming the first such row's source line and the field ``q``.
+
+    ``std_floor`` (not in the paper; default 0 = the paper's plain std) divides
+    by ``max(std, std_floor)``: when a state's candidates are nearly identical,
+    Q's tiny (and unreliable) differences between them stay tiny advantages
+    instead of being blown up to about +-1 (see ``docs/iterative-grpo.md``).
     """
+    if std_floor < 0 or not np.isfinite(std_floor):
+        raise ValueError(f"std_floor must be a finite number >= 0, got {std_floor}")
     missing = np.flatnonzero(np.isnan(table.q))
     if missing.size:
         row = int(missing[0])
@@ -139,4 +146,6 @@ def q(table: TurnTable, *, use_std: bool = True) -> Credit:
             "the 'q' estimator needs a q score on every row",
         )
     n_nodes = len(table.node_names)
-    return Credit(normalise_in_groups(table.q, table.node_code, n_nodes, use_std=use_std))
+    return Credit(
+        normalise_in_groups(table.q, table.node_code, n_nodes, use_std=use_std, std_floor=std_floor)
+    )

@@ -66,8 +66,10 @@ def rows_from_table(table: TurnTable) -> list[Row]:
 
 
 # ------------------------------------------------------------------ helpers
-def _normalise(values: list[float], use_std: bool) -> list[float]:
-    """Subtract the mean; with std, divide by (sample std + EPS). One member -> 0."""
+def _normalise(values: list[float], use_std: bool, std_floor: float = 0.0) -> list[float]:
+    """Subtract the mean; with std, divide by (max(sample std, std_floor) + EPS).
+
+    One member -> 0."""
     n = len(values)
     if n < 2:
         return [0.0] * n
@@ -76,11 +78,14 @@ def _normalise(values: list[float], use_std: bool) -> list[float]:
     if not use_std:
         return deviations
     std = math.sqrt(sum(d * d for d in deviations) / (n - 1))
-    return [d / (std + EPS) for d in deviations]
+    return [d / (max(std, std_floor) + EPS) for d in deviations]
 
 
 def _normalise_by_key(
-    keys: Sequence[Hashable | None], scores: Sequence[float], use_std: bool
+    keys: Sequence[Hashable | None],
+    scores: Sequence[float],
+    use_std: bool,
+    std_floor: float = 0.0,
 ) -> list[float]:
     """Normalise ``scores[i]`` among the indices with the same ``keys[i]``; key None -> 0."""
     members: dict[Hashable, list[int]] = defaultdict(list)
@@ -89,7 +94,7 @@ def _normalise_by_key(
             members[key].append(i)
     out = [0.0] * len(scores)
     for indices in members.values():
-        normalised = _normalise([scores[i] for i in indices], use_std)
+        normalised = _normalise([scores[i] for i in indices], use_std, std_floor)
         for i, value in zip(indices, normalised, strict=True):
             out[i] = value
     return out
@@ -212,11 +217,12 @@ def node(rows: Sequence[Row], *, gamma: float = 1.0, use_std: bool = False) -> l
     return _normalise_by_key(keys, _returns_to_go(rows, gamma), use_std)
 
 
-def q(rows: Sequence[Row], *, use_std: bool = True) -> list[float]:
+def q(rows: Sequence[Row], *, use_std: bool = True, std_floor: float = 0.0) -> list[float]:
     for row in rows:
         if row["q"] is None:
             raise TurnRecordError("<reference>", row["line"], "q", "is missing")
-    return _normalise_by_key([row["node_id"] for row in rows], [row["q"] for row in rows], use_std)
+    keys = [row["node_id"] for row in rows]
+    return _normalise_by_key(keys, [row["q"] for row in rows], use_std, std_floor)
 
 
 def a2tgpo(

@@ -77,8 +77,12 @@ def normalise_in_groups(
     *,
     use_std: bool = True,
     eps: float = STD_EPS,
+    std_floor: float = 0.0,
 ) -> np.ndarray:
-    """``(score - group mean) / (sample std (ddof=1) + eps)``; std optional.
+    """``(score - group mean) / (max(sample std (ddof=1), std_floor) + eps)``; std optional.
+
+    ``std_floor`` (default 0, i.e. plain std) keeps a group whose scores barely
+    differ from turning those differences into unit-sized advantages.
 
     A group with one member gets 0, and so do rows with code -1 (no group).
     Constant groups give exactly 0 (see ``_deviation_from_mean``).
@@ -96,7 +100,7 @@ def normalise_in_groups(
     if use_std:
         squares = np.bincount(c, weights=deviation * deviation, minlength=n_groups)
         std = np.sqrt(squares / np.maximum(count - 1.0, 1.0))
-        deviation /= std[c] + eps
+        deviation /= np.maximum(std, std_floor)[c] + eps
     deviation[member_count < 2] = 0.0
     if all_valid:
         return deviation

@@ -232,6 +232,10 @@ class CalculatorEnv(Env):
             return StepResult(None, reward, True, info)
         return StepResult(observation, reward, False, info)
 
+    def check_response(self, task: Task, response: str) -> str | None:
+        action = self.registry.parse(response, self.fmt)
+        return action.reason if isinstance(action, Malformed) else None
+
     def snapshot(self) -> _State:
         return self._require_state()
 

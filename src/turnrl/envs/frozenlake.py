@@ -204,6 +204,10 @@ class FrozenLakeEnv(Env):
             return action
         return Malformed("no tools here")
 
+    def check_response(self, task: Task, response: str) -> str | None:
+        move = self.parse_move(response)
+        return move.reason if isinstance(move, Malformed) else None
+
     def step(self, response: str) -> StepResult:
         state = self._require_state()
         rows = self._rows(state.task)

@@ -77,6 +77,9 @@ from turnrl.types import Env, Task
 Scorer = Callable[[list[list[int]], list[list[int]]], np.ndarray]
 """Scores candidate responses: ``(contexts, responses) -> Q per row``."""
 
+FormatCheck = Callable[["LoggedState", str], "str | None"]
+"""Why a candidate's text is no well-formed action in a logged state (``None``: it is)."""
+
 # --------------------------------------------------------------------------- the no-env guard
 
 
@@ -225,8 +228,17 @@ def improve_policy(
     max_new_tokens: int,
     reference: HFPolicy | None,
     seed: int,
+    check: FormatCheck | None = None,
+    malformed_score: float = 0.0,
 ) -> dict[str, float]:
     """Single-turn GRPO on logged states with ``score`` (Q) as the reward model.
+
+    ``check`` (optional) rejects candidates that are no well-formed action: they
+    are scored ``malformed_score`` instead of by Q. Q is fitted only on what the
+    deployed policy did, so it has no data on, and often over-rates, malformed
+    near-copies of good moves; a policy optimised against Q learns them (see
+    ``docs/iterative-grpo.md``). The check is a pure syntax check
+    (:meth:`turnrl.types.Env.check_response`), not an environment call.
 
     Takes no environment: everything it needs is the logged contexts. The whole
     step runs inside :func:`forbid_env_calls`, so a scorer or sampler that
@@ -238,7 +250,8 @@ def improve_policy(
     the improvement (``improve_q_before``/``improve_q_after``: the improvement as
     Q sees it) and the mean within-state std of Q over candidates
     (``improve_q_spread``: how much Q tells candidates apart; the ``q``
-    estimator divides by it).
+    estimator divides by it, or by ``cfg.std_floor`` if larger), and the share
+    of candidates ``check`` rejected (``improve_malformed``).
     """
     if not states:
         raise ValueError("no logged states to improve on")
@@ -246,6 +259,7 @@ def improve_policy(
     rng = np.random.default_rng(seed)
     stats: list[dict[str, float]] = []
     q_spreads: list[float] = []
+    rejected: list[float] = []
     probe = [
         states[i].prompt_ids
         for i in rng.choice(len(states), min(PROBE_STATES, len(states)), replace=False)
@@ -274,6 +288,12 @@ def improve_policy(
             )
             responses = [list(s.response_ids) for s in samples]
             q_values = np.asarray(score(contexts, responses), dtype=np.float64)
+            if check is not None:
+                bad = np.array(
+                    [check(st, s.text) is not None for st, s in zip(chosen, samples, strict=True)]
+                )
+                q_values = np.where(bad, malformed_score, q_values)
+                rejected.append(float(bad.mean()))
             q_spreads.append(float(q_values.reshape(-1, cfg.candidates).std(axis=1).mean()))
             records = [
                 {
@@ -290,7 +310,7 @@ def improve_policy(
                 )
             ]
             table = TurnTable.from_records(records, source=f"improvement step {step}")
-            credit = compute_credit(table, "q", use_std=cfg.use_std)
+            credit = compute_credit(table, "q", use_std=cfg.use_std, std_floor=cfg.std_floor)
             batch = build_update_batch(records, table, credit.advantages, None, cfg.aggregation)
             stats.append(
                 ppo_update(
@@ -309,6 +329,8 @@ def improve_policy(
     out["improve_q_after"] = q_after
     out["improve_q_spread"] = float(np.mean(q_spreads))
     out["improve_states"] = float(len(states))
+    if rejected:
+        out["improve_malformed"] = float(np.mean(rejected))
     return out
 
 
@@ -516,6 +538,9 @@ class IterativeGRPO:
         if self.optimizer is None:
             self.optimizer = torch.optim.AdamW(trainable(self.policy), lr=cfg.lr, weight_decay=0.0)
         reference = self.policy.clone_frozen() if cfg.kl_coef > 0 else None
+        malformed_score = cfg.malformed_score
+        if malformed_score is None:
+            malformed_score = float(np.min(mc_returns(records, self.config.q.gamma)))
         return improve_policy(
             self.policy,
             self.optimizer,
@@ -525,7 +550,27 @@ class IterativeGRPO:
             max_new_tokens=self.config.policy.max_new_tokens,
             reference=reference,
             seed=self.config.seed * 1_000_033 + iteration,
+            check=self._format_check() if cfg.reject_malformed else None,
+            malformed_score=malformed_score,
         )
+
+    def _format_check(self) -> FormatCheck | None:
+        """The environment's pure action-syntax check for logged states of known tasks.
+
+        ``None`` without an environment (logs only). States of tasks the run does
+        not know (imported logs) are not checked: the check may need the task
+        (e.g. a negotiation's offer ranges).
+        """
+        if not self.has_env:
+            return None
+        env = self._make_env()
+        tasks = {task.task_id: task for task in self.train_tasks}
+
+        def check(state: LoggedState, text: str) -> str | None:
+            task = tasks.get(state.task_id)
+            return None if task is None else env.check_response(task, text)
+
+        return check
 
     # -------------------------------------------------------------------- run
     def _write_iteration(self, iteration: int, records: list[dict[str, Any]], fit: QFit) -> None:

@@ -92,6 +92,18 @@ class ImproveConfig:
     """Sampling temperature of candidates (the PPO ratio uses the same)."""
     use_std: bool = True
     """Divide by the group's std in the ``q`` estimator (mean-only when False)."""
+    std_floor: float = 0.0
+    """Divide by ``max(std, std_floor)`` instead (not in the paper; 0 = the paper's
+    plain std). In return units: differences between candidates far below Q's error
+    then stay small advantages instead of being scaled up to about +-1."""
+    reject_malformed: bool = True
+    """Score candidates that are no well-formed action of the environment (its pure
+    ``check_response`` syntax check, no environment call) ``malformed_score``
+    instead of by Q (not in the paper: Q has no data on malformed near-copies of good
+    moves and the policy learns to exploit that). Needs an environment."""
+    malformed_score: float | None = None
+    """Score of a rejected candidate; none: the lowest Monte Carlo return logged in
+    the iteration."""
     lr: float = 3e-4
     """Learning rate of the policy optimiser (one optimiser for the whole run)."""
     epochs: int = 2

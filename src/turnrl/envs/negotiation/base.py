@@ -171,6 +171,10 @@ class NegotiationEnv(Env):
             return StepResult(None, float(value), True, info)
         return StepResult({"role": "user", "content": reply.text}, 0.0, False, info)
 
+    def check_response(self, task: Task, response: str) -> str | None:
+        action = parse_action(response, self.offer_format(task))
+        return action.reason if isinstance(action, Malformed) else None
+
     def snapshot(self) -> _State:
         return self._require_state()
 

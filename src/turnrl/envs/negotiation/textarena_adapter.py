@@ -35,6 +35,7 @@ from typing import Any
 
 from turnrl.envs.negotiation.actions import Offer, parse_action
 from turnrl.envs.negotiation.ultimatum import POT, Responder, UltimatumEnv, judge
+from turnrl.envs.tools import Malformed
 from turnrl.types import Env, Message, StepResult, Task
 
 INSTALL_HINT = "textarena is not installed; pip install 'textarena==0.7.4' (or turnrl[textarena])"
@@ -86,6 +87,10 @@ class TextArenaUltimatumEnv(Env):
             {"role": "system", "content": prompt.strip()},
             {"role": "user", "content": rest},
         ]
+
+    def check_response(self, task: Task, response: str) -> str | None:
+        parsed = parse_action(response, UltimatumEnv.FORMAT)
+        return parsed.reason if isinstance(parsed, Malformed) else None
 
     def step(self, response: str) -> StepResult:
         state = self._require_state()
