@@ -318,3 +318,50 @@ def test_rejected_candidates_get_the_malformed_score() -> None:
     stats, after, _ = _improve_with_check(lambda text: None)
     assert stats["improve_malformed"] == 0.0
     assert not all(torch.equal(a, b) for a, b in zip(start, after, strict=True))
+
+
+# --------------------------------------------------------------------------- resume
+
+TIMING = ("seconds_deploy", "seconds_q", "seconds_improve", "seconds_eval")
+
+
+def comparable(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in m.items() if k not in TIMING} for m in rows(run_dir)]
+
+
+def test_killed_run_resumes_to_the_same_numbers(tmp_path: Path) -> None:
+    def config(run_dir: Path) -> IterateConfig:
+        return load_config(
+            IterateConfig,
+            REPO / "examples" / "iterate_haggle.toml",
+            [*TINY, "iterations=3", f"run_dir={run_dir}"],
+        )
+
+    straight = IterativeGRPO(config(tmp_path / "a"), quiet=True).run()
+    killed = IterativeGRPO(config(tmp_path / "b"), quiet=True).run(stop_after=1)
+    assert [m["step"] for m in rows(killed)] == [0, 1]
+    assert not (killed / "final_policy").exists()
+    # A crash half-way through writing iteration 2's metrics line: dropped on resume.
+    with (killed / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 2, "conversa')
+    resumed = IterativeGRPO(config(killed), quiet=True, resume=True).run()
+    assert comparable(resumed) == comparable(straight)
+    a = torch.load(straight / "checkpoints" / "step-000003.pt", weights_only=True)
+    b = torch.load(resumed / "checkpoints" / "step-000003.pt", weights_only=True)
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    assert a["extra"] == b["extra"]
+    # Resuming a finished run changes nothing; --resume without checkpoints starts fresh.
+    IterativeGRPO(config(resumed), quiet=True, resume=True).run()
+    assert comparable(resumed) == comparable(straight)
+    fresh = IterativeGRPO(config(tmp_path / "c"), quiet=True, resume=True).run(stop_after=1)
+    assert [m["step"] for m in rows(fresh)] == [0, 1]
+
+
+def test_cli_resume_extends_a_finished_run(tmp_path: Path) -> None:
+    args = ["iterate", "--config", str(REPO / "examples" / "iterate_haggle.toml"), "--quiet"]
+    args += ["--run-dir", str(tmp_path)]
+    assert main([*args, *TINY, "iterations=1"]) == 0
+    assert main([*args, "--resume", *TINY, "iterations=2"]) == 0
+    assert [m["step"] for m in rows(tmp_path)] == [0, 1, 2]
+    assert [m["conversations"] for m in rows(tmp_path)] == [0, 6, 12]

@@ -34,12 +34,21 @@ Run directory::
     iter-NNN/deploy.jsonl   the logged turns (with ``mc_return``)
     iter-NNN/q/          the fitted Q;  iter-NNN/q_quality.json  reliability tables
     iter-NNN/policy/     the improved policy (``save_policies``)
+    checkpoints/         policy, optimiser, task sampler and RNG state after each
+                         finished iteration (:mod:`turnrl.train.checkpoint`)
     final_policy/        the last improved policy
+
+A killed run continues with ``resume=True`` (``turnrl iterate --resume``) from the
+last finished iteration: metrics rows of unfinished iterations are dropped and the
+iteration is redone. Every random stream is derived from (seed, iteration) or
+restored from the checkpoint, so the resumed run produces the numbers an
+uninterrupted one would.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -51,12 +60,13 @@ import torch
 
 from turnrl.credit import compute_credit
 from turnrl.envs import make_env, make_tasks
-from turnrl.io import append_jsonl, atomic_write_json, atomic_write_text
+from turnrl.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl_tolerant
 from turnrl.policy import HFPolicy
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, run_episodes
 from turnrl.table import TurnTable
 from turnrl.train.chatlogs import read_chat_logs, tokenise_conversations
+from turnrl.train.checkpoint import load_latest_checkpoint, save_checkpoint
 from turnrl.train.config import config_to_toml_text
 from turnrl.train.iterate_config import DeployConfig, ImproveConfig, IterateConfig
 from turnrl.train.metrics import episode_metrics
@@ -341,15 +351,22 @@ class IterativeGRPO:
     """Runs one ``turnrl iterate`` job described by an ``IterateConfig``.
 
     ``from_logs``: a chat-log JSONL file (:mod:`turnrl.train.chatlogs`) used as the
-    first iteration's deployed batch.
+    first iteration's deployed batch. ``resume``: continue from the run directory's
+    last checkpoint (a fresh start when it has none).
     """
 
     def __init__(
-        self, config: IterateConfig, *, from_logs: str | Path | None = None, quiet: bool = False
+        self,
+        config: IterateConfig,
+        *,
+        from_logs: str | Path | None = None,
+        quiet: bool = False,
+        resume: bool = False,
     ) -> None:
         self.config = config
         self.run_dir = Path(config.run_dir)
         self.quiet = quiet
+        self.resume = resume
         self.from_logs = Path(from_logs) if from_logs is not None else None
         env = config.env
         self.has_env = bool(env.name)
@@ -378,6 +395,7 @@ class IterativeGRPO:
         self.q_model: QModel | None = None
         self.previous_q: QFunction | None = None
         self.conversations_deployed = 0
+        self.iteration = 0
 
     # ------------------------------------------------------------------ set-up
     def _make_env(self) -> Env:
@@ -535,15 +553,14 @@ class IterativeGRPO:
     ) -> dict[str, float]:
         """Single-turn GRPO against ``q`` on the logged states, KL to the deployed policy."""
         cfg = self.config.improve
-        if self.optimizer is None:
-            self.optimizer = torch.optim.AdamW(trainable(self.policy), lr=cfg.lr, weight_decay=0.0)
+        optimizer = self._optimizer()
         reference = self.policy.clone_frozen() if cfg.kl_coef > 0 else None
         malformed_score = cfg.malformed_score
         if malformed_score is None:
             malformed_score = float(np.min(mc_returns(records, self.config.q.gamma)))
         return improve_policy(
             self.policy,
-            self.optimizer,
+            optimizer,
             lambda contexts, responses: q.predict(contexts, responses),
             logged_states([r for r in records if r.get("prompt_ids")]),
             cfg,
@@ -553,6 +570,14 @@ class IterativeGRPO:
             check=self._format_check() if cfg.reject_malformed else None,
             malformed_score=malformed_score,
         )
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        """The policy optimiser (one for the whole run, created on first use)."""
+        if self.optimizer is None:
+            self.optimizer = torch.optim.AdamW(
+                trainable(self.policy), lr=self.config.improve.lr, weight_decay=0.0
+            )
+        return self.optimizer
 
     def _format_check(self) -> FormatCheck | None:
         """The environment's pure action-syntax check for logged states of known tasks.
@@ -595,11 +620,42 @@ class IterativeGRPO:
         if self.config.save_policies:
             self.policy.save(out / "policy")
 
-    def run(self) -> Path:
-        """Warm start, then ``iterations`` rounds; returns the run directory."""
+    def _checkpoint(self) -> None:
+        """Everything the next iteration needs, written atomically (Q is in iter-NNN/q)."""
+        save_checkpoint(
+            self.run_dir,
+            self.iteration,
+            self.policy.state_dict(),
+            self._optimizer().state_dict(),
+            {
+                "sampler": self.sampler.bit_generator.state,
+                "conversations_deployed": self.conversations_deployed,
+            },
+            keep_last=self.config.keep_checkpoints,
+        )
+
+    def _restore(self) -> bool:
+        """Load the last checkpoint, if any; drop metrics rows of unfinished iterations."""
+        checkpoint = load_latest_checkpoint(self.run_dir, restore_rng=True)
+        if checkpoint is None:
+            return False
+        self.policy = HFPolicy.from_pretrained(self.run_dir / "warm_start")
+        self.policy.load_state_dict(checkpoint["model"])
+        self._optimizer().load_state_dict(checkpoint["optimizer"])
+        self.sampler.bit_generator.state = checkpoint["extra"]["sampler"]
+        self.conversations_deployed = int(checkpoint["extra"]["conversations_deployed"])
+        self.iteration = int(checkpoint["step"])
+        self.previous_q = QFunction.load(self.run_dir / f"iter-{self.iteration:03d}" / "q")
+        self.q_model = self.previous_q.model
+        metrics_path = self.run_dir / "metrics.jsonl"
+        kept = [m for m in read_jsonl_tolerant(metrics_path) if m["step"] <= self.iteration]
+        atomic_write_text(metrics_path, "".join(json.dumps(m) + "\n" for m in kept))
+        self._log(f"resumed after iteration {self.iteration}")
+        return True
+
+    def _start(self) -> tuple[list[dict[str, Any]], dict[str, float]] | None:
+        """Fresh start: warm start and the step-0 evaluation; returns imported logs."""
         cfg = self.config
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.run_dir / "config.toml", config_to_toml_text(cfg))
         metrics_path = self.run_dir / "metrics.jsonl"
         if metrics_path.exists():
             metrics_path.unlink()
@@ -609,8 +665,26 @@ class IterativeGRPO:
         log_records = self.import_logs() if self.conversations is not None else None
         self._warm_start(log_records[0] if log_records else None)
         append_jsonl(metrics_path, {"step": 0, "conversations": 0.0, **self.evaluate()})
+        return log_records
+
+    def run(self, *, stop_after: int | None = None) -> Path:
+        """Warm start, then ``iterations`` rounds; returns the run directory.
+
+        ``stop_after``: return after that many finished iterations without saving
+        ``final_policy`` (simulates a killed run; used to test resuming).
+        """
+        cfg = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.run_dir / "config.toml", config_to_toml_text(cfg))
+        metrics_path = self.run_dir / "metrics.jsonl"
+        log_records = None
+        if not (self.resume and self._restore()):
+            log_records = self._start()
         iterations = cfg.iterations if self.has_env else 1
-        for iteration in range(1, iterations + 1):
+        while self.iteration < iterations:
+            if stop_after is not None and self.iteration >= stop_after:
+                return self.run_dir
+            iteration = self.iteration + 1
             started = time.perf_counter()
             if iteration == 1 and log_records is not None:
                 records, row = log_records
@@ -635,6 +709,8 @@ class IterativeGRPO:
             }
             append_jsonl(metrics_path, row)
             self._write_iteration(iteration, records, fit)
+            self.iteration = iteration
+            self._checkpoint()
             self._log(describe_row(row))
         self.policy.save(self.run_dir / "final_policy")
         if not self.has_env and cfg.iterations > 1:

@@ -20,7 +20,9 @@ def cmd_iterate(args: argparse.Namespace) -> int:
     if args.run_dir:
         overrides.append(f"run_dir={args.run_dir}")
     config = load_config(IterateConfig, args.config, overrides)
-    run_dir = IterativeGRPO(config, from_logs=args.from_logs, quiet=args.quiet).run()
+    run_dir = IterativeGRPO(
+        config, from_logs=args.from_logs, quiet=args.quiet, resume=args.resume
+    ).run()
     report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
     print(f"final policy: {run_dir / 'final_policy'}")
     print(f"report: {report}")
@@ -41,6 +43,11 @@ def add_iterate_command(subparsers: Any) -> None:
         metavar="LOGS.jsonl",
         help="OpenAI chat-format conversations with an outcome each: the first iteration's "
         "batch (with env.name='' the run stops after improving on them)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue a killed run from its last finished iteration (checkpoints/)",
     )
     p.add_argument("--quiet", action="store_true", help="no per-iteration lines")
     p.set_defaults(handler=cmd_iterate)

@@ -149,6 +149,8 @@ class IterateConfig:
     """Seed of initialisation, task draws, sampling and splits."""
     threads: int = 0
     """Torch intra-op threads; 0 keeps torch's default."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept in ``checkpoints/`` (one per finished iteration; older deleted)."""
     save_policies: bool = True
     """Save the improved policy of every iteration (``iter-NNN/policy``); the last one is
     always saved as ``final_policy``."""

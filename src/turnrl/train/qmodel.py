@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from turnrl.credit.returns import return_to_go
+from turnrl.io import atomic_open, atomic_write_text
 from turnrl.table import TurnTable, default_node_id
 
 LOSSES = ("mse", "bce")
@@ -384,8 +385,9 @@ class QFunction:
             "backbone_config": self.model.backbone.config.to_dict(),
             "info": self.info,
         }
-        (path / "q.json").write_text(json.dumps(meta, indent=2, default=str))
-        torch.save(self.model.state_dict(), path / "q.pt")
+        atomic_write_text(path / "q.json", json.dumps(meta, indent=2, default=str))
+        with atomic_open(path / "q.pt") as handle:
+            torch.save(self.model.state_dict(), handle)
 
     @classmethod
     def load(cls, directory: str | Path) -> QFunction:
