@@ -68,6 +68,7 @@ from turnrl.table import TurnTable
 from turnrl.train.chatlogs import read_chat_logs, tokenise_conversations
 from turnrl.train.checkpoint import load_latest_checkpoint, save_checkpoint
 from turnrl.train.config import config_to_toml_text
+from turnrl.train.explore import hide_personas, persona_env_factory
 from turnrl.train.iterate_config import DeployConfig, ImproveConfig, IterateConfig
 from turnrl.train.metrics import episode_metrics
 from turnrl.train.online import PPOSettings, build_policy, build_update_batch, ppo_update
@@ -167,6 +168,19 @@ def temperature_counts(conversations: int, temperatures: Sequence[float]) -> lis
     return [base + (1 if j < extra else 0) for j in range(len(temperatures))]
 
 
+def deployment_arms(cfg: DeployConfig) -> list[tuple[float, int, int]]:
+    """``(temperature, persona index, conversations per task)`` of each deployment arm.
+
+    Conversations are split evenly over every (temperature, persona) pair, in
+    ``temperatures``-major order; ``personas`` defaults to the plain policy only.
+    """
+    if not cfg.personas:
+        raise ValueError('deploy.personas must list at least one entry ("" = no persona)')
+    pairs = [(t, p) for t in cfg.temperatures for p in range(len(cfg.personas))]
+    counts = temperature_counts(cfg.conversations_per_task, [t for t, _ in pairs])
+    return [(t, p, n) for (t, p), n in zip(pairs, counts, strict=True)]
+
+
 def deploy(
     policy: HFPolicy,
     make_env_fn: Callable[[], Env],
@@ -177,19 +191,20 @@ def deploy(
     seed: int,
     prefix: str,
 ) -> RolloutBatch:
-    """Collect ``conversations_per_task`` conversations per task, split over temperatures.
+    """Collect ``conversations_per_task`` conversations per task, split over
+    temperatures and exploration personas (:mod:`turnrl.train.explore`).
 
-    Records carry the ``temperature`` they were sampled at.
+    Records carry the ``temperature`` they were sampled at and their ``persona``
+    index; persona instructions are removed from the logged ``prompt_ids``.
     """
     policy.model.eval()
     batches = []
-    counts = temperature_counts(cfg.conversations_per_task, cfg.temperatures)
-    for j, (temperature, count) in enumerate(zip(cfg.temperatures, counts, strict=True)):
+    for j, (temperature, persona, count) in enumerate(deployment_arms(cfg)):
         if count == 0:
             continue
         batch = run_episodes(
             policy,
-            make_env_fn,
+            persona_env_factory(make_env_fn, cfg.personas[persona]),
             list(tasks),
             group_size=count,
             max_new_tokens=max_new_tokens,
@@ -197,6 +212,7 @@ def deploy(
             seed=seed * 31 + j,
             traj_prefix=f"{prefix}t{j}-",
         )
+        hide_personas(policy, batch, persona)
         for record in batch.records:
             record["temperature"] = float(temperature)
         batches.append(batch)

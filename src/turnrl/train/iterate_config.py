@@ -46,6 +46,12 @@ class DeployConfig:
     temperatures: list[float] = field(default_factory=lambda: [1.0])
     """Exploration: conversations are split evenly over these sampling temperatures
     (e.g. ``[0.7, 1.0, 1.3]`` varies how adventurous the deployed policy is)."""
+    personas: list[str] = field(default_factory=lambda: [""])
+    """Exploration personas: instructions appended to the system message the policy
+    reads (``""`` = none), e.g. ``["", "Open high and concede slowly."]``.
+    Conversations are split evenly over every (temperature, persona) pair. The
+    counterpart never sees the instruction and the logs hold the state without it
+    (``turnrl.train.explore``)."""
 
 
 @dataclass

@@ -1,0 +1,78 @@
+"""Persona-style exploration: hidden instructions in deployments, plain states in the logs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from turnrl.envs import make_env, make_tasks
+from turnrl.policy import build_tiny_policy
+from turnrl.table import TurnTable
+from turnrl.train.explore import PersonaEnv, with_instruction
+from turnrl.train.iterate import deploy, deployment_arms
+from turnrl.train.iterate_config import DeployConfig
+
+torch.set_num_threads(1)
+
+
+def test_with_instruction_appends_to_the_system_message() -> None:
+    messages = [{"role": "system", "content": "Sell."}, {"role": "user", "content": "50?"}]
+    assert with_instruction(messages, "Be bold.") == [
+        {"role": "system", "content": "Sell.\nBe bold."},
+        {"role": "user", "content": "50?"},
+    ]
+    assert messages[0]["content"] == "Sell."  # the input is not changed
+    assert with_instruction([{"role": "user", "content": "hi"}], "Be bold.") == [
+        {"role": "system", "content": "Be bold."},
+        {"role": "user", "content": "hi"},
+    ]
+    with pytest.raises(ValueError, match="non-empty"):
+        PersonaEnv(make_env("haggle"), "  ")
+
+
+def test_deployment_arms_split_over_temperatures_and_personas() -> None:
+    cfg = DeployConfig(conversations_per_task=5, temperatures=[1.0, 1.5], personas=["", "x"])
+    assert deployment_arms(cfg) == [(1.0, 0, 2), (1.0, 1, 1), (1.5, 0, 1), (1.5, 1, 1)]
+    assert deployment_arms(DeployConfig(conversations_per_task=4)) == [(1.0, 0, 4)]
+    with pytest.raises(ValueError, match="personas"):
+        deployment_arms(DeployConfig(personas=[]))
+
+
+def test_the_policy_sees_the_persona_and_the_logs_do_not() -> None:
+    policy = build_tiny_policy(seed=0, hidden=16, layers=1)
+    tasks = make_tasks("haggle", 2, seed=0)
+    instruction = "Open high."
+    seen: list[list[int]] = []
+    sample = policy.sample
+
+    def spy(contexts, **kwargs):
+        seen.extend(list(c) for c in contexts)
+        return sample(contexts, **kwargs)
+
+    policy.sample = spy  # type: ignore[method-assign]
+    cfg = DeployConfig(conversations_per_task=2, personas=["", instruction])
+    batch = deploy(
+        policy, lambda: make_env("haggle"), tasks, cfg, max_new_tokens=8, seed=0, prefix="i1-"
+    )
+    plain = {t.task_id: policy.encode_initial(make_env("haggle").reset(t)) for t in tasks}
+    instructed = {
+        t.task_id: policy.encode_initial(with_instruction(make_env("haggle").reset(t), instruction))
+        for t in tasks
+    }
+    assert {r["persona"] for r in batch.records} == {0, 1}
+    for record in batch.records:  # every logged state starts with the plain opening
+        opening = plain[record["task_id"]]
+        assert record["prompt_ids"][: len(opening)] == opening
+    # the persona conversations were sampled from the instructed openings
+    for task_id, opening in instructed.items():
+        assert sum(c[: len(opening)] == opening for c in seen) >= 1, task_id
+    # each persona conversation's logged turn 0 is exactly the plain opening
+    first = [r for r in batch.records if r["persona"] == 1 and r["turn"] == 0]
+    assert len(first) == 2 and all(r["prompt_ids"] == plain[r["task_id"]] for r in first)
+    # contexts still grow by appending: turn t+1 extends turn t's context and response
+    by_turn = {(r["traj_id"], r["turn"]): r for r in batch.records}
+    for (traj, turn), record in by_turn.items():
+        if (traj, turn + 1) in by_turn:
+            grown = record["prompt_ids"] + record["response_ids"]
+            assert by_turn[traj, turn + 1]["prompt_ids"][: len(grown)] == grown
+    assert TurnTable.from_records(batch.records, source="deploy").n_rows == len(batch.records)
