@@ -76,3 +76,52 @@ def test_the_policy_sees_the_persona_and_the_logs_do_not() -> None:
             grown = record["prompt_ids"] + record["response_ids"]
             assert by_turn[traj, turn + 1]["prompt_ids"][: len(grown)] == grown
     assert TurnTable.from_records(batch.records, source="deploy").n_rows == len(batch.records)
+
+
+def test_persona_styles_add_instructed_demonstrations(tmp_path) -> None:
+    from turnrl.envs import demonstration
+    from turnrl.train.config import load_config
+    from turnrl.train.iterate import IterativeGRPO
+    from turnrl.train.iterate_config import IterateConfig
+
+    overrides = [
+        "env.name=haggle",
+        "env.n_train_tasks=3",
+        "deploy.tasks_per_iteration=2",
+        "env.n_eval_tasks=1",
+        "policy.hidden=16",
+        "policy.layers=1",
+        f"run_dir={tmp_path}",
+    ]
+    plain = IterativeGRPO(load_config(IterateConfig, None, overrides), quiet=True)
+    styled = IterativeGRPO(
+        load_config(
+            IterateConfig, None, [*overrides, 'warm_start.persona_styles={ "Be hard." = "strong" }']
+        ),
+        quiet=True,
+    )
+    base = plain._warm_start_examples(None)
+    both = styled._warm_start_examples(None)
+    extra = both[len(base) :]
+    assert [e.context for e in both[: len(base)]] == [e.context for e in base]
+    strong = [
+        m["content"]
+        for task in styled.train_tasks
+        for m in demonstration("haggle", task, style="strong", max_turns=6)
+        if m["role"] == "assistant"
+    ]
+    policy = styled.policy
+    assert len(extra) == len(strong)
+    assert all(e.response[-1] == policy.eos_token_id for e in extra)
+    assert [policy.decode(e.response[:-1]) for e in extra] == strong
+    instructed = policy.encode_initial(
+        with_instruction(styled._make_env().reset(styled.train_tasks[0]), "Be hard.")
+    )
+    assert extra[0].context == instructed
+    bad = load_config(
+        IterateConfig,
+        None,
+        [*overrides, "env.name=calculator", 'warm_start.persona_styles={ "x" = "strong" }'],
+    )
+    with pytest.raises(ValueError, match="negotiation"):
+        IterativeGRPO(bad, quiet=True)._warm_start_examples(None)

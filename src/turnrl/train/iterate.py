@@ -59,7 +59,8 @@ import numpy as np
 import torch
 
 from turnrl.credit import compute_credit
-from turnrl.envs import make_env, make_tasks
+from turnrl.envs import demonstration, make_env, make_tasks
+from turnrl.envs.negotiation.base import check_style
 from turnrl.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl_tolerant
 from turnrl.policy import HFPolicy
 from turnrl.records import dumps_record
@@ -68,7 +69,7 @@ from turnrl.table import TurnTable
 from turnrl.train.chatlogs import read_chat_logs, tokenise_conversations
 from turnrl.train.checkpoint import load_latest_checkpoint, save_checkpoint
 from turnrl.train.config import config_to_toml_text
-from turnrl.train.explore import hide_personas, persona_env_factory
+from turnrl.train.explore import hide_personas, persona_env_factory, with_instruction
 from turnrl.train.iterate_config import DeployConfig, ImproveConfig, IterateConfig
 from turnrl.train.metrics import episode_metrics
 from turnrl.train.online import PPOSettings, build_policy, build_update_batch, ppo_update
@@ -82,7 +83,12 @@ from turnrl.train.qmodel import (
     q_examples,
     q_quality,
 )
-from turnrl.train.sft import TurnExample, demonstration_examples, supervised_warm_start
+from turnrl.train.sft import (
+    TurnExample,
+    conversation_examples,
+    demonstration_examples,
+    supervised_warm_start,
+)
 from turnrl.types import Env, Task
 
 Scorer = Callable[[list[list[int]], list[list[int]]], np.ndarray]
@@ -429,17 +435,38 @@ class IterativeGRPO:
     def _warm_start_examples(self, log_records: list[dict[str, Any]] | None) -> list[TurnExample]:
         cfg = self.config
         if self.has_env:
-            return demonstration_examples(
-                self.policy,
-                cfg.env.name,
-                self.train_tasks,
-                seed=cfg.seed,
-                tool_fraction=cfg.warm_start.tool_fraction,
-                easy_tool_fraction=cfg.warm_start.easy_tool_fraction,
-                env_kwargs=self._demonstration_kwargs(),
+            return (
+                demonstration_examples(
+                    self.policy,
+                    cfg.env.name,
+                    self.train_tasks,
+                    seed=cfg.seed,
+                    tool_fraction=cfg.warm_start.tool_fraction,
+                    easy_tool_fraction=cfg.warm_start.easy_tool_fraction,
+                    env_kwargs=self._demonstration_kwargs(),
+                )
+                + self._persona_examples()
             )
         assert log_records is not None
         return [TurnExample(r["prompt_ids"], r["response_ids"]) for r in log_records]
+
+    def _persona_examples(self) -> list[TurnExample]:
+        """Demonstrations of ``warm_start.persona_styles``, instruction in the system message."""
+        from turnrl.envs.negotiation import SETTINGS
+
+        styles = self.config.warm_start.persona_styles
+        name = self.config.env.name
+        if styles and name not in SETTINGS:
+            raise ValueError(f"warm_start.persona_styles needs a negotiation setting, not {name!r}")
+        examples: list[TurnExample] = []
+        for instruction, style in styles.items():
+            kwargs = {**self.config.env.env_kwargs, "style": check_style(style)}
+            for task in self.train_tasks:
+                messages = demonstration(name, task, **kwargs)
+                examples += conversation_examples(
+                    self.policy, with_instruction(messages, instruction)
+                )
+        return examples
 
     def _warm_start(self, log_records: list[dict[str, Any]] | None) -> None:
         """SFT on demonstrations (or on the logs when there is no env), unless

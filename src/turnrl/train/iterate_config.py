@@ -33,6 +33,12 @@ class IterateWarmStartConfig(WarmStartConfig):
     ``weak``/``medium``/``strong``); ignored (set to none) for others. With
     ``--from-logs`` and no environment, the warm start imitates the logged
     assistant turns instead (behaviour cloning of the logging policy)."""
+    persona_styles: dict[str, str] = field(default_factory=dict)
+    """Extra demonstrations under exploration personas: instruction -> demonstration
+    style (negotiation settings only), e.g. ``{ "Negotiate hard." = "strong" }`` adds
+    one ``strong`` demonstration per training task whose system message carries the
+    instruction. Teaches a tiny model to follow ``deploy.personas`` the way an
+    instruction-tuned LLM follows a tone or strategy instruction."""
 
 
 @dataclass
