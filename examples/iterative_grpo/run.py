@@ -48,6 +48,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = 16
 """Conversations per online GRPO step (4 tasks x 4 rollouts)."""
+PERSONA = "Negotiate hard."
+"""The exploration persona of the persona-aware methods."""
 
 
 def run_iterative(setting: str, seed: int, run_dir: Path, overrides: list[str]) -> Path:
@@ -65,14 +67,21 @@ def run_iterative(setting: str, seed: int, run_dir: Path, overrides: list[str]) 
 
 
 def run_online(
-    setting: str, seed: int, run_dir: Path, warm: Path, steps: int, every: int, lr: float
+    setting: str,
+    seed: int,
+    run_dir: Path,
+    warm: Path,
+    steps: int,
+    every: int,
+    lr: float,
+    label: str = "online grpo",
 ) -> Path:
     from turnrl.train.config import RunConfig, load_config
     from turnrl.train.online import OnlineTrainer
 
     overrides = [
         f"run_dir={run_dir}",
-        "label=online grpo",
+        f"label={label}",
         f"env.name={setting}",
         "env.n_train_tasks=512",
         "env.n_eval_tasks=64",
@@ -238,22 +247,51 @@ VARIANTS: dict[str, list[str]] = {
         "improve.reject_malformed=true",
         "improve.std_floor=0.05",
     ],
+    "persona-aware: iterative grpo, format check": ["improve.reject_malformed=true"],
+    "persona-aware: iterative grpo, format check + persona explore": [
+        "improve.reject_malformed=true",
+        f'deploy.personas=["", "{PERSONA}"]',
+    ],
 }
 """Iterative GRPO configurations compared (overrides on top of the recipe): the paper's
 ``q`` estimator (mean and std within the state, every candidate scored by Q); a variant
 that does not divide by the within-state std and deploys half the conversations at a
-higher temperature; and two guards against Q exploitation (not in the paper):
-candidates that are no well-formed action scored as the worst logged return instead of
-by Q, alone and with the within-state std floored at 0.05 (return units)."""
+higher temperature; two guards against Q exploitation (not in the paper): candidates
+that are no well-formed action scored as the worst logged return instead of by Q, alone
+and with the within-state std floored at 0.05 (return units). The ``persona-aware``
+methods start from a warm start that also learned ``strong`` demonstrations under the
+instruction ``PERSONA`` (``warm_start.persona_styles``), with and without deploying half
+the conversations under that persona (``deploy.personas``)."""
 
 ONLINE = "online grpo"
+PERSONA_ONLINE = "persona-aware: online grpo"
+PERSONA_WARM = [f'warm_start.persona_styles={{ "{PERSONA}" = "strong" }}']
+"""How the persona-aware warm start differs from the plain one."""
+
+DIRS = {
+    "iterative grpo": "iterative",
+    "iterative grpo, mean-only + explore": "iterative-mean-only+explore",
+    "iterative grpo, format check": "iterative-formatcheck",
+    "iterative grpo, format check + std floor": "iterative-formatcheck+stdfloor",
+    ONLINE: "online",
+    "persona-aware: iterative grpo, format check": "persona-iterative-formatcheck",
+    "persona-aware: iterative grpo, format check + persona explore": "persona-iterative-explore",
+    PERSONA_ONLINE: "persona-online",
+}
+"""Run directory of each method under ``<out>/<setting>/``."""
 
 
 def method_dir(out: Path, setting: str, method: str, seed: int) -> Path:
-    if method == ONLINE:
-        return out / setting / "online" / f"seed{seed}"
-    suffix = "" if method == "iterative grpo" else "-" + method.split(", ")[1].replace(" ", "")
-    return out / setting / f"iterative{suffix}" / f"seed{seed}"
+    return out / setting / DIRS[method] / f"seed{seed}"
+
+
+def warm_start_dir(out: Path, setting: str, method: str, seed: int) -> Path:
+    """The warm start a method shares: plain methods use the paper arm's, persona-aware
+    methods the first persona-aware arm's."""
+    source = "iterative grpo"
+    if method.startswith("persona-aware"):
+        source = "persona-aware: iterative grpo, format check"
+    return method_dir(out, setting, source, seed) / "warm_start"
 
 
 def main() -> None:
@@ -262,8 +300,8 @@ def main() -> None:
     parser.add_argument(
         "--methods",
         nargs="+",
-        default=[*VARIANTS, ONLINE],
-        choices=[*VARIANTS, ONLINE],
+        default=[*VARIANTS, ONLINE, PERSONA_ONLINE],
+        choices=[*VARIANTS, ONLINE, PERSONA_ONLINE],
         help="which methods to train (all found under --out are summarised)",
     )
     parser.add_argument("--seeds", type=int, default=3)
@@ -294,20 +332,23 @@ def main() -> None:
     from turnrl.report import write_report
 
     summary: list[str] = ["# Iterative GRPO experiment", ""]
-    methods = [*VARIANTS, ONLINE]
+    methods = [*VARIANTS, ONLINE, PERSONA_ONLINE]
     for setting in args.settings:
         for seed in range(seeds if not args.summarise else 0):
-            warm = method_dir(out, setting, "iterative grpo", seed) / "warm_start"
             for method in [m for m in methods if m in args.methods]:
                 started = time.perf_counter()
                 run_dir = method_dir(out, setting, method, seed)
-                if method == ONLINE:
-                    run_online(
-                        setting, seed, run_dir, warm, iterations * per_block, per_block, args.lr
-                    )
+                warm = warm_start_dir(out, setting, method, seed)
+                if method in (ONLINE, PERSONA_ONLINE):
+                    if not warm.exists():
+                        raise SystemExit(f"{method} needs the warm start {warm}: run it first")
+                    steps = iterations * per_block
+                    run_online(setting, seed, run_dir, warm, steps, per_block, args.lr, method)
                 else:
                     # Variants start from the same warm-started weights when they exist.
                     shared = [f"warm_start.init_from={warm}"] if warm.exists() else []
+                    if method.startswith("persona-aware"):
+                        shared += PERSONA_WARM
                     run_iterative(
                         setting,
                         seed,
@@ -325,16 +366,13 @@ def main() -> None:
                 run_dir = method_dir(out, setting, method, seed)
                 if not (run_dir / "metrics.jsonl").exists():
                     continue
-                tag = method_dir(out, setting, method, seed).parent.name
-                points = (
-                    online_points(run_dir, per_block)
-                    if method == ONLINE
-                    else iterative_points(run_dir)
-                )
+                tag = DIRS[method]
+                online = method in (ONLINE, PERSONA_ONLINE)
+                points = online_points(run_dir, per_block) if online else iterative_points(run_dir)
                 compare.setdefault(method, []).append(
                     write_compare(out / setting / "compare" / f"{tag}-seed{seed}", method, points)
                 )
-                if method != ONLINE:
+                if not online:
                     iterative_runs.setdefault(method, []).append(run_dir)
         if not compare:
             continue
