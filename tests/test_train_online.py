@@ -154,3 +154,35 @@ def test_zero_periods_mean_only_at_the_end(tmp_path: Path) -> None:
     assert evaluated == [0, 4]
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*.pt")) == ["step-000004.pt"]
     assert not (run / "rollouts").exists()
+
+
+def test_update_batch_leaves_out_copies_and_empty_responses() -> None:
+    import numpy as np
+
+    from turnrl.table import TurnTable
+    from turnrl.train.online import build_update_batch
+
+    def row(traj: str, turn: int, response: list[int], **extra) -> dict:
+        return {
+            "task_id": "t",
+            "traj_id": traj,
+            "turn": turn,
+            "prompt_ids": [1, turn],
+            "response_ids": response,
+            "logprobs": [-0.5] * len(response),
+            **extra,
+        }
+
+    records = [
+        row("a", 0, [5, 6]),
+        row("b", 0, [5, 6], copy_of="a", train=False),  # a tree's shared turn
+        row("a", 1, [7]),
+        row("b", 1, []),  # nothing sampled
+    ]
+    table = TurnTable.from_records(records)
+    batch = build_update_batch(records, table, np.array([1.0, 2.0, 3.0, 4.0]), None, "token-mean")
+    assert batch.responses == [[5, 6], [7]]
+    assert batch.contexts == [[1, 0], [1, 1]]
+    assert batch.adv_B.tolist() == [1.0, 3.0]
+    with pytest.raises(ValueError, match="no record to update on"):
+        build_update_batch(records[1:2] + records[3:], table, np.zeros(2), None, "token-mean")

@@ -50,6 +50,9 @@ def test_tree_recipe_trains_and_logs_valid_records(tmp_path: Path, strategy: str
         assert last["tokens_computed"] <= 1.1 * minimum
     if strategy == "rtpo":
         assert last["updates"] >= 1
+    # env_steps counts environment steps taken, not the copies of shared turns
+    steps = [r for r in rows if "rollout_env_steps" in r]
+    assert last["env_steps"] == sum(r["rollout_env_steps"] for r in steps)
     records = [
         json.loads(line)
         for line in (run / "rollouts" / "step-000002.jsonl").read_text().splitlines()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tree_scripted import ScriptedPolicy, SpyLearn, context
+from tree_scripted import ScriptedPolicy, SpyLearn, context, is_trained
 from turnrl.envs import CalculatorEnv, FrozenLakeEnv
 from turnrl.policy import build_tiny_policy
 from turnrl.rollout import get_strategy
@@ -39,7 +39,7 @@ def test_updates_run_from_the_last_turn_back_and_train_each_turn_once() -> None:
             f"s1-{t.task_id}#{n}.k{k}.{j}" for n, t in enumerate(tasks) for j in range(2)
         }
         TurnTable.from_records(learn.calls[i])  # each sibling is a valid full trajectory
-        untrained = [r for r in learn.calls[i] if not r["response_ids"]]
+        untrained = [r for r in learn.calls[i] if not is_trained(r)]
         assert all(r["turn"] != k for r in untrained)
         assert all(not r["traj_id"].endswith("#0") for r in learn.calls[i])  # no trunk rows
     # the trunk is logged, never trained, and its nodes are its own
@@ -66,10 +66,10 @@ def test_sibling_advantage_is_return_minus_the_sibling_mean() -> None:
     get_strategy("rtpo")(ctx, [CALC], 3)
     for call, k in ((0, 1), (1, 0)):
         rows = learn.calls[call]
-        trained = [r for r in rows if r["response_ids"]]
+        trained = [r for r in rows if is_trained(r)]
         assert [r["turn"] for r in trained] == [k, k]
         assert [r["advantage"] for r in trained] == [0.5, -0.5]
-        assert all(r["advantage"] == 0.0 for r in rows if not r["response_ids"])
+        assert all(r["advantage"] == 0.0 for r in rows if not is_trained(r))
         # the trunk's own turn-k reward (1.0) did not enter the siblings' mean
         assert [r["reward"] for r in trained] == [1.0, 0.0]
 
@@ -109,7 +109,7 @@ def test_training_context_is_the_sampling_context_and_log_probs_match(prefix_cac
     trunk = {r["turn"]: r for r in exp.batch.records if r["traj_id"] == "s1-lake#0"}
     for call, k in zip(learn.calls, (2, 1, 0), strict=True):
         for r in call:
-            if r["response_ids"]:
+            if is_trained(r):
                 assert r["prompt_ids"] == trunk[k]["prompt_ids"]  # the trunk's exact context
     if prefix_cache:
         assert exp.extra["tokens_computed"] < exp.extra["tokens_all"]

@@ -77,8 +77,13 @@ class SpyLearn:
         }
 
     def trained(self, call: int) -> list[dict[str, Any]]:
-        """Rows of one call that the trainer updates on (with response tokens)."""
-        return [r for r in self.calls[call] if r["response_ids"]]
+        """Rows of one call that the trainer updates on (see :func:`is_trained`)."""
+        return [r for r in self.calls[call] if is_trained(r)]
+
+
+def is_trained(record: dict[str, Any]) -> bool:
+    """Whether the trainer updates on a row: response tokens and ``train`` not false."""
+    return bool(record["response_ids"]) and record.get("train", True)
 
 
 def context(policy, make_env, learn, *, seed: int = 0, max_new_tokens: int = 24) -> StrategyContext:

@@ -139,22 +139,14 @@ def trainable(records: Iterable[dict[str, Any]]) -> int:
 def learn_on(ctx: StrategyContext, records: list[dict[str, Any]]) -> dict[str, float] | None:
     """Credit on all ``records``, update only on rows whose ``train`` is not false.
 
-    The trainer updates on every row that has response tokens, so rows with
-    ``train = False`` are handed over without them (they still count in the
-    credit table: returns, trajectory structure). The advantages written by
-    ``ctx.learn`` are copied back onto ``records``. Returns None (and learns
+    Rows with ``train = False`` still count in the credit table (returns,
+    trajectory structure); the trainer's update batch leaves them out
+    (:func:`turnrl.train.online.build_update_batch`). Returns None (and learns
     nothing) when no row is trainable.
     """
     if not trainable(records):
         return None
-    views = [
-        r if r.get("train", True) else {**r, "response_ids": [], "logprobs": []} for r in records
-    ]
-    stats = ctx.learn(views)
-    for record, view in zip(records, views, strict=True):
-        if view is not record and "advantage" in view:
-            record["advantage"] = view["advantage"]
-    return stats
+    return ctx.learn(records)
 
 
 def physical_env_steps(records: Iterable[dict[str, Any]]) -> int:

@@ -39,6 +39,7 @@ from turnrl.policy.pretrained import resolve_model_path
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, StrategyContext, get_strategy, run_episodes
 from turnrl.rollout.strategies import RolloutPool
+from turnrl.rollout.tree import physical_env_steps
 from turnrl.table import TurnTable
 from turnrl.train.checkpoint import load_latest_checkpoint, save_checkpoint
 from turnrl.train.config import PolicyConfig, RunConfig, TrainConfig, config_to_toml_text
@@ -108,7 +109,16 @@ def build_update_batch(
     clip_factor: np.ndarray | None,
     aggregation: str,
 ) -> UpdateBatch:
-    keep = [i for i, r in enumerate(records) if r["response_ids"]]
+    """The padded update batch of the rows that are trained on.
+
+    Rows without response tokens, and rows marked ``train = false`` (tree
+    rollouts' copies of shared turns: they count in the credit table, for returns
+    and trajectory structure, but are updated on once, through the original), are
+    left out; ``advantages`` and ``clip_factor`` are per record, as ``table``.
+    """
+    keep = [i for i, r in enumerate(records) if r["response_ids"] and r.get("train", True)]
+    if not keep:
+        raise ValueError("no record to update on (every row is train=false or has no response)")
     responses = [records[i]["response_ids"] for i in keep]
     width = max(len(r) for r in responses)
     mask = pad_rows([[1.0] * len(r) for r in responses], width)
@@ -442,7 +452,7 @@ class OnlineTrainer:
             path = self.run_dir / "rollouts" / f"step-{self.step:06d}.jsonl"
             path.parent.mkdir(exist_ok=True)
             atomic_write_text(path, "".join(dumps_record(r) + "\n" for r in batch.records))
-        self.env_steps += len(batch.records)
+        self.env_steps += physical_env_steps(batch.records)
         self.tokens += batch.sampled_tokens
         learned = _mean_stats(experience.learn_stats)
         return {
