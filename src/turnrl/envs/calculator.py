@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from turnrl.envs.episode_state import ImmutableStateEnv
 from turnrl.envs.safe_math import calculate, format_number
 from turnrl.envs.tools import (
     FinalAnswer,
@@ -36,7 +37,7 @@ from turnrl.envs.tools import (
     ToolRegistry,
     format_answer,
 )
-from turnrl.types import Env, Message, StepResult, Task
+from turnrl.types import Message, StepResult, Task
 
 CALCULATOR = Tool(
     name="calculator",
@@ -156,8 +157,10 @@ class _State:
     done: bool = False
 
 
-class CalculatorEnv(Env):
+class CalculatorEnv(ImmutableStateEnv):
     """Answer an arithmetic question, optionally with the calculator tool."""
+
+    state_type = _State
 
     def __init__(
         self,
@@ -236,14 +239,6 @@ class CalculatorEnv(Env):
         action = self.registry.parse(response, self.fmt)
         return action.reason if isinstance(action, Malformed) else None
 
-    def snapshot(self) -> _State:
-        return self._require_state()
-
-    def restore(self, snapshot: Any) -> None:
-        if not isinstance(snapshot, _State):
-            raise TypeError(f"not a CalculatorEnv snapshot: {type(snapshot).__name__}")
-        self._state = snapshot
-
     def reference_response(self, task: Task) -> str | None:
         return format_answer(_answer_text(task.payload["answer"]))
 
@@ -252,15 +247,6 @@ class CalculatorEnv(Env):
             return None
         text = "\x1f".join((self._state.task.task_id, *self._state.observations))
         return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-    # -- helpers -----------------------------------------------------------------
-
-    def _require_state(self) -> _State:
-        if self._state is None:
-            raise RuntimeError("call reset(task) before step()")
-        if self._state.done:
-            raise RuntimeError("episode is over; call reset(task) to start another")
-        return self._state
 
 
 def demonstration(task: Task, use_tool: bool = True, **env_kwargs: Any) -> list[Message]:

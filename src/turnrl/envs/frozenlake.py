@@ -29,8 +29,9 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+from turnrl.envs.episode_state import ImmutableStateEnv
 from turnrl.envs.tools import FinalAnswer, Malformed, format_answer, parse_response
-from turnrl.types import Env, Message, StepResult, Task
+from turnrl.types import Message, StepResult, Task
 
 MOVES: dict[str, int] = {"left": 0, "down": 1, "right": 2, "up": 3}
 """Move words and gymnasium's action ids for them."""
@@ -140,8 +141,10 @@ class _State:
     done: bool = False
 
 
-class FrozenLakeEnv(Env):
+class FrozenLakeEnv(ImmutableStateEnv):
     """Walk a FrozenLake map to the goal, one move per turn."""
+
+    state_type = _State
 
     def __init__(
         self,
@@ -247,25 +250,10 @@ class FrozenLakeEnv(Env):
             content = board
         return StepResult({"role": "user", "content": content}, reward, False, info)
 
-    def snapshot(self) -> _State:
-        return self._require_state()
-
-    def restore(self, snapshot: Any) -> None:
-        if not isinstance(snapshot, _State):
-            raise TypeError(f"not a FrozenLakeEnv snapshot: {type(snapshot).__name__}")
-        self._state = snapshot
-
     def state_key(self) -> str | None:
         if self._state is None:
             return None
         return f"{self._state.task.task_id}:{self._state.position}"
-
-    def _require_state(self) -> _State:
-        if self._state is None:
-            raise RuntimeError("call reset(task) before step()")
-        if self._state.done:
-            raise RuntimeError("episode is over; call reset(task) to start another")
-        return self._state
 
 
 def demonstration(task: Task, **env_kwargs: Any) -> list[Message]:

@@ -37,7 +37,7 @@ from typing import Any
 from turnrl.rollout.runner import RolloutBatch, start_episode
 from turnrl.rollout.scorers import make_scorer
 from turnrl.rollout.strategies import StepExperience, StrategyContext, register_strategy
-from turnrl.rollout.tokens import PrefixReuse, token_metrics
+from turnrl.rollout.tokens import PrefixReuse
 from turnrl.rollout.tree import (
     Branch,
     Seeds,
@@ -45,8 +45,8 @@ from turnrl.rollout.tree import (
     copy_rows,
     exclude,
     learn_on,
-    physical_env_steps,
     step_branches,
+    tree_experience,
 )
 from turnrl.types import Task
 
@@ -113,17 +113,11 @@ def atgrpo(
             mains[index] = Branch(chosen.episode, [*main.records, chosen.records[-1]])
     records = [r for m in mains for r in m.records] + side
     stats = learn_on(ctx, records)
-    batch = RolloutBatch(
-        records=records,
-        episodes=[m.episode for m in mains],
-        sampled_tokens=work.sampled_tokens,
-        context_tokens=work.context_tokens,
-        seconds_sampling=work.seconds_sampling,
-        seconds_env=work.seconds_env,
+    return tree_experience(
+        records,
+        [m.episode for m in mains],
+        work,
+        policy.tokens_computed,
+        [stats] if stats is not None else [],
+        candidates=n,
     )
-    extra = {
-        **token_metrics(records, policy.tokens_computed),
-        "rollout_env_steps": float(physical_env_steps(records)),
-        "candidates": float(n),
-    }
-    return StepExperience(batch, [stats] if stats is not None else [], extra)

@@ -43,8 +43,8 @@ from turnrl.envs import CalculatorEnv, FrozenLakeEnv
 from turnrl.rollout.runner import RolloutBatch, start_episode
 from turnrl.rollout.scorers import Scorer, make_scorer
 from turnrl.rollout.strategies import StepExperience, StrategyContext, register_strategy
-from turnrl.rollout.tokens import PrefixReuse, token_metrics
-from turnrl.rollout.tree import Branch, Seeds, branch, learn_on, physical_env_steps, step_branches
+from turnrl.rollout.tokens import PrefixReuse
+from turnrl.rollout.tree import Branch, Seeds, branch, learn_on, step_branches, tree_experience
 from turnrl.types import Env, Task
 
 DEFAULT_INTERVAL: dict[type, int] = {FrozenLakeEnv: 5, CalculatorEnv: 1}
@@ -183,19 +183,13 @@ def patr(
     leaves = [b for t in trees for b in t.branches]
     records = [r for b in leaves for r in b.records]
     stats = learn_on(ctx, records)
-    batch = RolloutBatch(
-        records=records,
-        episodes=[b.episode for b in leaves],
-        sampled_tokens=work.sampled_tokens,
-        context_tokens=work.context_tokens,
-        seconds_sampling=work.seconds_sampling,
-        seconds_env=work.seconds_env,
+    return tree_experience(
+        records,
+        [b.episode for b in leaves],
+        work,
+        policy.tokens_computed,
+        [stats] if stats is not None else [],
+        leaves=len(leaves),
+        pruned_leaves=sum(b.pruned for b in leaves),
+        expansions=sum(t.expansions for t in trees),
     )
-    extra = {
-        **token_metrics(records, policy.tokens_computed),
-        "rollout_env_steps": float(physical_env_steps(records)),
-        "leaves": float(len(leaves)),
-        "pruned_leaves": float(sum(b.pruned for b in leaves)),
-        "expansions": float(sum(t.expansions for t in trees)),
-    }
-    return StepExperience(batch, [stats] if stats is not None else [], extra)

@@ -50,7 +50,7 @@ from typing import Any
 
 from turnrl.rollout.runner import Episode, RolloutBatch, continue_episodes, start_episode
 from turnrl.rollout.strategies import StepExperience, StrategyContext, register_strategy
-from turnrl.rollout.tokens import PrefixReuse, token_metrics
+from turnrl.rollout.tokens import PrefixReuse
 from turnrl.rollout.tree import (
     Branch,
     Seeds,
@@ -59,8 +59,8 @@ from turnrl.rollout.tree import (
     exclude,
     learn_on,
     merge_costs,
-    physical_env_steps,
     step_branches,
+    tree_experience,
 )
 from turnrl.types import Task
 
@@ -196,20 +196,14 @@ def rtpo(
         policy.clear()  # the parameters changed: cached states are stale
         if learned is not None:
             stats.append(learned)
-    batch = RolloutBatch(
-        records=records,
-        episodes=episodes,
-        sampled_tokens=work.sampled_tokens,
-        context_tokens=work.context_tokens,
-        seconds_sampling=work.seconds_sampling,
-        seconds_env=work.seconds_env,
+    return tree_experience(
+        records,
+        episodes,
+        work,
+        policy.tokens_computed,
+        stats,
+        leaves=len(episodes),
+        updates=len(stats),
+        updates_skipped=skipped,
+        tokens_refresh=refresh,
     )
-    extra = {
-        **token_metrics(records, policy.tokens_computed),
-        "rollout_env_steps": float(physical_env_steps(records)),
-        "leaves": float(len(episodes)),
-        "updates": float(len(stats)),
-        "updates_skipped": float(skipped),
-        "tokens_refresh": float(refresh),
-    }
-    return StepExperience(batch, stats, extra)

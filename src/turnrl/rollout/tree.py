@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnrl.rollout.runner import Episode, RolloutBatch, step_episodes
-from turnrl.rollout.strategies import StrategyContext
+from turnrl.rollout.strategies import StepExperience, StrategyContext
+from turnrl.rollout.tokens import token_metrics
 from turnrl.types import Env, Policy
 
 
@@ -152,6 +153,26 @@ def learn_on(ctx: StrategyContext, records: list[dict[str, Any]]) -> dict[str, f
 def physical_env_steps(records: Iterable[dict[str, Any]]) -> int:
     """Environment steps actually taken: rows that are not copies."""
     return sum(1 for r in records if not r.get("copy_of"))
+
+
+def tree_experience(
+    records: list[dict[str, Any]],
+    episodes: list[Episode],
+    work: RolloutBatch,
+    tokens_computed: int | None,
+    stats: list[dict[str, float]],
+    **extra: float,
+) -> StepExperience:
+    """A tree strategy's step result: its records and leaf episodes with the costs
+    gathered in ``work``, token accounting, physical env steps, and ``extra``."""
+    batch = RolloutBatch(records=records, episodes=episodes)
+    merge_costs(batch, work)
+    metrics = {
+        **token_metrics(records, tokens_computed),
+        "rollout_env_steps": float(physical_env_steps(records)),
+        **{key: float(value) for key, value in extra.items()},
+    }
+    return StepExperience(batch, stats, metrics)
 
 
 def merge_costs(into: RolloutBatch, other: RolloutBatch) -> None:

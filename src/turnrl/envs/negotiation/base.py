@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from turnrl.envs.episode_state import ImmutableStateEnv
 from turnrl.envs.negotiation.actions import (
     Accept,
     Action,
@@ -53,7 +54,7 @@ from turnrl.envs.negotiation.actions import (
     parse_action,
 )
 from turnrl.envs.tools import Malformed
-from turnrl.types import Env, Message, StepResult, Task
+from turnrl.types import Message, StepResult, Task
 
 OUTCOMES = ("deal", "walkout", "ended", "timeout", "complete")
 
@@ -92,8 +93,10 @@ def _kind(action: Action) -> str | None:
     return kinds.get(type(action))
 
 
-class NegotiationEnv(Env):
+class NegotiationEnv(ImmutableStateEnv):
     """A negotiation with a scripted, persona-driven counterpart (subclass per setting)."""
+
+    state_type = _State
 
     def __init__(self, *, max_turns: int = 6) -> None:
         if max_turns < 1:
@@ -175,27 +178,12 @@ class NegotiationEnv(Env):
         action = parse_action(response, self.offer_format(task))
         return action.reason if isinstance(action, Malformed) else None
 
-    def snapshot(self) -> _State:
-        return self._require_state()
-
-    def restore(self, snapshot: Any) -> None:
-        if not isinstance(snapshot, _State):
-            raise TypeError(f"not a {type(self).__name__} snapshot: {type(snapshot).__name__}")
-        self._state = snapshot
-
     def state_key(self) -> str | None:
         if self._state is None:
             return None
         s = self._state
         text = f"{s.task.task_id}\x1f{s.turn}\x1f{s.done}\x1f{s.counterpart!r}"
         return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-    def _require_state(self) -> _State:
-        if self._state is None:
-            raise RuntimeError("call reset(task) before step()")
-        if self._state.done:
-            raise RuntimeError("episode is over; call reset(task) to start another")
-        return self._state
 
 
 # ----------------------------------------------------------------------------- tasks
