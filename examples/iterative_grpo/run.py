@@ -226,7 +226,7 @@ def q_table(setting: str, runs: list[Path]) -> list[str]:
     data = [rows(r) for r in runs]
     iterations = sorted({r["step"] for run in data for r in run if r["step"] > 0})
     for it in iterations:
-        at = [next(r for r in run if r["step"] == it) for run in data]
+        at = [r for run in data for r in run if r["step"] == it]  # runs still going may lack it
         lines.append(
             f"| {it} | "
             + " | ".join(cell([r.get(k, float("nan")) for r in at]) for k, _ in Q_KEYS)
