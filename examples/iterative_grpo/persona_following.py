@@ -1,0 +1,65 @@
+"""Does a persona-aware warm start follow its exploration persona?
+
+For each seed's persona-aware warm start (written by ``run.py``), the mean value on
+the 64 held-out personas of the experiment, with and without the instruction,
+greedy and at temperature 1 (4 conversations per persona):
+
+    python examples/iterative_grpo/persona_following.py haggle split_money
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from turnrl.envs import make_env, make_tasks
+from turnrl.policy import HFPolicy
+from turnrl.rollout import run_episodes
+from turnrl.train.explore import persona_env_factory
+
+ROOT = Path(__file__).resolve().parents[2]
+PERSONA = "Negotiate hard."
+EVAL_SEED = 7919
+"""``env.seed + 7919`` with the recipes' ``env.seed = 0``: the experiment's held-out tasks."""
+
+
+def mean_value(policy: HFPolicy, setting: str, instruction: str, temperature: float) -> float:
+    tasks = make_tasks(setting, 64, EVAL_SEED)
+    batch = run_episodes(
+        policy,
+        persona_env_factory(lambda: make_env(setting, max_turns=6), instruction),
+        tasks,
+        group_size=1 if temperature == 0 else 4,
+        max_new_tokens=24,
+        temperature=temperature,
+        seed=0,
+    )
+    return float(np.mean([e.outcome for e in batch.episodes]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("settings", nargs="+")
+    parser.add_argument("--out", default=str(ROOT / "runs" / "iterative_grpo"))
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print("| setting | seed | plain, greedy | plain, T=1 | persona, greedy | persona, T=1 |")
+    print("|---|---|---|---|---|---|")
+    for setting in args.settings:
+        for seed in range(args.seeds):
+            warm = Path(args.out) / setting / "persona-iterative-formatcheck" / f"seed{seed}"
+            policy = HFPolicy.from_pretrained(warm / "warm_start")
+            cells = [
+                f"{mean_value(policy, setting, instruction, temperature):.3f}"
+                for instruction in ("", PERSONA)
+                for temperature in (0.0, 1.0)
+            ]
+            print(f"| {setting} | {seed} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
