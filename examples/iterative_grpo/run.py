@@ -235,22 +235,25 @@ def q_table(setting: str, runs: list[Path]) -> list[str]:
     return lines
 
 
+NO_FLOOR = "improve.std_floor=0.0"
 VARIANTS: dict[str, list[str]] = {
-    "iterative grpo": ["improve.reject_malformed=false"],
+    "iterative grpo": ["improve.reject_malformed=false", NO_FLOOR],
     "iterative grpo, mean-only + explore": [
         "improve.reject_malformed=false",
         "improve.use_std=false",
         "deploy.temperatures=[1.0, 1.5]",
+        NO_FLOOR,
     ],
-    "iterative grpo, format check": ["improve.reject_malformed=true"],
+    "iterative grpo, format check": ["improve.reject_malformed=true", NO_FLOOR],
     "iterative grpo, format check + std floor": [
         "improve.reject_malformed=true",
         "improve.std_floor=0.05",
     ],
-    "persona-aware: iterative grpo, format check": ["improve.reject_malformed=true"],
+    "persona-aware: iterative grpo, format check": ["improve.reject_malformed=true", NO_FLOOR],
     "persona-aware: iterative grpo, format check + persona explore": [
         "improve.reject_malformed=true",
         f'deploy.personas=["", "{PERSONA}"]',
+        NO_FLOOR,
     ],
 }
 """Iterative GRPO configurations compared (overrides on top of the recipe): the paper's
