@@ -38,8 +38,8 @@ def with_instruction(messages: Sequence[Message], instruction: str) -> list[Mess
     for message in out:
         if message.get("role") == "system":
             message["content"] = f"{message.get('content') or ''}\n{instruction}".lstrip("\n")
-            return out  # type: ignore[return-value]
-    return [{"role": "system", "content": instruction}, *out]  # type: ignore[list-item]
+            return out
+    return [{"role": "system", "content": instruction}, *out]
 
 
 class PersonaEnv(Env):
