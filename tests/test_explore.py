@@ -125,3 +125,18 @@ def test_persona_styles_add_instructed_demonstrations(tmp_path) -> None:
     )
     with pytest.raises(ValueError, match="negotiation"):
         IterativeGRPO(bad, quiet=True)._warm_start_examples(None)
+
+
+def test_hide_personas_refuses_contexts_built_another_way() -> None:
+    from turnrl.rollout import RolloutBatch
+    from turnrl.rollout.runner import Episode
+    from turnrl.train.explore import hide_personas
+
+    policy = build_tiny_policy(seed=0, hidden=16, layers=1)
+    task = make_tasks("haggle", 1, seed=0)[0]
+    env = PersonaEnv(make_env("haggle"), "Open high.")
+    env.reset(task)
+    episode = Episode(task, "x", env, [])
+    record = {"traj_id": "x", "turn": 0, "prompt_ids": [1, 2, 3]}
+    with pytest.raises(ValueError, match="x turn 0: prompt_ids do not start"):
+        hide_personas(policy, RolloutBatch(records=[record], episodes=[episode]), 1)
