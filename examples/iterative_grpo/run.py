@@ -297,6 +297,55 @@ def warm_start_dir(out: Path, setting: str, method: str, seed: int) -> Path:
     return method_dir(out, setting, source, seed) / "warm_start"
 
 
+FAMILIES = {
+    "from the weak warm start": (
+        "iterative grpo",
+        "iterative grpo, format check",
+        "iterative grpo, format check + std floor",
+        ONLINE,
+    ),
+    "from the persona-aware warm start": (
+        "persona-aware: iterative grpo, format check",
+        "persona-aware: iterative grpo, format check + persona explore",
+        PERSONA_ONLINE,
+    ),
+}
+"""The write-up's figure: one panel per warm start (the other methods are in the reports)."""
+
+
+def plot_methods(setting: str, compare: dict[str, list[Path]]) -> Path:
+    """``docs/img/iterative-<setting>.png``: greedy eval value against deployed
+    conversations, mean ± std over seeds, one panel per warm start."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
+    for ax, (family, methods) in zip(axes, FAMILIES.items(), strict=True):
+        for index, method in enumerate(m for m in methods if m in compare):
+            runs = [[p for p in rows(d) if "eval_return" in p] for d in compare[method]]
+            n = min(len(r) for r in runs)
+            x = np.array([p["step"] for p in runs[0][:n]])
+            y = np.array([[p["eval_return"] for p in r[:n]] for r in runs])
+            color, style = f"C{index}", "--" if "online" in method else "-"
+            label = f"{method.removeprefix('persona-aware: ')} ({len(runs)} seeds)"
+            ax.plot(x, y.mean(0), style, color=color, lw=2, marker="o", label=label)
+            ax.fill_between(x, y.mean(0) - y.std(0), y.mean(0) + y.std(0), color=color, alpha=0.1)
+        ax.set_title(family)
+        ax.set_xlabel("deployed conversations")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)
+    axes[0].set_ylabel("greedy eval value, 64 held-out personas")
+    fig.suptitle(f"{setting}: Iterative GRPO vs online GRPO (mean ± std over seeds)")
+    fig.tight_layout()
+    path = ROOT / "docs" / "img" / f"iterative-{setting}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--settings", nargs="+", default=["split_money", "haggle"])
@@ -385,6 +434,7 @@ def main() -> None:
         )
         runs = [d for ds in iterative_runs.values() for d in ds]
         write_report(runs, out / f"report-{setting}-q.html", title=f"{setting}: Q and improvement")
+        plot_methods(setting, compare)
         summary += [*method_table(setting, compare, seeds), ""]
         for method, method_runs in iterative_runs.items():
             summary += [*q_table(f"{setting}, {method}", method_runs), ""]
