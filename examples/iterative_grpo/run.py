@@ -249,6 +249,11 @@ VARIANTS: dict[str, list[str]] = {
         "improve.reject_malformed=true",
         "improve.std_floor=0.05",
     ],
+    "iterative grpo, format check + std floor, Q from policy": [
+        "improve.reject_malformed=true",
+        "improve.std_floor=0.05",
+        "q.init=policy",
+    ],
     "persona-aware: iterative grpo, format check": ["improve.reject_malformed=true", NO_FLOOR],
     "persona-aware: iterative grpo, format check + persona explore": [
         "improve.reject_malformed=true",
@@ -261,7 +266,8 @@ VARIANTS: dict[str, list[str]] = {
 that does not divide by the within-state std and deploys half the conversations at a
 higher temperature; two guards against Q exploitation (not in the paper): candidates
 that are no well-formed action scored as the worst logged return instead of by Q, alone
-and with the within-state std floored at 0.05 (return units). The ``persona-aware``
+and with the within-state std floored at 0.05 (return units), the latter also with Q
+initialised from the policy's transformer (``q.init=policy``). The ``persona-aware``
 methods start from a warm start that also learned ``strong`` demonstrations under the
 instruction ``PERSONA`` (``warm_start.persona_styles``), with and without deploying half
 the conversations under that persona (``deploy.personas``)."""
@@ -276,6 +282,7 @@ DIRS = {
     "iterative grpo, mean-only + explore": "iterative-mean-only+explore",
     "iterative grpo, format check": "iterative-formatcheck",
     "iterative grpo, format check + std floor": "iterative-formatcheck+stdfloor",
+    "iterative grpo, format check + std floor, Q from policy": "iterative-qpolicy",
     ONLINE: "online",
     "persona-aware: iterative grpo, format check": "persona-iterative-formatcheck",
     "persona-aware: iterative grpo, format check + persona explore": "persona-iterative-explore",
