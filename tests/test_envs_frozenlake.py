@@ -71,6 +71,9 @@ def test_malformed_move_does_not_move(response: str, reason_part: str) -> None:
     assert step.observation is not None
     assert step.observation["content"].startswith("Invalid: ")
     assert step.observation["content"].endswith("PFFF\nFHFH\nFFFH\nHFFG")
+    # the pure check gives the same reason, with no episode
+    assert reason_part in FrozenLakeEnv().check_response(LAKE, response)
+    assert FrozenLakeEnv().check_response(LAKE, "<answer>left</answer>") is None
 
 
 def test_max_turns_truncates() -> None:

@@ -727,3 +727,24 @@ def test_textarena_invalid_moves_and_snapshots() -> None:
     assert env.step("<offer>35</offer>") == compact
     messages = demonstration(ULTIMATUM, style="medium", rounds=3)
     assert [m["role"] for m in messages[:4]] == ["system", "user", "assistant", "user"]
+
+
+@needs_textarena
+@pytest.mark.parametrize(
+    ("response", "problem"),
+    [
+        ("[Offer: $40]", None),
+        ("I think this is fair. [Offer: $5]", None),
+        ("<offer>35</offer>", None),
+        ("[Offer: $150]", "Offer must be between $0 and $100."),
+        ("<accept/>", "Proposer must make an offer using the format [Offer: $X]."),
+        ("no idea", "Proposer must make an offer using the format [Offer: $X]."),
+    ],
+)
+def test_textarena_check_response_agrees_with_the_game(response: str, problem) -> None:
+    from turnrl.envs.negotiation.textarena_adapter import TextArenaUltimatumEnv
+
+    env = TextArenaUltimatumEnv(rounds=3)
+    assert env.check_response(ULTIMATUM, response) == problem  # no episode needed
+    env.reset(ULTIMATUM)
+    assert env.step(response).info["malformed"] is (problem is not None)

@@ -140,3 +140,18 @@ def test_hide_personas_refuses_contexts_built_another_way() -> None:
     record = {"traj_id": "x", "turn": 0, "prompt_ids": [1, 2, 3]}
     with pytest.raises(ValueError, match="x turn 0: prompt_ids do not start"):
         hide_personas(policy, RolloutBatch(records=[record], episodes=[episode]), 1)
+
+
+def test_persona_env_snapshots_keep_both_openings() -> None:
+    tasks = make_tasks("haggle", 2, seed=0)
+    env = PersonaEnv(make_env("haggle"), "Open high.")
+    env.reset(tasks[0])
+    saved = env.snapshot()
+    openings = (env.plain_messages, env.instructed_messages)
+    env.reset(tasks[1])
+    other = env.step("<offer>100</offer>")
+    fresh = PersonaEnv(make_env("haggle"), "Open high.")
+    fresh.restore(saved)  # a branch restored into another PersonaEnv
+    assert (fresh.plain_messages, fresh.instructed_messages) == openings
+    env.restore(saved)
+    assert env.step("<offer>100</offer>") == fresh.step("<offer>100</offer>") != other

@@ -311,7 +311,7 @@ def test_rejected_candidates_get_the_malformed_score() -> None:
     ]
     # Every candidate rejected: equal scores, zero advantages, no KL -> no change.
     stats, after, seen = _improve_with_check(lambda text: "bad")
-    assert len(seen) == 6  # 2 steps x 3 candidates (the probes are not checked)
+    assert len(seen) == 12  # probe before (3), 2 steps x 3 candidates, probe after (3)
     assert stats["improve_malformed"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(start, after, strict=True))
     # Nothing rejected: Q's preference moves the weights.
@@ -344,6 +344,10 @@ def test_killed_run_resumes_to_the_same_numbers(tmp_path: Path) -> None:
     # A crash half-way through writing iteration 2's metrics line: dropped on resume.
     with (killed / "metrics.jsonl").open("a") as handle:
         handle.write('{"step": 2, "conversa')
+    # the global RNG is the checkpoint's after restoring (building models draws from it)
+    saved = torch.load(killed / "checkpoints" / "step-000001.pt", weights_only=True)
+    assert IterativeGRPO(config(killed), quiet=True, resume=True)._restore()
+    assert torch.equal(torch.get_rng_state(), saved["rng"]["torch"])
     resumed = IterativeGRPO(config(killed), quiet=True, resume=True).run()
     assert comparable(resumed) == comparable(straight)
     a = torch.load(straight / "checkpoints" / "step-000003.pt", weights_only=True)
@@ -365,3 +369,38 @@ def test_cli_resume_extends_a_finished_run(tmp_path: Path) -> None:
     assert main([*args, "--resume", *TINY, "iterations=2"]) == 0
     assert [m["step"] for m in rows(tmp_path)] == [0, 1, 2]
     assert [m["conversations"] for m in rows(tmp_path)] == [0, 6, 12]
+
+
+def test_each_rejected_candidate_and_only_it_gets_the_malformed_score(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from turnrl.table import TurnTable
+
+    captured: list[list[dict]] = []
+    original = TurnTable.from_records.__func__  # type: ignore[attr-defined]
+
+    def capture(cls, records, **kwargs):
+        captured.append(list(records))
+        return original(cls, records, **kwargs)
+
+    monkeypatch.setattr(TurnTable, "from_records", classmethod(capture))
+    verdicts: list[tuple[str, bool]] = []
+
+    def every_other(text: str) -> str | None:  # rejects candidates 0, 2, 4, ...
+        verdicts.append((text, len(verdicts) % 2 == 0))
+        return "rejected" if verdicts[-1][1] else None
+
+    stats, _, _ = _improve_with_check(every_other)
+    rows = [r for records in captured for r in records]
+    assert len(rows) == 6 and len(verdicts) == 12  # probes: 3 before, 3 after the steps
+    probe_before, steps, probe_after = verdicts[:3], verdicts[3:9], verdicts[9:]
+    policy = build_tiny_policy(seed=0, hidden=16, layers=1)
+    for row, (text, rejected) in zip(rows, steps, strict=True):
+        ids = row["response_ids"]
+        body = ids[:-1] if ids and ids[-1] == policy.eos_token_id else ids
+        assert policy.decode(body) == text  # the check saw this row's response
+        assert row["q"] == (-1.0 if rejected else float(sum(ids)))
+    assert stats["improve_malformed"] == 0.5  # steps: 1 of 3, then 2 of 3
+    assert stats["improve_probe_malformed_before"] == sum(r for _, r in probe_before) / 3 == 2 / 3
+    assert stats["improve_probe_malformed_after"] == sum(r for _, r in probe_after) / 3 == 1 / 3
+    assert stats["improve_score_before"] < stats["improve_q_before"]  # two scored -1 instead

@@ -4,8 +4,8 @@ Recipes ``examples/frozenlake_{independent,patr,rtpo}.toml`` (3x3 maps, tiny
 model), one warm start per seed shared by the three strategies, and the SAME
 budget of environment steps for every run: a run stops at the first step that
 reaches ``--budget`` steps actually taken in environments (copies of shared
-tree prefixes are not steps; the trainer's own ``env_steps`` column counts them,
-so this script logs ``env_steps_physical``). Evaluation (held-out maps, 2
+tree prefixes are not steps; this script logs them as ``env_steps_physical``,
+which the trainer's ``env_steps`` column now equals). Evaluation (held-out maps, 2
 samples at temperature 0.7) runs every ``--eval-every`` environment steps.
 
     python examples/tree/run.py --out runs/tree/lr3e-4            # the recipes (lr 3e-4)

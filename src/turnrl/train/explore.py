@@ -67,10 +67,12 @@ class PersonaEnv(Env):
         return self.inner.step(response)
 
     def snapshot(self) -> Any:
-        return self.inner.snapshot()
+        return (self.inner.snapshot(), self.plain_messages, self.instructed_messages)
 
     def restore(self, snapshot: Any) -> None:
-        self.inner.restore(snapshot)
+        inner, plain, instructed = snapshot
+        self.inner.restore(inner)
+        self.plain_messages, self.instructed_messages = list(plain), list(instructed)
 
     def state_key(self) -> str | None:
         return self.inner.state_key()

@@ -67,7 +67,7 @@ from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, run_episodes
 from turnrl.table import TurnTable
 from turnrl.train.chatlogs import read_chat_logs, tokenise_conversations
-from turnrl.train.checkpoint import load_latest_checkpoint, save_checkpoint
+from turnrl.train.checkpoint import load_latest_checkpoint, restore_rng_state, save_checkpoint
 from turnrl.train.config import config_to_toml_text
 from turnrl.train.explore import hide_personas, persona_env_factory, with_instruction
 from turnrl.train.iterate_config import DeployConfig, ImproveConfig, IterateConfig
@@ -89,7 +89,7 @@ from turnrl.train.sft import (
     demonstration_examples,
     supervised_warm_start,
 )
-from turnrl.types import Env, Task
+from turnrl.types import Env, Sample, Task
 
 Scorer = Callable[[list[list[int]], list[list[int]]], np.ndarray]
 """Scores candidate responses: ``(contexts, responses) -> Q per row``."""
@@ -276,14 +276,17 @@ def improve_policy(
     step runs inside :func:`forbid_env_calls`, so a scorer or sampler that
     reached for an environment would raise :class:`EnvCallError`.
 
-    Returns means over the steps of the PPO statistics (``improve_*``), plus the
-    mean Q of responses sampled on a fixed probe set of logged states (up to
-    ``PROBE_STATES``, ``candidates`` each, same sampling seed) before and after
-    the improvement (``improve_q_before``/``improve_q_after``: the improvement as
-    Q sees it) and the mean within-state std of Q over candidates
-    (``improve_q_spread``: how much Q tells candidates apart; the ``q``
-    estimator divides by it, or by ``cfg.std_floor`` if larger), and the share
-    of candidates ``check`` rejected (``improve_malformed``).
+    Returns means over the steps of the PPO statistics (``improve_*``), plus, on
+    a fixed probe set of logged states (up to ``PROBE_STATES``, ``candidates``
+    responses each, same sampling seed) before and after the improvement: the
+    mean raw Q (``improve_q_before``/``improve_q_after``: the improvement as Q
+    sees it) and, with a ``check``, the mean score the improvement optimises
+    (``improve_score_before``/``_after``, rejected responses at
+    ``malformed_score``) and the share rejected (``improve_probe_malformed_before``
+    /``_after``). Also the mean within-state std of the candidates' scores
+    (``improve_q_spread``: how much they differ; the ``q`` estimator divides by
+    it, or by ``cfg.std_floor`` if larger) and the share of candidates ``check``
+    rejected (``improve_malformed``).
     """
     if not states:
         raise ValueError("no logged states to improve on")
@@ -293,20 +296,42 @@ def improve_policy(
     q_spreads: list[float] = []
     rejected: list[float] = []
     probe = [
-        states[i].prompt_ids
+        states[i]
         for i in rng.choice(len(states), min(PROBE_STATES, len(states)), replace=False)
         for _ in range(cfg.candidates)
     ]
 
-    def probe_q() -> float:
+    def judge(
+        chosen: Sequence[LoggedState], samples: Sequence[Sample]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Raw Q, the scores optimised (rejected -> ``malformed_score``), the rejections."""
+        contexts = [state.prompt_ids for state in chosen]
+        q_values = np.asarray(
+            score(contexts, [list(s.response_ids) for s in samples]), dtype=np.float64
+        )
+        bad = np.zeros(len(samples), dtype=bool)
+        if check is not None:
+            bad = np.array(
+                [check(st, s.text) is not None for st, s in zip(chosen, samples, strict=True)]
+            )
+        return q_values, np.where(bad, malformed_score, q_values), bad
+
+    def probe_scores() -> dict[str, float]:
         policy.model.eval()
         samples = policy.sample(
-            probe, max_new_tokens=max_new_tokens, temperature=cfg.temperature, seed=seed - 1
+            [state.prompt_ids for state in probe],
+            max_new_tokens=max_new_tokens,
+            temperature=cfg.temperature,
+            seed=seed - 1,
         )
-        return float(np.mean(score(probe, [list(s.response_ids) for s in samples])))
+        q_values, scores, bad = judge(probe, samples)
+        out = {"q": float(np.mean(q_values))}
+        if check is not None:
+            out.update(score=float(np.mean(scores)), probe_malformed=float(np.mean(bad)))
+        return out
 
     with forbid_env_calls("Iterative GRPO's improvement step"):
-        q_before = probe_q()
+        before = probe_scores()
         for step in range(cfg.steps):
             picks = rng.choice(len(states), min(cfg.states_per_step, len(states)), replace=False)
             chosen = [states[i] for i in picks for _ in range(cfg.candidates)]
@@ -319,12 +344,8 @@ def improve_policy(
                 seed=seed * 7919 + step,
             )
             responses = [list(s.response_ids) for s in samples]
-            q_values = np.asarray(score(contexts, responses), dtype=np.float64)
+            _, q_values, bad = judge(chosen, samples)
             if check is not None:
-                bad = np.array(
-                    [check(st, s.text) is not None for st, s in zip(chosen, samples, strict=True)]
-                )
-                q_values = np.where(bad, malformed_score, q_values)
                 rejected.append(float(bad.mean()))
             q_spreads.append(float(q_values.reshape(-1, cfg.candidates).std(axis=1).mean()))
             records = [
@@ -355,10 +376,11 @@ def improve_policy(
                     seed=seed * 100_003 + step,
                 )
             )
-        q_after = probe_q()
+        after = probe_scores()
     out = {f"improve_{k}": float(np.mean([s[k] for s in stats])) for k in stats[0]}
-    out["improve_q_before"] = q_before
-    out["improve_q_after"] = q_after
+    for name in before:
+        out[f"improve_{name}_before"] = before[name]
+        out[f"improve_{name}_after"] = after[name]
     out["improve_q_spread"] = float(np.mean(q_spreads))
     out["improve_states"] = float(len(states))
     if rejected:
@@ -408,6 +430,8 @@ class IterativeGRPO:
                     f"deploy.tasks_per_iteration={config.deploy.tasks_per_iteration} exceeds "
                     f"env.n_train_tasks={len(self.train_tasks)}"
                 )
+        if config.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {config.keep_checkpoints}")
         if config.threads > 0:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
@@ -599,8 +623,9 @@ class IterativeGRPO:
         optimizer = self._optimizer()
         reference = self.policy.clone_frozen() if cfg.kl_coef > 0 else None
         malformed_score = cfg.malformed_score
-        if malformed_score is None:
-            malformed_score = float(np.min(mc_returns(records, self.config.q.gamma)))
+        if malformed_score is None:  # the worst logged return-to-go (0 without logs)
+            returns = mc_returns(records, self.config.q.gamma) if records else np.zeros(1)
+            malformed_score = float(np.min(returns))
         return improve_policy(
             self.policy,
             optimizer,
@@ -679,7 +704,7 @@ class IterativeGRPO:
 
     def _restore(self) -> bool:
         """Load the last checkpoint, if any; drop metrics rows of unfinished iterations."""
-        checkpoint = load_latest_checkpoint(self.run_dir, restore_rng=True)
+        checkpoint = load_latest_checkpoint(self.run_dir)
         if checkpoint is None:
             return False
         self.policy = HFPolicy.from_pretrained(self.run_dir / "warm_start")
@@ -693,6 +718,8 @@ class IterativeGRPO:
         metrics_path = self.run_dir / "metrics.jsonl"
         kept = [m for m in read_jsonl_tolerant(metrics_path) if m["step"] <= self.iteration]
         atomic_write_text(metrics_path, "".join(json.dumps(m) + "\n" for m in kept))
+        # Last: building the models above draws from the global generators.
+        restore_rng_state(checkpoint["rng"])
         self._log(f"resumed after iteration {self.iteration}")
         return True
 

@@ -114,8 +114,8 @@ class ImproveConfig:
     instead of by Q (not in the paper: Q has no data on malformed near-copies of good
     moves and the policy learns to exploit that). Needs an environment."""
     malformed_score: float | None = None
-    """Score of a rejected candidate; none: the lowest Monte Carlo return logged in
-    the iteration."""
+    """Score of a rejected candidate; none: the lowest Monte Carlo return-to-go of any
+    turn logged in the iteration (the worst outcome seen)."""
     lr: float = 3e-4
     """Learning rate of the policy optimiser (one optimiser for the whole run)."""
     epochs: int = 2

@@ -41,7 +41,7 @@ from turnrl.rollout import RolloutBatch, StrategyContext, get_strategy, run_epis
 from turnrl.rollout.strategies import RolloutPool
 from turnrl.rollout.tree import physical_env_steps
 from turnrl.table import TurnTable
-from turnrl.train.checkpoint import load_latest_checkpoint, save_checkpoint
+from turnrl.train.checkpoint import load_latest_checkpoint, restore_rng_state, save_checkpoint
 from turnrl.train.config import PolicyConfig, RunConfig, TrainConfig, config_to_toml_text
 from turnrl.train.info_gain import add_information_gain
 from turnrl.train.loss import aggregation_weights, ppo_clip_loss
@@ -337,6 +337,7 @@ class OnlineTrainer:
             atomic_write_text(
                 self.run_dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in kept)
             )
+            restore_rng_state(checkpoint["rng"])  # after building models, which draw from it
         if self.pool is not None:
             self.pool.push_weights(self.policy.state_dict(), self.policy_version)
 

@@ -35,7 +35,6 @@ from typing import Any
 
 from turnrl.envs.negotiation.actions import Offer, parse_action
 from turnrl.envs.negotiation.ultimatum import POT, Responder, UltimatumEnv, judge
-from turnrl.envs.tools import Malformed
 from turnrl.types import Env, Message, StepResult, Task
 
 INSTALL_HINT = "textarena is not installed; pip install 'textarena==0.7.4' (or turnrl[textarena])"
@@ -65,6 +64,13 @@ class _Snapshot:
     done: bool
 
 
+def _as_textarena(response: str) -> str:
+    """The move sent to textarena: a turnrl ``<offer>X</offer>`` becomes ``[Offer: $X]``;
+    anything else goes as written (textarena parses ``[Offer: $X]`` itself)."""
+    parsed = parse_action(response, UltimatumEnv.FORMAT)
+    return f"[Offer: ${round(parsed['share'])}]" if isinstance(parsed, Offer) else response
+
+
 class TextArenaUltimatumEnv(Env):
     """textarena's IteratedUltimatumGame, agent as proposer, scripted responder."""
 
@@ -89,15 +95,20 @@ class TextArenaUltimatumEnv(Env):
         ]
 
     def check_response(self, task: Task, response: str) -> str | None:
-        parsed = parse_action(response, UltimatumEnv.FORMAT)
-        return parsed.reason if isinstance(parsed, Malformed) else None
+        """What textarena would refuse, checked with its own offer pattern: the
+        proposer must make an offer (``[Offer: $X]`` or ``<offer>X</offer>``) with
+        ``0 <= X <= pool``."""
+        match = _game_class()(pool=self.pool).offer_pattern.search(_as_textarena(response))
+        if match is None:
+            return "Proposer must make an offer using the format [Offer: $X]."
+        if not 0 <= int(match.group(1)) <= self.pool:
+            return f"Offer must be between $0 and ${self.pool}."
+        return None
 
     def step(self, response: str) -> StepResult:
         state = self._require_state()
         game, responder = state.game, state.responder
-        parsed = parse_action(response, UltimatumEnv.FORMAT)
-        action = f"[Offer: ${round(parsed['share'])}]" if isinstance(parsed, Offer) else response
-        done, _ = game.step(action)
+        done, _ = game.step(_as_textarena(response))
         accepted = None
         if not done and game.state.current_player_id == 1:  # a valid offer: the responder
             game.get_observation()  # drain the responder's view
