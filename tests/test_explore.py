@@ -155,3 +155,21 @@ def test_persona_env_snapshots_keep_both_openings() -> None:
     assert (fresh.plain_messages, fresh.instructed_messages) == openings
     env.restore(saved)
     assert env.step("<offer>100</offer>") == fresh.step("<offer>100</offer>") != other
+
+
+def test_bad_exploration_settings_are_refused_up_front(tmp_path) -> None:
+    from turnrl.train.config import load_config
+    from turnrl.train.iterate import IterativeGRPO
+    from turnrl.train.iterate_config import IterateConfig
+
+    base = ["env.n_train_tasks=16", f"run_dir={tmp_path / 'run'}"]
+    bad_style = load_config(
+        IterateConfig, None, [*base, 'warm_start.persona_styles={ "Be hard." = "fierce" }']
+    )
+    with pytest.raises(ValueError, match=r"warm_start.persona_styles\['Be hard.'\]: unknown style"):
+        IterativeGRPO(bad_style, quiet=True)
+    with pytest.raises(ValueError, match=r"deploy\.personas"):
+        IterativeGRPO(load_config(IterateConfig, None, [*base, "deploy.personas=[]"]), quiet=True)
+    with pytest.raises(ValueError, match=r"improve\.std_floor must be >= 0"):
+        IterativeGRPO(load_config(IterateConfig, None, [*base, "improve.std_floor=-1"]), quiet=True)
+    assert not (tmp_path / "run").exists()  # nothing written

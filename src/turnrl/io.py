@@ -157,3 +157,13 @@ def read_jsonl_tolerant(path: str | os.PathLike[str]) -> list[Any]:
                 break
             raise ValueError(f"{source}:{index + 1}: corrupt JSON line ({err})") from err
     return records
+
+
+def truncate_jsonl_steps(path: str | os.PathLike[str], last_step: int) -> None:
+    """Keep only the rows of a metrics log with ``step <= last_step``, atomically.
+
+    Resuming from the checkpoint of ``last_step`` drops rows of unfinished steps
+    (and a crash-truncated last line, see :func:`read_jsonl_tolerant`).
+    """
+    kept = [row for row in read_jsonl_tolerant(path) if row["step"] <= last_step]
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in kept))

@@ -48,7 +48,6 @@ uninterrupted one would.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -60,8 +59,7 @@ import torch
 
 from turnrl.credit import compute_credit
 from turnrl.envs import demonstration, make_env, make_tasks
-from turnrl.envs.negotiation.base import check_style
-from turnrl.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl_tolerant
+from turnrl.io import append_jsonl, atomic_write_json, atomic_write_text, truncate_jsonl_steps
 from turnrl.policy import HFPolicy
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, run_episodes
@@ -391,6 +389,34 @@ def improve_policy(
 # --------------------------------------------------------------------------- the loop
 
 
+def check_settings(config: IterateConfig) -> None:
+    """Refuse settings that cannot work, before anything is trained.
+
+    Errors name the config field: an empty ``deploy.personas``,
+    ``warm_start.persona_styles`` outside a negotiation setting or with an
+    unknown demonstration style, a negative ``improve.std_floor`` and
+    ``keep_checkpoints`` below 1.
+    """
+    if not config.improve.std_floor >= 0:
+        raise ValueError(f"improve.std_floor must be >= 0, got {config.improve.std_floor}")
+    if config.keep_checkpoints < 1:
+        raise ValueError(f"keep_checkpoints must be >= 1, got {config.keep_checkpoints}")
+    from turnrl.envs.negotiation import SETTINGS, STYLES
+
+    deployment_arms(config.deploy)
+    styles = config.warm_start.persona_styles
+    if styles and config.env.name not in SETTINGS:
+        raise ValueError(
+            f"warm_start.persona_styles needs a negotiation setting, not {config.env.name!r}"
+        )
+    for instruction, style in styles.items():
+        if style not in STYLES:
+            raise ValueError(
+                f"warm_start.persona_styles[{instruction!r}]: unknown style {style!r}; "
+                f"known: {', '.join(STYLES)}"
+            )
+
+
 class IterativeGRPO:
     """Runs one ``turnrl iterate`` job described by an ``IterateConfig``.
 
@@ -430,8 +456,7 @@ class IterativeGRPO:
                     f"deploy.tasks_per_iteration={config.deploy.tasks_per_iteration} exceeds "
                     f"env.n_train_tasks={len(self.train_tasks)}"
                 )
-        if config.keep_checkpoints < 1:
-            raise ValueError(f"keep_checkpoints must be >= 1, got {config.keep_checkpoints}")
+        check_settings(config)
         if config.threads > 0:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
@@ -476,15 +501,10 @@ class IterativeGRPO:
 
     def _persona_examples(self) -> list[TurnExample]:
         """Demonstrations of ``warm_start.persona_styles``, instruction in the system message."""
-        from turnrl.envs.negotiation import SETTINGS
-
-        styles = self.config.warm_start.persona_styles
         name = self.config.env.name
-        if styles and name not in SETTINGS:
-            raise ValueError(f"warm_start.persona_styles needs a negotiation setting, not {name!r}")
         examples: list[TurnExample] = []
-        for instruction, style in styles.items():
-            kwargs = {**self.config.env.env_kwargs, "style": check_style(style)}
+        for instruction, style in self.config.warm_start.persona_styles.items():
+            kwargs = {**self.config.env.env_kwargs, "style": style}
             for task in self.train_tasks:
                 messages = demonstration(name, task, **kwargs)
                 examples += conversation_examples(
@@ -590,10 +610,11 @@ class IterativeGRPO:
                 states=[e.state for e in examples],
             )
             metrics.update({f"qprev_{k}": float(v) for k, v in drift.items() if k != "reliability"})
+        seed = self.config.seed * 1009 + iteration
         if cfg.refit or self.q_model is None:
             self.q_model = build_q_model(
                 init=cfg.init,
-                seed=self.config.seed * 1009 + iteration,
+                seed=seed,
                 hidden=cfg.hidden,
                 layers=cfg.layers,
                 policy=self.policy,
@@ -607,7 +628,7 @@ class IterativeGRPO:
             batch_size=cfg.batch_size,
             holdout_fraction=cfg.holdout_fraction,
             calibration_bins=cfg.calibration_bins,
-            seed=self.config.seed * 1009 + iteration,
+            seed=seed,
             pad_id=self.policy.pad_token_id,
         )
         self.previous_q = fit.q
@@ -715,9 +736,7 @@ class IterativeGRPO:
         self.iteration = int(checkpoint["step"])
         self.previous_q = QFunction.load(self.run_dir / f"iter-{self.iteration:03d}" / "q")
         self.q_model = self.previous_q.model
-        metrics_path = self.run_dir / "metrics.jsonl"
-        kept = [m for m in read_jsonl_tolerant(metrics_path) if m["step"] <= self.iteration]
-        atomic_write_text(metrics_path, "".join(json.dumps(m) + "\n" for m in kept))
+        truncate_jsonl_steps(self.run_dir / "metrics.jsonl", self.iteration)
         # Last: building the models above draws from the global generators.
         restore_rng_state(checkpoint["rng"])
         self._log(f"resumed after iteration {self.iteration}")

@@ -21,7 +21,6 @@ resumed run produces the same numbers as an uninterrupted one.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ import torch
 
 from turnrl.credit import compute_credit
 from turnrl.envs import make_env, make_tasks
-from turnrl.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl_tolerant
+from turnrl.io import append_jsonl, atomic_write_json, atomic_write_text, truncate_jsonl_steps
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.policy.lora import is_adapter_model, lora_policy
 from turnrl.policy.pretrained import resolve_model_path
@@ -329,14 +328,7 @@ class OnlineTrainer:
             self.env_steps = int(checkpoint["extra"]["env_steps"])
             self.tokens = int(checkpoint["extra"]["tokens"])
             self.policy_version = int(checkpoint["extra"].get("policy_version", self.step))
-            kept = [
-                m
-                for m in read_jsonl_tolerant(self.run_dir / "metrics.jsonl")
-                if m["step"] <= self.step
-            ]
-            atomic_write_text(
-                self.run_dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in kept)
-            )
+            truncate_jsonl_steps(self.run_dir / "metrics.jsonl", self.step)
             restore_rng_state(checkpoint["rng"])  # after building models, which draw from it
         if self.pool is not None:
             self.pool.push_weights(self.policy.state_dict(), self.policy_version)
