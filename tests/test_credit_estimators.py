@@ -72,6 +72,39 @@ def sample_std(values: list[float]) -> float:
 
 
 # --------------------------------------------------------------------------
+# A lone-row task next to a normal one: turnrl gives the lone row 0, verl its raw score.
+LONE = [
+    rec("solo", "s", 0, 0.7),  # a task with a single row (e.g. one rollout, one turn)
+    rec("q", "a", 0),
+    rec("q", "a", 1, 1.0),
+    rec("q", "c", 0, -0.25),
+]
+
+
+@pytest.mark.parametrize("use_std", [True, False])
+def test_grpo_mixed_lone_rule(use_std):
+    # task q: rows scored [1, 1, -0.25]: mean 0.5833, deviations +5/12, +5/12, -5/6;
+    # var = (2 * 25/144 + 100/144) / 2 = 150/288, std 0.7217.
+    dev = {("a", 0): 5 / 12, ("a", 1): 5 / 12, ("c", 0): -5 / 6}
+    std = math.sqrt(150 / 288)
+    q_part = {k: v / (std + EPS) if use_std else v for k, v in dev.items()}
+    zero = credit_by_key(LONE, "grpo_mixed", use_std=use_std)
+    assert_matches(zero, {("s", 0): 0.0, **q_part})
+    assert_matches(credit_by_key(LONE, "grpo_mixed", use_std=use_std, lone="zero"), zero)
+    # verl: mean 0 and std 1 for a group of one -> (0.7 - 0) / (1 + 1e-6), or 0.7 - 0.
+    raw = credit_by_key(LONE, "grpo_mixed", use_std=use_std, lone="raw")
+    assert_matches(raw, {("s", 0): 0.7 / (1 + EPS) if use_std else 0.7, **q_part})
+    rows = reference.rows_from_table(TurnTable.from_records(LONE))
+    want = [raw[r["traj_id"], r["turn"]] for r in rows]
+    assert reference.grpo_mixed(rows, use_std=use_std, lone="raw") == pytest.approx(want, rel=1e-12)
+
+
+def test_grpo_mixed_lone_rule_rejects_unknown_values():
+    with pytest.raises(ValueError, match="lone must be one of zero, raw; got 'one'"):
+        credit_by_key(LONE, "grpo_mixed", lone="one")
+
+
+# --------------------------------------------------------------------------
 # Agent Lightning #489: 4 rollouts of one question. a, b: tool call then answer
 # (2 turns, reward 1 at the end); c, d: direct answer (1 turn, reward 0).
 AL489 = [

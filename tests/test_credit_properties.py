@@ -66,7 +66,9 @@ def logs(
 
 
 options = {
-    "grpo_mixed": st.fixed_dictionaries({"use_std": st.booleans()}),
+    "grpo_mixed": st.fixed_dictionaries(
+        {"use_std": st.booleans(), "lone": st.sampled_from(["zero", "raw"])}
+    ),
     "grpo": st.fixed_dictionaries({"use_std": st.booleans()}),
     "dr_grpo": st.just({}),
     "rloo": st.just({}),
@@ -210,7 +212,10 @@ def test_singleton_groups_give_zero(records, data):
     for name in ESTIMATORS:
         if name == "igpo":  # normalises over rows of the task, not over trajectories
             continue
-        credit = compute_credit(table, name, **data.draw(options[name], label=name))
+        params = data.draw(options[name], label=name)
+        if name == "grpo_mixed":
+            params["lone"] = "zero"  # "raw" (verl's rule) keeps a lone row's score
+        credit = compute_credit(table, name, **params)
         assert np.all(credit.advantages == 0.0), name
         if credit.clip_factor is not None:
             assert np.all(credit.clip_factor == 1.0)
@@ -231,6 +236,8 @@ def test_constant_score_groups_give_exactly_zero(records, data):
         params = data.draw(options[name], label=name)
         if "gamma" in params:
             params["gamma"] = 1.0
+        if name == "grpo_mixed":
+            params["lone"] = "zero"  # "raw" (verl's rule) keeps a lone row's score
         adv = compute_advantages(table, name, **params)
         assert np.all(adv == 0.0), (name, adv)
 
@@ -243,6 +250,23 @@ def test_grpo_mixed_equals_grpo_when_every_trajectory_has_one_turn(records):
     np.testing.assert_allclose(
         compute_advantages(table, "grpo_mixed"), compute_advantages(table, "grpo"), atol=1e-12
     )
+
+
+@SETTINGS
+@given(records=logs(), use_std=st.booleans())
+def test_grpo_mixed_raw_lone_rule_changes_only_one_row_tasks(records, use_std):
+    table = TurnTable.from_records(records)
+    zero = compute_advantages(table, "grpo_mixed", use_std=use_std)
+    raw = compute_advantages(table, "grpo_mixed", use_std=use_std, lone="raw")
+    rows_of_task = np.bincount(table.task_code)[table.task_code]
+    alone = rows_of_task == 1
+    np.testing.assert_array_equal(raw[~alone], zero[~alone])
+    outcome = {}
+    for r in records:
+        outcome[r["traj_id"]] = outcome.get(r["traj_id"], 0.0) + r["reward"]
+    score = np.array([outcome[r["traj_id"]] for r in records])
+    scale = 1 / (1 + 1e-6) if use_std else 1.0
+    np.testing.assert_allclose(raw[alone], score[alone] * scale, rtol=1e-12, atol=0)
 
 
 def test_large_values_stay_finite():

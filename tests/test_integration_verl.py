@@ -407,3 +407,26 @@ def test_per_segment_state_keys_through_the_hook() -> None:
         m = cols["response_mask"][row].tolist()
         got += [adv[row, t].item() for t in range(len(m)) if m[t] and (t == 0 or not m[t - 1])]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("use_std", [True, False])
+def test_grpo_mixed_lone_raw_is_verls_grpo_with_a_lone_uid(use_std: bool) -> None:
+    """verl gives a uid with one sample mean 0 and std 1 (its raw score); lone='raw' does too."""
+    recs = [*records(), {"task_id": "q3", "traj_id": "f", "turn": 0, "reward": 0.75}]
+    outcome: dict[str, float] = {}
+    for r in recs:
+        outcome[r["traj_id"]] = outcome.get(r["traj_id"], 0.0) + r["reward"]
+    rewards = torch.zeros(len(recs), 3)
+    rewards[:, 1] = torch.tensor([outcome[r["traj_id"]] for r in recs])
+    theirs, _ = core_algos.compute_grpo_outcome_advantage(
+        token_level_rewards=rewards,
+        response_mask=torch.ones(len(recs), 3),
+        index=np.array([r["task_id"] for r in recs], dtype=object),
+        norm_adv_by_std_in_grpo=use_std,
+    )
+    table = TurnTable.from_records(recs)
+    ours = compute_advantages(table, "grpo_mixed", use_std=use_std, lone="raw")
+    np.testing.assert_allclose(theirs[:, 0].numpy(), ours, rtol=1e-6, atol=1e-6)
+    assert ours[-1] == pytest.approx(0.75 / (1 + 1e-6) if use_std else 0.75, rel=1e-12)
+    zero = compute_advantages(table, "grpo_mixed", use_std=use_std)
+    assert zero[-1] == 0.0 and theirs[-1, 0].item() != 0.0

@@ -134,3 +134,57 @@ def test_turn_positions_where_all_siblings_tie_are_not_updated() -> None:
     assert [r["turn"] for r in learn.trained(0)] == [0, 0]
     tied = [r for r in exp.batch.records if ".k1." in r["traj_id"] and r["turn"] == 1]
     assert len(tied) == 2 and all(r["advantage"] == 0.0 for r in tied)
+
+
+def test_refresh_is_counted_only_after_a_position_that_was_updated() -> None:
+    # trunk: tool call, tool call, answer (3 turns). k=2: siblings differ (update, cache
+    # cleared); k=1: siblings tie (skipped, cache still valid); k=0: siblings differ.
+    def script(ctx, call, row):
+        if call in (0, 1):
+            return "<call>2+3</call>"
+        if call in (2, 4):
+            return "<answer>5</answer>"  # trunk's answer; k=1 siblings both right
+        return ["<answer>5</answer>", "<answer>4</answer>"][row]
+
+    learn = SpyLearn("node")
+    ctx = context(ScriptedPolicy(script), CalculatorEnv, learn)
+    exp = get_strategy("rtpo")(ctx, [CALC], 3)
+    assert exp.extra["updates"] == 2 and exp.extra["updates_skipped"] == 1
+    trunk = {r["turn"]: r for r in exp.batch.records if r["traj_id"] == "s1-calc#0"}
+    assert sorted(trunk) == [0, 1, 2]
+    # only the turn-1 context is re-encoded (after k=2's update); turn 0's is its prefix
+    assert exp.extra["tokens_refresh"] == len(trunk[1]["prompt_ids"])
+
+
+def test_after_a_skipped_position_the_trunk_context_is_not_encoded_again(monkeypatch) -> None:
+    from turnrl.rollout import rtpo as rtpo_module
+
+    signal = iter([True, False, True])  # k=2 updated, k=1 tied (skipped), k=0 updated
+    monkeypatch.setattr(rtpo_module, "has_signal", lambda rows: next(signal))
+    policy = build_tiny_policy(seed=3)
+    computed: list[tuple[list[list[int]], int]] = []
+    sample = policy.sample
+
+    def spy_sample(contexts, *, prefix_cache=None, **kwargs):
+        before = policy.tokens_computed
+        out = sample(contexts, prefix_cache=prefix_cache, **kwargs)
+        computed.append(([list(c) for c in contexts], policy.tokens_computed - before))
+        return out
+
+    policy.sample = spy_sample  # type: ignore[method-assign]
+    learn = SpyLearn("node")
+    ctx = context(policy, lambda: FrozenLakeEnv(max_turns=3), learn, max_new_tokens=8)
+    exp = get_strategy("rtpo")(ctx, [LAKE], 3)
+    assert exp.extra["updates"] == 2 and exp.extra["updates_skipped"] == 1
+    trunk = {r["turn"]: r for r in exp.batch.records if r["traj_id"] == "s1-lake#0"}
+    assert sorted(trunk) == [0, 1, 2]
+    k1, k0 = (
+        next(i for i, (c, _) in enumerate(computed) if c == [trunk[k]["prompt_ids"]] * 2)
+        for k in (1, 0)
+    )
+    # k=1 comes right after an update: its trunk context is encoded again ...
+    assert computed[k1][1] >= len(trunk[1]["prompt_ids"])
+    # ... and k=0, after the skipped k=1, finds its context (a prefix of turn 1's) cached:
+    # only the two siblings' sampled tokens are computed, at most 8 each.
+    assert computed[k0][1] <= 2 * 8
+    assert exp.extra["tokens_refresh"] == len(trunk[1]["prompt_ids"])

@@ -270,7 +270,9 @@ def headline(report: AuditReport) -> list[str]:
             lines.append(
                 f"Length weighting: inside a task group a long trajectory counts up to "
                 f"{task.length_weight_max:.1f}x as often as a short one "
-                f"(mean {task.length_weight_mean:.2f}x) in the mean, the std and the loss."
+                f"(mean {task.length_weight_mean:.2f}x) in grpo_mixed's group mean and std, and in "
+                f"the loss under token-mean or seq-mean-token-mean aggregation (rollout-mean "
+                f"weighs every trajectory once)."
             )
     elif task.n_groups_multi:
         lines.append("Task groups do not mix decision points in this log.")

@@ -156,10 +156,18 @@ def _normalised_ig(rows: Sequence[Row]) -> list[float]:
 
 
 # --------------------------------------------------------------- estimators
-def grpo_mixed(rows: Sequence[Row], *, use_std: bool = True) -> list[float]:
+def grpo_mixed(rows: Sequence[Row], *, use_std: bool = True, lone: str = "zero") -> list[float]:
     outcome = _outcomes(rows)
     scores = [outcome[row["traj_id"]] for row in rows]
-    return _normalise_by_key([row["task_id"] for row in rows], scores, use_std)
+    out = _normalise_by_key([row["task_id"] for row in rows], scores, use_std)
+    if lone == "raw":  # verl: a task with one row has mean 0 and std 1
+        rows_of_task: dict[Hashable, int] = defaultdict(int)
+        for row in rows:
+            rows_of_task[row["task_id"]] += 1
+        for i, row in enumerate(rows):
+            if rows_of_task[row["task_id"]] == 1:
+                out[i] = scores[i] / (1.0 + EPS) if use_std else scores[i]
+    return out
 
 
 def grpo(rows: Sequence[Row], *, use_std: bool = True) -> list[float]:

@@ -38,8 +38,10 @@ Departures from the paper:
   context, but after each update the cache is cleared (states computed with
   older parameters are invalid), so each ``k`` re-encodes the trunk prefix
   once. This is the method's real cost, reported in ``tokens_computed``;
-  ``tokens_refresh`` counts those re-encoded trunk contexts, so ``tokens_unique +
-  tokens_refresh`` is the least any implementation could compute.
+  ``tokens_refresh`` counts those re-encoded trunk contexts (only after a
+  position that was updated on: a skipped, tied position leaves the cache valid,
+  and re-encoding the turn-k context restores its shorter prefixes too), so
+  ``tokens_unique + tokens_refresh`` is the least any implementation could compute.
 """
 
 from __future__ import annotations
@@ -178,9 +180,13 @@ def rtpo(
     stats = []
     refresh = 0  # trunk contexts re-encoded because an update made cached states stale
     skipped = 0
+    stale = False  # the cache was cleared since the trunk contexts were last encoded
     for k in reversed(range(max((len(t.before) for t in trunks), default=0))):
-        if stats:
+        if stale:
+            # Encoding the turn-k contexts again also restores every shorter prefix, so
+            # after a skipped (tied) position the next one finds its trunk context cached.
             refresh += sum(len(t.before[k].context) for t in trunks if len(t.before) > k)
+            stale = False
         rows, sibling_episodes, batch = siblings_at(
             ctx, trunks, k, n_siblings, policy, seeds.next(), max_turns
         )
@@ -193,8 +199,9 @@ def rtpo(
                 r["advantage"] = 0.0
             continue
         learned = learn_on(ctx, rows)
-        policy.clear()  # the parameters changed: cached states are stale
         if learned is not None:
+            policy.clear()  # the parameters changed: cached states are stale
+            stale = True
             stats.append(learned)
     return tree_experience(
         records,
