@@ -12,6 +12,7 @@ from turnrl.envs.calculator import (
     calculator_tasks,
     demonstration,
     is_correct,
+    make_chain_task,
     make_task,
     parse_number,
 )
@@ -210,3 +211,77 @@ def test_import_is_light() -> None:
     code = "import sys, turnrl.envs; print('torch' in sys.modules, 'gymnasium' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_step_truncated_parses_by_default_and_ends_the_episode_with_zero_reward() -> None:
+    env = CalculatorEnv(turn_cost=0.1)
+    env.reset(EASY)
+    parsed = env.step_truncated("<call>3+4")  # default "parse": a malformed retry turn
+    assert parsed.info["malformed"] is True and not parsed.done
+    assert parsed.reward == pytest.approx(-0.1)
+    env = CalculatorEnv(turn_cost=0.1, truncation="zero_reward")
+    env.reset(EASY)
+    assert not env.step("<call>3+4</call>").done  # complete responses are stepped as usual
+    cut = env.step_truncated("<answer>7</answer")  # even a cut right answer is worth 0
+    assert (cut.observation, cut.done) == (None, True)
+    assert cut.reward == pytest.approx(-0.1)
+    assert cut.info["correct"] is False and cut.info["truncated"] is True
+    assert cut.info["response_truncated"] is True and cut.info["turn"] == 1
+    assert cut.info["state_key"] == env.state_key()
+    with pytest.raises(RuntimeError, match="episode is over"):
+        env.step("<answer>7</answer>")
+    with pytest.raises(ValueError, match="truncation must be one of parse, zero_reward"):
+        CalculatorEnv(truncation="drop")
+
+
+def test_chain_task_and_its_step_by_step_demonstration() -> None:
+    task = make_chain_task(7, [("+", 2), ("-", 4)], tags=("medium",))
+    assert task.task_id == "calc-7+2-4"
+    assert task.payload == {
+        "question": "Compute 7+2-4.",
+        "expression": "7+2-4",
+        "answer": "5",
+        "tool_steps": ["7+2", "9-4"],
+    }
+    messages = demonstration(task, use_tool=True, max_turns=6)
+    assert [m["content"] for m in messages[2:]] == [
+        "<call>7+2</call>",
+        "9",
+        "<call>9-4</call>",
+        "5",
+        "<answer>5</answer>",
+    ]
+    assert [m["content"] for m in demonstration(task, use_tool=False)[2:]] == ["<answer>5</answer>"]
+    with pytest.raises(ValueError, match="chain operators"):
+        make_chain_task(2, [("*", 3)])
+
+
+def test_medium_tasks_are_additive_and_stay_single_digit() -> None:
+    # the default mix (no medium tasks) is exactly what it was
+    assert calculator_tasks(40, seed=7, hard_fraction=0.25, medium_fraction=0.0) == (
+        calculator_tasks(40, seed=7, hard_fraction=0.25)
+    )
+    tasks = calculator_tasks(200, seed=1, hard_fraction=0.2, medium_fraction=0.5)
+    assert tasks == calculator_tasks(200, seed=1, hard_fraction=0.2, medium_fraction=0.5)
+    kinds = [t.tags[0] for t in tasks]
+    assert (kinds.count("hard"), kinds.count("medium"), kinds.count("easy")) == (40, 100, 60)
+    calls = set()
+    for task in (t for t in tasks if t.tags == ("medium",)):
+        steps = task.payload["tool_steps"]
+        calls.add(len(steps))
+        value = int(steps[0].replace("-", "+").split("+")[0])
+        for step in steps:  # each step starts from the previous result, stays in [0, 9]
+            a, op, b = int(step[0]), step[1], int(step[2:])
+            assert a == value and op in "+-" and 1 <= b <= 9
+            value = a + b if op == "+" else a - b
+            assert 0 <= value <= 9
+        assert task.payload["answer"] == str(value)
+        assert demonstration(task, use_tool=True, max_turns=6)[-1]["content"] == (
+            f"<answer>{value}</answer>"
+        )
+    assert calls == {1, 2, 3}
+    only_two = calculator_tasks(30, seed=2, hard_fraction=0.0, medium_fraction=1.0,
+                                medium_operations=(2, 2))  # fmt: skip
+    assert {len(t.payload["tool_steps"]) for t in only_two} == {2}
+    with pytest.raises(ValueError, match=r"medium_fraction=0\.8"):
+        calculator_tasks(10, seed=0, hard_fraction=0.5, medium_fraction=0.8)

@@ -89,7 +89,7 @@ def test_contexts_grow_by_appending_exact_tokens() -> None:
             == second["prompt_ids"]
         )
         assert second["reward"] == 1.0 and second["done"] and first["tool_call"]
-    assert all(e.correct for e in batch.episodes)
+    assert all(e.correct and e.opened_with_tool for e in batch.episodes)
 
 
 def _conversation(policy, first, second):
@@ -167,3 +167,54 @@ def test_real_tiny_policy_records_match_sampling_logprobs() -> None:
     for i, record in enumerate(batch.records):
         n = len(record["response_ids"])
         assert torch.allclose(logp[i, :n], torch.tensor(record["logprobs"]), atol=1e-5)
+
+
+def test_truncation_zero_reward_ends_the_episode_at_a_cut_response() -> None:
+    def script(context: str):
+        if "t:" not in context:
+            return "<call>" + "1+" * 20, False  # cut at max_new_tokens, no end token
+        return "<answer>0</answer>", True
+
+    tasks = make_tasks("calculator", 2, seed=3)
+    batch = run_episodes(
+        ScriptedPolicy(script),
+        lambda: make_env("calculator", truncation="zero_reward", turn_cost=0.1),
+        tasks,
+        group_size=2,
+        max_new_tokens=20,
+        temperature=1.0,
+        seed=0,
+    )
+    assert [r["turn"] for r in batch.records] == [0, 0, 0, 0]  # no retry turn
+    assert all(r["stop_reason"] == "length" and r["done"] for r in batch.records)
+    assert all(r["reward"] == -0.1 and not r["malformed"] for r in batch.records)
+    assert all(e.correct is False and e.outcome == -0.1 for e in batch.episodes)
+    assert all(e.truncated_responses == 1 and e.turn == 1 for e in batch.episodes)
+    assert all(e.opened_with_tool is False for e in batch.episodes)
+
+
+def test_tool_open_rate_counts_tool_calls_at_turn_zero_only() -> None:
+    from turnrl.train.metrics import episode_metrics
+
+    def script(context: str):  # "a+b": answer at once; "a-b": a malformed turn, then a call
+        if "+" in context.split("Compute ")[1].split(".")[0]:
+            return "<answer>0</answer>", True
+        if "Invalid" not in context:
+            return "<call>", True
+        return "<call>1+1</call>" if "t:" not in context else "<answer>2</answer>", True
+
+    tasks = [t for t in make_tasks("calculator", 40, seed=5) if t.tags == ("easy",)][:6]
+    batch = run_episodes(
+        ScriptedPolicy(script),
+        lambda: make_env("calculator"),
+        tasks,
+        group_size=1,
+        max_new_tokens=30,
+        temperature=1.0,
+        seed=0,
+    )
+    direct = ["+" in t.payload["expression"] for t in tasks]
+    assert 0 < sum(direct) < len(tasks)
+    metrics = episode_metrics(batch.episodes)
+    assert metrics["tool_open_rate"] == 0.0  # every tool call came after turn 0
+    assert metrics["tool_rate"] == (len(tasks) - sum(direct)) / len(tasks)

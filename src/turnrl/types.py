@@ -70,6 +70,16 @@ class Env(ABC):
     def step(self, response: str) -> StepResult:
         """Apply the agent's response text and return what happened."""
 
+    def step_truncated(self, response: str) -> StepResult:
+        """Apply a response that was cut at the token limit (it never ended on its own).
+
+        The runner calls this instead of :meth:`step` when sampling stopped at
+        ``max_new_tokens``. Default: the cut text is applied like any response. An
+        environment may end the episode instead (e.g. the calculator's
+        ``truncation="zero_reward"``, verl's treatment of ``max_response_length``).
+        """
+        return self.step(response)
+
     @abstractmethod
     def snapshot(self) -> Any:
         """Return an opaque, independent copy of the current state."""

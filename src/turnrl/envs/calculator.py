@@ -3,7 +3,11 @@
 Easy tasks (single-digit ``+``/``-``) are answerable directly; hard tasks
 (3-digit ``*``) are hopeless to guess, so the agent should call the calculator.
 A policy that stops calling tools shows up as a drop in accuracy on the "hard"
-tag while "easy" stays flat.
+tag while "easy" stays flat. Medium tasks (``medium_fraction``, none by default)
+sit in between: a chain of 2 to 4 single-digit operands whose running value stays
+in ``[0, 9]`` (``Compute 7+2-4.``), which a small model can often answer
+directly, and whose demonstrated tool path makes one call per operation (1-3
+calls, ``payload["tool_steps"]``), so using the tool is reliable but costs turns.
 
 Episode: ``reset`` gives ``[system, user]``; each response is one action (see
 :mod:`turnrl.envs.tools`). A tool call returns a ``"tool"`` message with the
@@ -11,6 +15,13 @@ result; a malformed response returns a ``"user"`` message saying what was wrong;
 a final answer ends the episode with reward 1 if numerically correct, else 0.
 ``turn_cost`` is subtracted on every turn; after ``max_turns`` turns without an
 answer the episode ends with reward ``-turn_cost`` and ``info["truncated"]``.
+
+A response cut at the token limit (the runner calls :meth:`CalculatorEnv.step_truncated`)
+is parsed like any other by default (``truncation="parse"``: usually malformed, so
+the agent gets another turn). ``truncation="zero_reward"`` ends the episode there
+instead, as a wrong final answer (reward ``-turn_cost``, ``info["correct"]`` False,
+``info["truncated"]`` and ``info["response_truncated"]`` True): what verl does with
+a response cut at ``max_response_length``, whose reward is computed on the cut text.
 
 ``info`` per step: ``tool_call``, ``malformed``, ``error`` (str or None),
 ``answered``, ``correct`` (None before the last turn; on the last turn a bool,
@@ -47,6 +58,9 @@ CALCULATOR = Tool(
     parameter="expression",
 )
 """The calculator tool (safe arithmetic, never ``eval``)."""
+
+TRUNCATION_RULES = ("parse", "zero_reward")
+"""What a response cut at the token limit means (see the module docstring)."""
 
 TAGS_SYSTEM_PROMPT = "Tool: <call>expr</call>. Reply <answer>n</answer>."
 """Kept short on purpose: a ~0.1M-parameter character model reads it every episode."""
@@ -98,6 +112,52 @@ def make_task(a: int, op: str, b: int, *, tags: tuple[str, ...] = (), template: 
     return Task(task_id=task_id, payload=payload, tags=tags)
 
 
+MEDIUM_MAX = 9
+"""Medium chains keep every running value in ``[0, MEDIUM_MAX]`` (single-digit answers)."""
+
+
+def make_chain_task(
+    first: int, steps: Sequence[tuple[str, int]], *, tags: tuple[str, ...] = ()
+) -> Task:
+    """The task ``first op1 b1 op2 b2 ...`` (``+``/``-``), evaluated left to right.
+
+    ``payload["tool_steps"]`` is the step-by-step tool path its demonstration
+    takes: one call per operation, each on the previous result (``7+2``, ``9-4``).
+    """
+    expression = f"{first}" + "".join(f"{op}{b}" for op, b in steps)
+    value, tool_steps = first, []
+    for op, b in steps:
+        if op not in "+-":
+            raise ValueError(f"chain operators are + and -; got {op!r}")
+        tool_steps.append(f"{value}{op}{b}")
+        value = value + b if op == "+" else value - b
+    payload = {
+        "question": f"Compute {expression}.",
+        "expression": expression,
+        "answer": calculate(expression),
+        "tool_steps": tool_steps,
+    }
+    return Task(task_id=f"calc-{expression}", payload=payload, tags=tags)
+
+
+def _medium_task(rng: random.Random, operations: tuple[int, int]) -> Task:
+    """A random chain of ``operations`` (drawn in the closed range) single-digit steps
+    whose running value stays in ``[0, MEDIUM_MAX]``; no step adds or subtracts 0."""
+    value = rng.randint(0, MEDIUM_MAX)
+    first, steps = value, []
+    for _ in range(rng.randint(*operations)):
+        if value == 0:
+            op = "+"
+        elif value == MEDIUM_MAX:
+            op = "-"
+        else:
+            op = rng.choice("+-")
+        b = rng.randint(1, MEDIUM_MAX - value if op == "+" else value)
+        value = value + b if op == "+" else value - b
+        steps.append((op, b))
+    return make_chain_task(first, steps, tags=("medium",))
+
+
 def calculator_tasks(
     n: int,
     seed: int,
@@ -106,28 +166,50 @@ def calculator_tasks(
     word_fraction: float = 0.0,
     easy_max: int = 9,
     hard_digits: int = 3,
+    medium_fraction: float = 0.0,
+    medium_operations: tuple[int, int] | list[int] = (1, 3),
 ) -> list[Task]:
-    """``n`` tasks, deterministic from ``seed``: exactly ``round(n * hard_fraction)`` hard.
+    """``n`` tasks, deterministic from ``seed``: exactly ``round(n * hard_fraction)`` hard
+    and ``round(n * medium_fraction)`` medium, the rest easy.
 
     Easy: ``a + b`` or ``a - b`` (a >= b) with operands in ``[0, easy_max]``.
-    Hard: ``a * b`` with ``hard_digits``-digit operands. A ``word_fraction`` of
-    tasks use a short word-problem template. Problems are distinct while the
-    pools allow (the easy pool is small); after that, repeats are allowed.
+    Hard: ``a * b`` with ``hard_digits``-digit operands. Medium: a chain of
+    ``medium_operations`` (a closed range, default 1 to 3) single-digit ``+``/``-``
+    steps that stays in ``[0, 9]`` (see :func:`make_chain_task`). A
+    ``word_fraction`` of easy and hard tasks use a short word-problem template.
+    Problems are distinct while the pools allow (the easy pool is small); after
+    that, repeats are allowed. With ``medium_fraction = 0`` (the default) the tasks
+    are exactly those drawn before medium tasks existed.
     """
-    if n < 0 or not 0.0 <= hard_fraction <= 1.0 or not 0.0 <= word_fraction <= 1.0:
+    low_ops, high_ops = medium_operations
+    if (
+        n < 0
+        or not 0.0 <= hard_fraction <= 1.0
+        or not 0.0 <= word_fraction <= 1.0
+        or not 0.0 <= medium_fraction <= 1.0 - hard_fraction + 1e-12
+        or not 1 <= low_ops <= high_ops
+    ):
         raise ValueError(
-            f"need n >= 0 and fractions in [0, 1]; got n={n}, "
-            f"hard_fraction={hard_fraction}, word_fraction={word_fraction}"
+            f"need n >= 0, fractions in [0, 1] with hard + medium <= 1 and "
+            f"1 <= medium_operations[0] <= medium_operations[1]; got n={n}, "
+            f"hard_fraction={hard_fraction}, medium_fraction={medium_fraction}, "
+            f"word_fraction={word_fraction}, medium_operations={tuple(medium_operations)}"
         )
     rng = random.Random(seed)
     n_hard = round(n * hard_fraction)
-    kinds = ["hard"] * n_hard + ["easy"] * (n - n_hard)
+    n_medium = min(round(n * medium_fraction), n - n_hard)
+    kinds = ["hard"] * n_hard + ["medium"] * n_medium + ["easy"] * (n - n_hard - n_medium)
     rng.shuffle(kinds)
     low, high = 10 ** (hard_digits - 1), 10**hard_digits - 1
     tasks: list[Task] = []
     seen: set[str] = set()
     for kind in kinds:
         for _attempt in range(50):
+            if kind == "medium":
+                task = _medium_task(rng, (low_ops, high_ops))
+                if task.task_id not in seen:
+                    break
+                continue
             if kind == "hard":
                 a, op, b = rng.randint(low, high), "*", rng.randint(low, high)
             else:
@@ -171,9 +253,15 @@ class CalculatorEnv(ImmutableStateEnv):
         tools: Sequence[Tool] = (CALCULATOR,),
         default_tool: str | None = "calculator",
         system_prompt: str | None = None,
+        truncation: str = "parse",
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if truncation not in TRUNCATION_RULES:
+            raise ValueError(
+                f"truncation must be one of {', '.join(TRUNCATION_RULES)}; got {truncation!r}"
+            )
+        self.truncation = truncation
         self.fmt = fmt
         self.max_turns = max_turns
         self.turn_cost = float(turn_cost)
@@ -235,6 +323,26 @@ class CalculatorEnv(ImmutableStateEnv):
             return StepResult(None, reward, True, info)
         return StepResult(observation, reward, False, info)
 
+    def step_truncated(self, response: str) -> StepResult:
+        """A response cut at the token limit: parsed as usual, or (``truncation =
+        "zero_reward"``) the end of the episode with no success reward."""
+        if self.truncation == "parse":
+            return self.step(response)
+        state = self._require_state()
+        self._state = replace(state, turn=state.turn + 1, done=True)
+        info: dict[str, Any] = {
+            "turn": state.turn,
+            "tool_call": False,
+            "malformed": False,
+            "error": "response cut at the token limit",
+            "answered": False,
+            "correct": False,
+            "truncated": True,
+            "response_truncated": True,
+            "state_key": self.state_key(),
+        }
+        return StepResult(None, 0.0 - self.turn_cost, True, info)
+
     def check_response(self, task: Task, response: str) -> str | None:
         action = self.registry.parse(response, self.fmt)
         return action.reason if isinstance(action, Malformed) else None
@@ -252,22 +360,24 @@ class CalculatorEnv(ImmutableStateEnv):
 def demonstration(task: Task, use_tool: bool = True, **env_kwargs: Any) -> list[Message]:
     """The full conversation of an ideal solution, for supervised warm start.
 
-    With ``use_tool`` the agent calls the calculator once, then answers with its
-    result; without, it answers the correct number directly (even on hard tasks).
-    The observations are produced by stepping a real :class:`CalculatorEnv`, so
-    they are exactly what the environment would return.
+    With ``use_tool`` the agent calls the calculator (once on the whole expression,
+    or once per step of ``payload["tool_steps"]`` for medium chains), then answers
+    with its result; without, it answers the correct number directly (even on hard
+    tasks). The observations are produced by stepping a real :class:`CalculatorEnv`,
+    so they are exactly what the environment would return.
     """
     env = CalculatorEnv(**env_kwargs)
     messages = env.reset(task)
     answer = format_answer(_answer_text(task.payload["answer"]))
     if use_tool:
         name = env.registry.default or env.registry.names[0]
-        call = env.registry.format_call(env.fmt, name, task.payload["expression"])
-        messages.append({"role": "assistant", "content": call})
-        result = env.step(call)
-        if result.observation is None:
-            raise RuntimeError(f"tool call ended the episode early (max_turns={env.max_turns})")
-        messages.append(result.observation)
+        for expression in task.payload.get("tool_steps", [task.payload["expression"]]):
+            call = env.registry.format_call(env.fmt, name, expression)
+            messages.append({"role": "assistant", "content": call})
+            result = env.step(call)
+            if result.observation is None:
+                raise RuntimeError(f"tool call ended the episode early (max_turns={env.max_turns})")
+            messages.append(result.observation)
     messages.append({"role": "assistant", "content": answer})
     final = env.step(answer)
     if not final.info["correct"]:

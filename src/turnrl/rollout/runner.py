@@ -7,10 +7,11 @@ context. Contexts are never re-rendered from text, so a record's
 ``prompt_ids``/``response_ids`` are exactly the tokens sampled, and the trainer
 scores exactly those tokens.
 
-A response cut at ``max_new_tokens`` (``stop_reason == "length"``) is still
-passed to the environment (usually as a malformed action); the end-of-turn token
-is then appended to the context as part of the next observation (it was not
-sampled, so it is not trained on).
+A response cut at ``max_new_tokens`` (``stop_reason == "length"``) is passed to
+the environment's ``step_truncated`` (by default the same as ``step``: usually a
+malformed action; an environment may end the episode instead); if the episode
+goes on, the end-of-turn token is appended to the context as part of the next
+observation (it was not sampled, so it is not trained on).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class Episode:
     tool_calls: int = 0
     malformed: int = 0
     truncated_responses: int = 0
+    opened_with_tool: bool | None = None
+    """Whether the first response (turn 0) was a tool call; None before it."""
     correct: bool | None = None
     end: str = ""
     """Why the episode ended: "env" (the environment said done), "context" (no room left)."""
@@ -210,7 +213,9 @@ def step_episodes(
     records = []
     for episode, sample in zip(live, samples, strict=True):
         state_key = episode.env.state_key()
-        result = episode.env.step(sample.text)
+        truncated = sample.stop_reason == "length"
+        env = episode.env
+        result = env.step_truncated(sample.text) if truncated else env.step(sample.text)
         info = result.info
         record = {
             **episode_records_fields(episode),
@@ -230,8 +235,10 @@ def step_episodes(
         records.append(record)
         episode.outcome += float(result.reward)
         episode.tool_calls += int(record["tool_call"])
+        if episode.turn == 0:
+            episode.opened_with_tool = record["tool_call"]
         episode.malformed += int(record["malformed"])
-        episode.truncated_responses += int(sample.stop_reason == "length")
+        episode.truncated_responses += int(truncated)
         episode.turn += 1
         if result.done:
             episode.done, episode.end = True, "env"

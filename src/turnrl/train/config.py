@@ -109,8 +109,8 @@ class WarmStartConfig:
     batch_size: int = 32
     """Demonstrations per SFT step."""
     tool_fraction: float = 0.5
-    """Share of hard-problem demonstrations that use the tool (the rest answer
-    directly), so RL starts from a policy that sometimes calls the tool."""
+    """Share of hard-problem (and medium-problem) demonstrations that use the tool (the
+    rest answer directly), so RL starts from a policy that sometimes calls the tool."""
     easy_tool_fraction: float = 0.0
     """Share of easy-problem demonstrations that use the tool."""
     init_from: str | None = None

@@ -66,6 +66,9 @@ class PersonaEnv(Env):
     def step(self, response: str) -> StepResult:
         return self.inner.step(response)
 
+    def step_truncated(self, response: str) -> StepResult:
+        return self.inner.step_truncated(response)
+
     def snapshot(self) -> Any:
         return (self.inner.snapshot(), self.plain_messages, self.instructed_messages)
 

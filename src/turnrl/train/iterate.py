@@ -113,12 +113,13 @@ def _env_classes() -> list[type]:
     return seen
 
 
-_ENV_METHODS = ("reset", "step", "snapshot", "restore")
+_ENV_METHODS = ("reset", "step", "step_truncated", "snapshot", "restore")
 
 
 @contextlib.contextmanager
 def forbid_env_calls(reason: str = "the improvement step") -> Iterator[None]:
-    """Make ``reset``/``step``/``snapshot``/``restore`` of every ``Env`` class raise.
+    """Make ``reset``/``step``/``step_truncated``/``snapshot``/``restore`` of every ``Env``
+    class raise.
 
     Patches every class that defines one of those methods (``Env`` and all its
     subclasses known when the guard starts) and restores them on exit, also

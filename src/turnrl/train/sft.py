@@ -8,9 +8,9 @@ the warm start trains on the same token layout that RL will sample from. Each
 assistant turn is one (context, response) row; the loss is the mean negative
 log-likelihood per response token.
 
-The mix is configurable: ``tool_fraction`` of hard-task demonstrations call the
-tool (the rest answer directly, with the correct number), and
-``easy_tool_fraction`` of easy-task demonstrations do. A warm start that calls
+The mix is configurable: ``tool_fraction`` of the demonstrations of hard (and
+medium) tasks call the tool (the rest answer directly, with the correct
+number), and ``easy_tool_fraction`` of easy-task demonstrations do. A warm start that calls
 the tool only sometimes leaves RL something to learn: *when* to call it.
 """
 
@@ -72,7 +72,8 @@ def demonstration_examples(
     for task in tasks:
         kwargs = dict(env_kwargs or {})
         if env_name == "calculator":
-            fraction = tool_fraction if "hard" in task.tags else easy_tool_fraction
+            needs_tool = "hard" in task.tags or "medium" in task.tags
+            fraction = tool_fraction if needs_tool else easy_tool_fraction
             kwargs["use_tool"] = rng.random() < fraction
         examples += conversation_examples(policy, demonstration(env_name, task, **kwargs))
     return examples
