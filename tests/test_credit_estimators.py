@@ -430,6 +430,40 @@ def test_a2tgpo_advantages_and_clip(records):
     assert wide["a1", 0] == pytest.approx(c(K0, 1.0), rel=1e-9)
 
 
+@pytest.mark.parametrize("records", [IGLOG, shuffled(IGLOG, 5)], ids=["ordered", "shuffled"])
+def test_a2tgpo_ablations(records):
+    table = TurnTable.from_records(records)
+    # joint: IG normalised over all of A's IG rows at once: [0.4, 0.2, 0.1, 0.0, -0.2],
+    # mean 0.1, deviations [0.3, 0.1, 0, -0.1, -0.3], std sqrt(0.2 / 4) = 0.2236.
+    s = math.sqrt(0.05) + EPS
+    joint = compute_credit(table, "a2tgpo", ig_norm="joint")
+    expected = {
+        ("a1", 0): AO["a1"] + 0.3 * (0.3 + 0.1) / s / math.sqrt(2),  # 0.5774 + 0.3795
+        ("a1", 1): AO["a1"] + 0.3 * 0.1 / s,
+        ("a1", 2): AO["a1"],
+        ("a2", 0): AO["a2"] + 0.3 * (0.0 - 0.1) / s / math.sqrt(2),
+        ("a2", 1): AO["a2"] - 0.3 * 0.1 / s,
+        ("a2", 2): AO["a2"],
+        ("a3", 0): AO["a3"] - 0.3 * 0.3 / s,
+        ("a3", 1): AO["a3"],
+    }
+    assert_matches(by_key(records, joint.advantages), expected)
+    clip = by_key(records, joint.clip_factor)
+    assert clip["a1", 0] == pytest.approx(1 + 0.3 * math.tanh(0.3 / s / 2), rel=1e-9)
+    assert clip["a3", 0] == pytest.approx(1 - 0.3 * math.tanh(0.3 / s / 2), rel=1e-9)
+    # no variance rescaling: D_t itself (turn groups as in the default).
+    plain = credit_by_key(records, "a2tgpo", rescale=False)
+    assert plain["a1", 0] == pytest.approx(AO["a1"] + 0.3 * (K0 + K1), rel=1e-9)
+    assert plain["a2", 0] == pytest.approx(AO["a2"] - 0.3 * K1, rel=1e-9)
+    assert plain["a1", 1] == pytest.approx(AO["a1"] + 0.3 * K1, rel=1e-9)  # one term: as before
+    # no adaptive clipping: beta 0 gives c = 1 on every row, advantages unchanged.
+    flat = compute_credit(table, "a2tgpo", beta=0.0)
+    assert np.all(flat.clip_factor == 1.0)
+    np.testing.assert_array_equal(flat.advantages, compute_advantages(table, "a2tgpo"))
+    with pytest.raises(ValueError, match="ig_norm"):
+        compute_credit(table, "a2tgpo", ig_norm="task")
+
+
 def test_a2tgpo_discounts_by_turn_distance_across_a_missing_ig():
     # b1 IG [1, -, 3], b2 IG [2, -, 1], no rewards (A^O = 0).
     # (B, 0): [1, 2] -> [-k0, k0], k0 = 0.5 / (sqrt(0.5) + 1e-6) = 0.7071;

@@ -85,7 +85,13 @@ options = {
     "node": st.fixed_dictionaries({"gamma": st.floats(0, 1), "use_std": st.booleans()}),
     "q": st.fixed_dictionaries({"use_std": st.booleans(), "std_floor": st.floats(0, 2)}),
     "a2tgpo": st.fixed_dictionaries(
-        {"alpha": st.floats(0, 1), "gamma": st.floats(0, 1), "beta": st.floats(0, 1)}
+        {
+            "alpha": st.floats(0, 1),
+            "gamma": st.floats(0, 1),
+            "beta": st.floats(0, 1),
+            "ig_norm": st.sampled_from(["turn", "joint"]),
+            "rescale": st.booleans(),
+        }
     ),
     "igpo": st.fixed_dictionaries({"gamma": st.floats(0, 1), "use_std": st.booleans()}),
 }
@@ -132,7 +138,9 @@ def test_agrees_with_reference_and_is_finite(records, data):
         want = reference.REFERENCE[name](rows, **params)
         np.testing.assert_allclose(credit.advantages, want, rtol=1e-9, atol=1e-9, err_msg=name)
         if name == "a2tgpo":
-            clip = reference.a2tgpo_clip_factor(rows, beta=params["beta"])
+            clip = reference.a2tgpo_clip_factor(
+                rows, beta=params["beta"], ig_norm=params["ig_norm"]
+            )
             np.testing.assert_allclose(credit.clip_factor, clip, rtol=1e-9, atol=1e-12)
 
 
@@ -215,6 +223,8 @@ def test_singleton_groups_give_zero(records, data):
         params = data.draw(options[name], label=name)
         if name == "grpo_mixed":
             params["lone"] = "zero"  # "raw" (verl's rule) keeps a lone row's score
+        if name == "a2tgpo":  # joint IG normalisation also pools a trajectory's own turns
+            params["ig_norm"] = "turn"
         credit = compute_credit(table, name, **params)
         assert np.all(credit.advantages == 0.0), name
         if credit.clip_factor is not None:

@@ -20,20 +20,33 @@ from turnrl.credit.returns import discounted_suffix_sum
 from turnrl.credit.segments import dense_codes, normalise_in_groups
 from turnrl.table import TurnTable
 
+IG_NORMS = ("turn", "joint")
+"""How A2TGPO groups IG for normalisation: by (task, turn index), or over the whole task."""
 
-def normalised_info_gain(table: TurnTable) -> tuple[np.ndarray, np.ndarray]:
-    """``(normIG, has_ig)``: IG normalised within (task, turn) among rows that have IG.
 
-    Mean and std; rows without IG get 0 (and ``has_ig`` False).
+def normalised_info_gain(table: TurnTable, by: str = "turn") -> tuple[np.ndarray, np.ndarray]:
+    """``(normIG, has_ig)``: IG normalised among the rows that have IG, mean and std.
+
+    ``by="turn"``: within (task, turn index), A2TGPO's turn groups; ``by="joint"``:
+    within the task, all turns together. Rows without IG get 0 (and ``has_ig`` False).
     """
+    if by not in IG_NORMS:
+        raise ValueError(f"ig_norm must be one of {IG_NORMS}, got {by!r}")
     has_ig = ~np.isnan(table.info_gain)
-    codes, n_groups = dense_codes(np.where(has_ig, table.task_code, -1), table.turn)
+    task = np.where(has_ig, table.task_code, -1)
+    codes, n_groups = dense_codes(task, table.turn) if by == "turn" else dense_codes(task)
     return normalise_in_groups(table.info_gain, codes, n_groups), has_ig
 
 
 @register_estimator("a2tgpo", group_key="turn")
 def a2tgpo(
-    table: TurnTable, *, alpha: float = 0.3, gamma: float = 1.0, beta: float = 0.3
+    table: TurnTable,
+    *,
+    alpha: float = 0.3,
+    gamma: float = 1.0,
+    beta: float = 0.3,
+    ig_norm: str = "turn",
+    rescale: bool = True,
 ) -> Credit:
     """A2TGPO: ``A_t = alpha * D~_t + A^O`` with turn-group-normalised IG, plus an adaptive clip.
 
@@ -53,14 +66,21 @@ def a2tgpo(
       overflow), ``beta`` = 0.3; 1 for rows without IG. The loss uses the clip
       range ``[1 - eps_low * c_t, 1 + eps_high * c_t]``.
 
+    The paper's ablations, each one switch: ``ig_norm="joint"`` normalises IG
+    over all turns of the task together instead of per turn index (no
+    turn-group normalisation); ``rescale=False`` keeps ``D_t`` undivided (no
+    variance rescaling); ``beta=0`` gives ``c_t = 1`` everywhere (no adaptive
+    clipping).
+
     Departures: the paper sets the std of a one-member IG group to 1; the issue's
     common rule gives such a row 0. Both give ``normIG = 0`` here (the member
     equals its group's mean), hence ``c_t = 1``. Std is the issue's sample std
     (ddof=1) + 1e-6.
     """
-    norm_ig, has_ig = normalised_info_gain(table)
+    norm_ig, has_ig = normalised_info_gain(table, ig_norm)
     accumulated, n_terms = discounted_suffix_sum(table, norm_ig, gamma, mask=has_ig)
-    rescaled = np.where(has_ig, accumulated / np.sqrt(np.maximum(n_terms, 1.0)), 0.0)
+    divisor = np.sqrt(np.maximum(n_terms, 1.0)) if rescale else 1.0
+    rescaled = np.where(has_ig, accumulated / divisor, 0.0)
     advantages = outcome_advantage(table, use_std=True) + alpha * rescaled
     clip_factor = np.where(has_ig, 1.0 + beta * np.tanh(norm_ig / 2.0), 1.0)
     return Credit(advantages, clip_factor)

@@ -148,9 +148,15 @@ def _returns_to_go(rows: Sequence[Row], gamma: float) -> list[float]:
     return _suffix_sums(rows, [row["reward"] for row in rows], gamma)[0]
 
 
-def _normalised_ig(rows: Sequence[Row]) -> list[float]:
-    """IG normalised within (task, turn) among rows with IG (mean and std); others 0."""
-    keys = [None if row["info_gain"] is None else (row["task_id"], row["turn"]) for row in rows]
+def _normalised_ig(rows: Sequence[Row], ig_norm: str = "turn") -> list[float]:
+    """IG normalised within (task, turn) (``ig_norm="turn"``) or within the task
+    (``"joint"``) among rows with IG (mean and std); others 0."""
+    keys = [
+        None
+        if row["info_gain"] is None
+        else ((row["task_id"], row["turn"]) if ig_norm == "turn" else row["task_id"])
+        for row in rows
+    ]
     scores = [0.0 if row["info_gain"] is None else row["info_gain"] for row in rows]
     return _normalise_by_key(keys, scores, True)
 
@@ -234,24 +240,33 @@ def q(rows: Sequence[Row], *, use_std: bool = True, std_floor: float = 0.0) -> l
 
 
 def a2tgpo(
-    rows: Sequence[Row], *, alpha: float = 0.3, gamma: float = 1.0, beta: float = 0.3
+    rows: Sequence[Row],
+    *,
+    alpha: float = 0.3,
+    gamma: float = 1.0,
+    beta: float = 0.3,
+    ig_norm: str = "turn",
+    rescale: bool = True,
 ) -> list[float]:
-    norm_ig = _normalised_ig(rows)
+    norm_ig = _normalised_ig(rows, ig_norm)
     has_ig = [row["info_gain"] is not None for row in rows]
     accumulated, terms = _suffix_sums(rows, norm_ig, gamma, has_ig)
     outcome = _per_trajectory(rows, True)
     out = []
     for i in range(len(rows)):
         if has_ig[i]:
-            out.append(outcome[i] + alpha * accumulated[i] / math.sqrt(terms[i]))
+            divisor = math.sqrt(terms[i]) if rescale else 1.0
+            out.append(outcome[i] + alpha * accumulated[i] / divisor)
         else:
             out.append(outcome[i])
     return out
 
 
-def a2tgpo_clip_factor(rows: Sequence[Row], *, beta: float = 0.3) -> list[float]:
+def a2tgpo_clip_factor(
+    rows: Sequence[Row], *, beta: float = 0.3, ig_norm: str = "turn"
+) -> list[float]:
     """``1 + beta * (2 * sigmoid(normIG) - 1)`` for rows with IG, else 1."""
-    norm_ig = _normalised_ig(rows)
+    norm_ig = _normalised_ig(rows, ig_norm)
     out = []
     for row, value in zip(rows, norm_ig, strict=True):
         if row["info_gain"] is None:

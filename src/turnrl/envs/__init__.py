@@ -2,19 +2,22 @@
 
 ``make_env("calculator", max_turns=4)``, ``make_tasks("frozenlake", 100, seed=0)``
 and ``demonstration("calculator", task, use_tool=True)`` look environments up in
-:data:`ENVS`; :func:`register_env` adds more. No torch here, and gymnasium is
-imported only when a FrozenLake environment is used.
+:data:`ENVS`; :func:`register_env` adds more. No torch here; gymnasium is
+imported only when a FrozenLake environment is used, bm25s only when a lookup
+environment searches.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from turnrl.envs import calculator, frozenlake
+from turnrl.envs import calculator, frozenlake, lookup
 from turnrl.envs.calculator import CalculatorEnv, calculator_tasks
 from turnrl.envs.frozenlake import FrozenLakeEnv, frozenlake_tasks
+from turnrl.envs.lookup import LookupEnv, lookup_tasks
 from turnrl.envs.tools import (
     FinalAnswer,
     Malformed,
@@ -26,6 +29,9 @@ from turnrl.envs.tools import (
 )
 from turnrl.types import Env, Message, Task
 
+DemoOptions = Callable[[Task, random.Random, float, float], dict[str, Any]]
+"""``(task, rng, tool_fraction, easy_tool_fraction) -> demonstration keyword arguments``."""
+
 
 @dataclass(frozen=True)
 class EnvSpec:
@@ -34,6 +40,11 @@ class EnvSpec:
     make_env: Callable[..., Env]
     make_tasks: Callable[..., list[Task]]
     demonstration: Callable[..., list[Message]]
+    demo_options: DemoOptions | None = None
+    """Draws each task's ``demonstration`` options for the warm-start mix (which
+    calculator demonstrations call the tool, which lookup ones make a mistake)
+    from the warm start's ``tool_fraction`` and ``easy_tool_fraction``; None: every
+    demonstration is the ideal one."""
 
 
 ENVS: dict[str, EnvSpec] = {}
@@ -69,8 +80,12 @@ def demonstration(name: str, task: Task, **kwargs: Any) -> list[Message]:
     return get_env_spec(name).demonstration(task, **kwargs)
 
 
-register_env("calculator", EnvSpec(CalculatorEnv, calculator_tasks, calculator.demonstration))
+register_env(
+    "calculator",
+    EnvSpec(CalculatorEnv, calculator_tasks, calculator.demonstration, calculator.demo_options),
+)
 register_env("frozenlake", EnvSpec(FrozenLakeEnv, frozenlake_tasks, frozenlake.demonstration))
+register_env("lookup", EnvSpec(LookupEnv, lookup_tasks, lookup.demonstration, lookup.demo_options))
 
 from turnrl.envs.negotiation import SETTINGS as _NEGOTIATION  # noqa: E402 (needs EnvSpec above)
 
@@ -83,6 +98,7 @@ __all__ = [
     "EnvSpec",
     "FinalAnswer",
     "FrozenLakeEnv",
+    "LookupEnv",
     "Malformed",
     "Tool",
     "ToolCall",
@@ -92,6 +108,7 @@ __all__ = [
     "demonstration",
     "frozenlake_tasks",
     "get_env_spec",
+    "lookup_tasks",
     "make_env",
     "make_tasks",
     "parse_response",

@@ -385,6 +385,16 @@ def demonstration(task: Task, use_tool: bool = True, **env_kwargs: Any) -> list[
     return messages
 
 
+def demo_options(
+    task: Task, rng: random.Random, tool_fraction: float, easy_tool_fraction: float
+) -> dict[str, Any]:
+    """Whether the warm start's demonstration of ``task`` calls the tool: with probability
+    ``tool_fraction`` on hard and medium tasks, ``easy_tool_fraction`` on the others."""
+    needs_tool = "hard" in task.tags or "medium" in task.tags
+    fraction = tool_fraction if needs_tool else easy_tool_fraction
+    return {"use_tool": rng.random() < fraction}
+
+
 def _answer_text(value: str | float) -> str:
     """The canonical text of a stored answer (generated tasks store it formatted)."""
     return value if isinstance(value, str) else format_number(value)

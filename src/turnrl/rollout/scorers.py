@@ -9,8 +9,10 @@ Built in, by name (``rollout.params.scorer``):
 * ``heuristic``: the environment's own progress signal plus the reward so far.
   FrozenLake: minus the Manhattan distance to the goal, plus accumulated
   reward. Calculator: accumulated reward, +0.5 once a tool result is in the
-  context, -0.5 per malformed turn. Other environments: accumulated reward
-  minus 0.5 per malformed turn. Add more with :func:`register_heuristic`.
+  context, -0.5 per malformed turn. Lookup: the share of the gold chain's facts
+  retrieved so far, plus reward, -0.5 per malformed turn. Other environments:
+  accumulated reward minus 0.5 per malformed turn. Add more with
+  :func:`register_heuristic`.
 * ``judge``: the policy as judge, cheaply: the mean log-prob of the tokens it
   sampled on the path so far (recorded at sampling, no extra forward pass).
 * a learned value model: :class:`ValueScorer` wraps any
@@ -33,7 +35,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from turnrl.envs import CalculatorEnv, FrozenLakeEnv
+from turnrl.envs import CalculatorEnv, FrozenLakeEnv, LookupEnv
 from turnrl.rollout.tree import Branch
 from turnrl.types import Env, Policy
 
@@ -84,6 +86,18 @@ def calculator_progress(branch: Branch) -> float:
     """Reward so far, +0.5 when a tool result is in the context, -0.5 per malformed turn."""
     has_result = any(r.get("tool_call") and not r.get("malformed") for r in branch.records)
     return branch.episode.outcome + 0.5 * has_result - _malformed_penalty(branch)
+
+
+@register_heuristic(LookupEnv)
+def lookup_progress(branch: Branch) -> float:
+    """Share of the gold chain's facts retrieved so far, plus reward so far, -0.5 per
+    malformed turn. A finished episode with a wrong answer scores -1 (below any live one)."""
+    env = branch.episode.env
+    assert isinstance(env, LookupEnv)
+    if branch.episode.done and not branch.episode.correct:
+        return -1.0 + branch.episode.outcome
+    progress = env.gold_found() / env.hops
+    return progress + branch.episode.outcome - _malformed_penalty(branch)
 
 
 def heuristic(branches: Sequence[Branch], policy: Policy) -> list[float]:

@@ -17,8 +17,8 @@ TURN_POSITIONS = 3
 
 
 def episode_metrics(episodes: Sequence[Episode], prefix: str = "") -> dict[str, float]:
-    """Success, tool-call rate (any call; ``tool_open_rate``: a call at turn 0) and turns,
-    overall and per task tag."""
+    """Success, tool-call rate (any call; ``tool_open_rate``: a call at turn 0), tool calls
+    and turns per episode, overall and per task tag."""
     out: dict[str, float] = {}
 
     def add(suffix: str, group: Sequence[Episode]) -> None:
@@ -29,6 +29,7 @@ def episode_metrics(episodes: Sequence[Episode], prefix: str = "") -> dict[str, 
         out[f"{prefix}tool_open_rate{suffix}"] = float(
             np.mean([bool(e.opened_with_tool) for e in group])
         )
+        out[f"{prefix}tool_calls{suffix}"] = float(np.mean([e.tool_calls for e in group]))
         out[f"{prefix}turns{suffix}"] = float(np.mean([e.turn for e in group]))
         out[f"{prefix}return{suffix}"] = float(np.mean([e.outcome for e in group]))
 

@@ -8,10 +8,13 @@ the warm start trains on the same token layout that RL will sample from. Each
 assistant turn is one (context, response) row; the loss is the mean negative
 log-likelihood per response token.
 
-The mix is configurable: ``tool_fraction`` of the demonstrations of hard (and
-medium) tasks call the tool (the rest answer directly, with the correct
-number), and ``easy_tool_fraction`` of easy-task demonstrations do. A warm start that calls
-the tool only sometimes leaves RL something to learn: *when* to call it.
+The mix is configurable: on the calculator, ``tool_fraction`` of the
+demonstrations of hard (and medium) tasks call the tool (the rest answer
+directly, with the correct number), and ``easy_tool_fraction`` of easy-task
+demonstrations do; on ``lookup``, ``tool_fraction`` of demonstrations search
+every hop (the rest stop early or skip a hop). A warm start that is right only
+sometimes leaves RL something to learn: *when* to call the tool, when to stop
+searching.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from turnrl.envs import demonstration
+from turnrl.envs import demonstration, get_env_spec
 from turnrl.policy import HFPolicy
 from turnrl.types import Message, Task
 
@@ -66,15 +69,18 @@ def demonstration_examples(
     easy_tool_fraction: float,
     env_kwargs: dict | None = None,
 ) -> list[TurnExample]:
-    """Per-turn examples from one demonstration per task, tool use mixed as configured."""
+    """Per-turn examples from one demonstration per task, mixed as configured.
+
+    The environment's ``demo_options`` (if it has one) draws each task's
+    demonstration options from ``tool_fraction`` and ``easy_tool_fraction``.
+    """
     rng = random.Random(seed)
+    options = get_env_spec(env_name).demo_options
     examples: list[TurnExample] = []
     for task in tasks:
         kwargs = dict(env_kwargs or {})
-        if env_name == "calculator":
-            needs_tool = "hard" in task.tags or "medium" in task.tags
-            fraction = tool_fraction if needs_tool else easy_tool_fraction
-            kwargs["use_tool"] = rng.random() < fraction
+        if options is not None:
+            kwargs.update(options(task, rng, tool_fraction, easy_tool_fraction))
         examples += conversation_examples(policy, demonstration(env_name, task, **kwargs))
     return examples
 
