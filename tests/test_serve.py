@@ -7,10 +7,7 @@ uses the real tiny ``HFPolicy``. Every server binds to 127.0.0.1 on a free port.
 
 from __future__ import annotations
 
-import http.client
-import itertools
 import json
-import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,11 +18,24 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from serve_scripted import (
+    CALCULATOR_TOOL,
+    SYSTEM,
+    TOOLS_LINE,
+    BlockingPolicy,
+    FailingPolicy,
+    ScriptedPolicy,
+    as_json,
+    assert_exact_prefixes,
+    calculator_agent,
+    calculator_reply,
+    chat_body,
+    post_reward,
+    raw_http,
+)
 from turnrl import TurnTable
 from turnrl.cli import build_parser
-from turnrl.envs.calculator import is_correct
 from turnrl.envs.safe_math import calculate
-from turnrl.envs.tools import FinalAnswer, parse_response
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.serve import (
     Gateway,
@@ -39,92 +49,9 @@ from turnrl.serve.cli import add_serve_command
 from turnrl.serve.protocol import ChatMessage, FunctionCall, ToolSpec
 from turnrl.serve.server import is_loopback
 from turnrl.serve.toolcalls import message_text, parse_reply, to_policy_messages, tools_prompt
-from turnrl.types import Policy, Sample
+from turnrl.types import Policy
 
 torch.set_num_threads(1)
-
-CALCULATOR_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "evaluates arithmetic",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string"}},
-            "required": ["expression"],
-        },
-    },
-}
-SYSTEM = "Be brief."
-TOOLS_LINE = "<call>EXPRESSION</call> calculator: evaluates arithmetic"
-
-
-# ----------------------------------------------------------------------------- policies
-
-
-class ScriptedPolicy:
-    """The ``Policy`` protocol on the tiny tokenizer with scripted, deterministic replies.
-
-    ``reply(context_text)`` chooses the response text; it is tokenised, cut at
-    ``max_new_tokens`` (``"length"``) or closed with the end-of-turn id (``"stop"``).
-    Every token gets log-prob -0.25. ``batches`` records each call's batch size.
-    """
-
-    def __init__(
-        self, base: HFPolicy, reply: Callable[[str], str], *, max_context: int | None = None
-    ) -> None:
-        self.base = base
-        self.reply = reply
-        self.eos_token_id = base.eos_token_id
-        self.max_context = max_context if max_context is not None else base.max_context
-        self.batches: list[int] = []
-
-    def encode_initial(self, messages: list[dict[str, str]]) -> list[int]:
-        return self.base.encode_initial(messages)
-
-    def encode_observation(self, message: dict[str, str]) -> list[int]:
-        return self.base.encode_observation(message)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.base.decode(ids)
-
-    def sample(
-        self,
-        contexts: list[list[int]],
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        seed: int | None = None,
-    ) -> list[Sample]:
-        self.batches.append(len(contexts))
-        out = []
-        for context in contexts:
-            text = self.reply(self.base.tokenizer.decode(context))
-            ids = list(self.base.tokenizer(text, add_special_tokens=False)["input_ids"])
-            if len(ids) < max_new_tokens:
-                ids, reason = [*ids, self.eos_token_id], "stop"
-            else:
-                ids, reason = ids[:max_new_tokens], "length"
-            out.append(Sample(ids, [-0.25] * len(ids), reason, self.decode(ids)))
-        return out
-
-
-_TOOL_RESULT = re.compile(r"<\|im_start\|>t:(.*?)<\|im_end\|>\n<\|im_start\|>a:$", re.DOTALL)
-_QUESTION = re.compile(r"Compute (.+?)\.")
-
-
-def calculator_reply(context: str) -> str:
-    """Call the calculator on the question's expression; answer once it has the result."""
-    result = _TOOL_RESULT.search(context)
-    if result:
-        return f"<answer>{result.group(1)}</answer>"
-    question = _QUESTION.findall(context)
-    return f"Let me<call>{question[-1]}</call>" if question else "<answer>?</answer>"
-
-
-class FailingPolicy(ScriptedPolicy):
-    def sample(self, contexts: list[list[int]], **kwargs: Any) -> list[Sample]:
-        raise RuntimeError("secret internal detail")
 
 
 @pytest.fixture(scope="module")
@@ -152,64 +79,6 @@ def _serve(policy: Policy, **config: Any) -> tuple[Gateway, GatewayServer]:
 # ----------------------------------------------------------------------------- agent
 
 
-def calculator_agent(client: openai.OpenAI, question: str, *, max_turns: int = 4) -> float:
-    """A small tool agent: ask, run the calculator on tool calls, return the reward."""
-    messages: list[Any] = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": question},
-    ]
-    for _ in range(max_turns):
-        response = client.chat.completions.create(
-            model="turnrl", messages=messages, tools=[CALCULATOR_TOOL], max_tokens=40
-        )
-        message = response.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            action = parse_response(message.content or "")
-            expected = float(calculate(_QUESTION.search(question).group(1)))
-            return float(isinstance(action, FinalAnswer) and is_correct(action.text, expected))
-        for call in message.tool_calls:
-            argument = json.loads(call.function.arguments)["expression"]
-            messages.append(
-                {"role": "tool", "tool_call_id": call.id, "content": calculate(argument)}
-            )
-    return 0.0
-
-
-def post_reward(client: openai.OpenAI, reward: float) -> dict[str, Any]:
-    """Report the final reward through the same client (``base_url`` + ``/reward``)."""
-    return client.post("/reward", body={"reward": reward}, cast_to=object)
-
-
-def assert_exact_prefixes(records: list[dict[str, Any]], eos: int) -> None:
-    """Turn k+1's prompt ids start with turn k's prompt + response ids."""
-    for before, after in itertools.pairwise(records):
-        sampled = before["prompt_ids"] + before["response_ids"]
-        if before["stop_reason"] == "length":
-            sampled = [*sampled, eos]
-        assert after["prompt_ids"][: len(sampled)] == sampled
-        assert after["context_rebuilt"] is False
-
-
-def _raw(
-    server: GatewayServer,
-    method: str,
-    path: str,
-    body: bytes | None = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, Any]:
-    """One HTTP request with the standard library (for malformed bodies)."""
-    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-    try:
-        connection.request(method, path, body=body, headers=headers or {})
-        response = connection.getresponse()
-        text = response.read().decode()
-    finally:
-        connection.close()
-    assert "Traceback" not in text
-    return response.status, json.loads(text)
-
-
 # ----------------------------------------------------------------------------- agent runs
 
 
@@ -235,6 +104,7 @@ def test_tool_agent_records_exact_turns(served: tuple[Gateway, GatewayServer]) -
         "task_id": "calc-12*13",
         "turn": 0,
         "context_rebuilt": False,
+        "policy_version": 0,
     }
     messages.append(choice.message.model_dump(exclude_none=True))
     messages.append({"role": "tool", "tool_call_id": call.id, "content": "156"})
@@ -253,6 +123,7 @@ def test_tool_agent_records_exact_turns(served: tuple[Gateway, GatewayServer]) -
         "turns": 2,
         "finished": True,
         "context_rebuilds": 0,
+        "policy_versions": [0],
         "reward": 1.0,
     }
 
@@ -275,6 +146,10 @@ def test_tool_agent_records_exact_turns(served: tuple[Gateway, GatewayServer]) -
     assert [(r["reward"], r["done"]) for r in records] == [(0.0, False), (1.0, True)]
     assert [r["tool_call"] for r in records] == [True, False]
     assert {(r["traj_id"], r["task_id"]) for r in records} == {("calc-run-1", "calc-12*13")}
+    assert {(r["role"], r["policy_version"]) for r in records} == {("turnrl", 0)}
+    # The token ids of every response, where Agent Lightning's tracer reads them.
+    assert first.model_extra["prompt_token_ids"] == zero["prompt_ids"]
+    assert choice.model_extra["token_ids"] == zero["response_ids"]
     assert all(r["logprobs"] == [-0.25] * len(r["response_ids"]) for r in records)
     table = TurnTable.from_records(records)
     assert table.reward.tolist() == [0.0, 1.0]
@@ -299,9 +174,9 @@ def test_headers_carry_ids_and_message_objects_echo(served: tuple[Gateway, Gatew
     assert rollout["task_id"] == "task-hdr" and rollout["turns"] == 2
     assert rollout["records"][0]["prompt"][0] == {"role": "system", "content": TOOLS_LINE}
     assert_exact_prefixes(rollout["records"], gateway.policy.eos_token_id)
-    status, body = _raw(server, "POST", "/v1/rollouts/hdr-1/reward", b'{"reward": 0.5}')
+    status, body = raw_http(server, "POST", "/v1/rollouts/hdr-1/reward", b'{"reward": 0.5}')
     assert status == 200 and body["reward"] == 0.5
-    status, body = _raw(server, "GET", "/v1/rollouts/hdr-1")
+    status, body = raw_http(server, "GET", "/v1/rollouts/hdr-1")
     assert status == 200 and [r["reward"] for r in body["records"]] == [0.0, 0.5]
 
 
@@ -426,8 +301,10 @@ def test_several_new_messages_keep_sampled_tokens(served: tuple[Gateway, Gateway
     assert records[1]["prompt_ids"] == gateway.policy.encode_initial(records[1]["prompt"])
 
 
-def test_stream_true_returns_one_chunk_stream(served: tuple[Gateway, GatewayServer]) -> None:
-    _, server = served
+def test_stream_sends_content_then_tool_calls_then_finish(
+    served: tuple[Gateway, GatewayServer],
+) -> None:
+    gateway, server = served
     client = openai.OpenAI(base_url=server.base_url("stream-1"), api_key="-")
     chunks = list(
         client.chat.completions.create(
@@ -435,11 +312,42 @@ def test_stream_true_returns_one_chunk_stream(served: tuple[Gateway, GatewayServ
             messages=[{"role": "user", "content": "Compute 5*5."}],
             tools=[CALCULATOR_TOOL],
             stream=True,
+            stream_options={"include_usage": True},
         )
     )
-    assert chunks[0].choices[0].delta.content == "Let me"
-    assert chunks[0].choices[0].delta.tool_calls[0].function.name == "calculator"
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert len(chunks) == 4
+    content, call, finish, usage = chunks
+    # Content and the tool call never share a delta (autogen drops the rest of a
+    # delta that has content).
+    assert content.choices[0].delta.role == "assistant"
+    assert content.choices[0].delta.content == "Let me"
+    assert content.choices[0].delta.tool_calls is None
+    assert call.choices[0].delta.content is None
+    (tool_call,) = call.choices[0].delta.tool_calls
+    assert (tool_call.index, tool_call.function.name) == (0, "calculator")
+    assert json.loads(tool_call.function.arguments) == {"expression": "5*5"}
+    assert finish.choices[0].finish_reason == "tool_calls" and finish.usage is None
+    assert (
+        usage.choices == [] and usage.usage.completion_tokens == len("Let me<call>5*5</call>") + 1
+    )
+    record = gateway.rollout("stream-1")["records"][0]
+    assert finish.choices[0].model_extra["token_ids"] == record["response_ids"]
+    assert finish.model_extra["prompt_token_ids"] == record["prompt_ids"]
+
+
+def test_stream_of_plain_text_has_no_usage_chunk_unless_asked(
+    served: tuple[Gateway, GatewayServer],
+) -> None:
+    _, server = served
+    client = openai.OpenAI(base_url=server.base_url("stream-2"), api_key="-")
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hello."}], stream=True
+        )
+    )
+    assert [c.choices[0].delta.content for c in chunks] == ["<answer>?</answer>", None]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert all(c.usage is None for c in chunks)
 
 
 def test_records_file_and_finished_rollouts(scripted: ScriptedPolicy, tmp_path: Any) -> None:
@@ -453,22 +361,21 @@ def test_records_file_and_finished_rollouts(scripted: ScriptedPolicy, tmp_path: 
         post_reward(client, 1.0)
         table = TurnTable.from_jsonl(path)
         assert table.reward.tolist() == [0.0, 1.0] and table.task_names.tolist() == ["calc-2*9"]
+        assert post_reward(client, 1.0)["reward"] == 1.0  # the same reward again: a no-op
         with pytest.raises(openai.ConflictError):
-            post_reward(client, 1.0)
+            post_reward(client, 0.0)
         with pytest.raises(openai.ConflictError):
             calculator_agent(client, "Compute 2*9.")
+        assert len(TurnTable.from_jsonl(path).reward) == 2  # written once
         assert len(gateway.pop_finished()) == 2 and gateway.records() == []
+        with pytest.raises(openai.ConflictError, match="closed"):
+            calculator_agent(client, "Compute 2*9.")
     finally:
         server.stop()
         gateway.close()
 
 
 # ----------------------------------------------------------------------------- errors
-
-
-def _chat(**overrides: Any) -> bytes:
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **overrides}
-    return json.dumps({k: v for k, v in body.items() if v is not ...}).encode()
 
 
 CHAT = "/rollouts/err-1/v1/chat/completions"
@@ -480,23 +387,23 @@ CHAT = "/rollouts/err-1/v1/chat/completions"
         ("POST", CHAT, b'{"model": "m", "messages": [', {}, 400, None),
         ("POST", CHAT, b"", {}, 400, None),
         ("POST", CHAT, b"[1, 2]", {}, 400, None),
-        ("POST", CHAT, _chat(messages=...), {}, 400, "messages"),
-        ("POST", CHAT, _chat(messages=[]), {}, 400, "messages"),
-        ("POST", CHAT, _chat(model=...), {}, 400, "model"),
+        ("POST", CHAT, chat_body(messages=...), {}, 400, "messages"),
+        ("POST", CHAT, chat_body(messages=[]), {}, 400, "messages"),
+        ("POST", CHAT, chat_body(model=...), {}, 400, "model"),
         (
             "POST",
             CHAT,
-            _chat(messages=[{"role": "wizard", "content": "x"}]),
+            chat_body(messages=[{"role": "wizard", "content": "x"}]),
             {},
             400,
             "messages[0].role",
         ),
-        ("POST", CHAT, _chat(messages=["hi"]), {}, 400, "messages[0]"),
-        ("POST", CHAT, _chat(messages=[{"role": "user"}]), {}, 400, "messages[0].content"),
+        ("POST", CHAT, chat_body(messages=["hi"]), {}, 400, "messages[0]"),
+        ("POST", CHAT, chat_body(messages=[{"role": "user"}]), {}, 400, "messages[0].content"),
         (
             "POST",
             CHAT,
-            _chat(messages=[{"role": "tool", "content": "1"}]),
+            chat_body(messages=[{"role": "tool", "content": "1"}]),
             {},
             400,
             "messages[0].tool_call_id",
@@ -504,28 +411,28 @@ CHAT = "/rollouts/err-1/v1/chat/completions"
         (
             "POST",
             CHAT,
-            _chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+            chat_body(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
             {},
             400,
             "messages[0].content[0]",
         ),
-        ("POST", CHAT, _chat(n=2), {}, 400, "n"),
-        ("POST", CHAT, _chat(top_p=0.5), {}, 400, "top_p"),
-        ("POST", CHAT, _chat(temperature=5), {}, 400, "temperature"),
-        ("POST", CHAT, _chat(max_tokens=0), {}, 400, "max_tokens"),
-        ("POST", CHAT, _chat(max_tokens=10**6), {}, 400, "max_tokens"),
-        ("POST", CHAT, _chat(tool_choice="required"), {}, 400, "tool_choice"),
+        ("POST", CHAT, chat_body(n=2), {}, 400, "n"),
+        ("POST", CHAT, chat_body(top_p=0.5), {}, 400, "top_p"),
+        ("POST", CHAT, chat_body(temperature=5), {}, 400, "temperature"),
+        ("POST", CHAT, chat_body(max_tokens=0), {}, 400, "max_tokens"),
+        ("POST", CHAT, chat_body(max_tokens=10**6), {}, 400, "max_tokens"),
+        ("POST", CHAT, chat_body(tool_choice="required"), {}, 400, "tool_choice"),
         (
             "POST",
             CHAT,
-            _chat(tools=[{"type": "function", "function": {"name": "1 bad"}}]),
+            chat_body(tools=[{"type": "function", "function": {"name": "1 bad"}}]),
             {},
             400,
             "tools[0].function.name",
         ),
-        ("POST", CHAT, _chat(), {"X-Rollout-Id": "other"}, 400, "X-Rollout-Id"),
-        ("POST", "/v1/chat/completions", _chat(), {}, 400, "X-Rollout-Id"),
-        ("POST", "/v1/chat/completions", _chat(), {"X-Rollout-Id": "a b"}, 400, "rollout_id"),
+        ("POST", CHAT, chat_body(), {"X-Rollout-Id": "other"}, 400, "X-Rollout-Id"),
+        ("POST", "/v1/chat/completions", chat_body(), {}, 400, "X-Rollout-Id"),
+        ("POST", "/v1/chat/completions", chat_body(), {"X-Rollout-Id": "a b"}, 400, "rollout_id"),
         ("POST", "/v1/rollouts/nobody/reward", b'{"reward": 1}', {}, 404, "rollout_id"),
         ("POST", "/v1/rollouts/nobody/reward", b'{"score": 1}', {}, 400, "reward"),
         ("POST", "/v1/rollouts/nobody/reward", b'{"reward": "high"}', {}, 400, "reward"),
@@ -545,7 +452,9 @@ def test_bad_requests_get_openai_error_bodies(
     param: str | None,
 ) -> None:
     gateway, server = served
-    got, payload = _raw(server, method, path, body, {"Content-Type": "application/json", **headers})
+    got, payload = raw_http(
+        server, method, path, body, {"Content-Type": "application/json", **headers}
+    )
     assert got == status
     error = payload["error"]
     assert isinstance(error["message"], str) and error["message"]
@@ -575,7 +484,7 @@ def test_context_too_long_is_a_400(tiny: HFPolicy) -> None:
 def test_server_errors_hide_details(tiny: HFPolicy) -> None:
     gateway, server = _serve(FailingPolicy(tiny, calculator_reply))
     try:
-        status, body = _raw(server, "POST", CHAT, _chat())
+        status, body = raw_http(server, "POST", CHAT, chat_body())
         assert status == 500
         assert body == {
             "error": {
@@ -590,39 +499,37 @@ def test_server_errors_hide_details(tiny: HFPolicy) -> None:
         gateway.close()
 
 
-class BlockingPolicy(ScriptedPolicy):
-    """Holds ``sample`` until released, to observe a rollout while it is busy."""
-
-    def __init__(self, base: HFPolicy) -> None:
-        super().__init__(base, calculator_reply)
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def sample(self, contexts: list[list[int]], **kwargs: Any) -> list[Sample]:
-        self.entered.set()
-        assert self.release.wait(30)
-        return super().sample(contexts, **kwargs)
+def _in_thread(results: dict[str, Any], key: str, call: Callable[[], Any]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: results.update({key: call()}))
+    thread.start()
+    return thread
 
 
-def test_a_busy_rollout_refuses_a_second_request(tiny: HFPolicy) -> None:
+@pytest.mark.parametrize("then", ["another call", "the reward"])
+def test_a_busy_rollout_makes_other_calls_wait(tiny: HFPolicy, then: str) -> None:
     policy = BlockingPolicy(tiny)
-    request = parse_chat_request(_json(_chat()))
+    first_request = parse_chat_request(as_json(chat_body()))
+    other = parse_chat_request(as_json(chat_body(messages=[{"role": "user", "content": "other"}])))
+    results: dict[str, Any] = {}
     with Gateway(policy) as gateway:
-        first = threading.Thread(target=gateway.complete, args=(request, "busy-1"))
-        first.start()
-        try:
-            assert policy.entered.wait(30)
-            for call in (
-                lambda: gateway.complete(request, "busy-1"),
-                lambda: gateway.reward("busy-1", 1),
-            ):
-                with pytest.raises(GatewayError) as caught:
-                    call()
-                assert (caught.value.status, caught.value.code) == (409, "rollout_busy")
-        finally:
-            policy.release.set()
-            first.join(30)
-        assert gateway.reward("busy-1", 1)["turns"] == 1
-        gateway.complete(request, "busy-2", "task-a")
+        first = _in_thread(results, "first", lambda: gateway.complete(first_request, "busy-1"))
+        assert policy.entered.wait(30)
+        if then == "another call":
+            second = _in_thread(results, "second", lambda: gateway.complete(other, "busy-1"))
+        else:
+            second = _in_thread(results, "second", lambda: gateway.reward("busy-1", 1))
+        second.join(0.3)
+        assert second.is_alive() and results == {}  # waiting, not refused with 409
+        policy.release.set()
+        first.join(30)
+        second.join(30)
+        assert results["first"]["turnrl"]["turn"] == 0
+        if then == "another call":
+            assert results["second"]["turnrl"]["turn"] == 1
+            assert gateway.rollout("busy-1")["turns"] == 2
+        else:
+            assert (results["second"]["finished"], results["second"]["turns"]) == (True, 1)
+        gateway.complete(first_request, "busy-2", "task-a")
         with pytest.raises(GatewayError, match="belongs to task 'task-a'"):
             gateway.reward("busy-2", 0, "task-b")
 
@@ -653,19 +560,13 @@ def test_tools_prompt_is_prepended_without_a_system_message() -> None:
             "tools": [CALCULATOR_TOOL],
         }
     )
-    assert to_policy_messages(request, "tags", tools_in_prompt=True) == [
+    assert to_policy_messages(request.messages, request.tools, "tags", tools_in_prompt=True) == [
         {"role": "system", "content": TOOLS_LINE}
     ]
-    no_tools = parse_chat_request(
-        {**_json(_chat()), "tools": [CALCULATOR_TOOL], "tool_choice": "none"}
-    )
-    assert to_policy_messages(no_tools, "tags", tools_in_prompt=True) == [
+    plain = parse_chat_request(as_json(chat_body()))
+    assert to_policy_messages(plain.messages, (), "tags", tools_in_prompt=True) == [
         {"role": "user", "content": "hi"}
     ]
-
-
-def _json(raw: bytes) -> dict[str, Any]:
-    return json.loads(raw)
 
 
 def test_reply_parsing_multi_parameter_and_unknown_tools() -> None:
@@ -719,14 +620,12 @@ def test_seeded_requests_are_never_batched_together(scripted: ScriptedPolicy) ->
         jobs += [_Job([4], 8, 1.0, 0), _Job([5], 8, 0.5, None), _Job([6], 9, 1.0, None)]
         groups = [[job.context[0] for job in group] for group in batcher._groups(jobs)]
         assert groups == [[1, 2], [3], [4], [5], [6]]
-        assert (
-            batcher.submit(
-                scripted.encode_initial([{"role": "user", "content": "hi"}]),
-                max_new_tokens=4,
-                temperature=1.0,
-            ).stop_reason
-            == "length"
+        sampled = batcher.submit(
+            scripted.encode_initial([{"role": "user", "content": "hi"}]),
+            max_new_tokens=4,
+            temperature=1.0,
         )
+        assert (sampled.sample.stop_reason, sampled.policy_version) == ("length", 0)
     finally:
         batcher.close()
     with pytest.raises(RuntimeError, match="closed"):

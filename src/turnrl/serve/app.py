@@ -1,19 +1,27 @@
 """The HTTP face of the gateway: an OpenAI-compatible Starlette (ASGI) app.
 
-Routes (``PREFIX`` is empty, ``/rollouts/{rollout_id}`` or
-``/tasks/{task_id}/rollouts/{rollout_id}``, so an unmodified OpenAI client can
-carry the ids in its ``base_url``)::
+Routes (``PREFIX`` is empty, ``/rollouts/{rollout_id}``,
+``/tasks/{task_id}/rollouts/{rollout_id}`` or Agent Lightning's
+``/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai``, so an
+unmodified OpenAI client can carry the ids in its ``base_url``)::
 
     POST PREFIX/v1/chat/completions        sample one turn (OpenAI schema)
     GET  PREFIX/v1/models                  the served model
     POST PREFIX/v1/reward                  final reward (PREFIX non-empty)
     POST /v1/rollouts/{rollout_id}/reward  final reward: {"reward": 1.0, "task_id": "..."}
+    POST /api/rollouts/{rollout_id}/attempt/{attempt_id}/events
+                                           Agent Lightning's event route (AGL_EVENT_URL):
+                                           {"event_type": "reward", "data": {"value": 1.0}}
     GET  /v1/rollouts/{rollout_id}         a rollout's summary and turn records
     GET  /v1/rollouts                      summaries of all rollouts
-    GET  /health                           liveness and batching counters
+    GET  /health                           liveness and counters
+    POST /admin/reload                     {"policy": DIR}: serve another policy directory
+                                           (only when the app has a loader; loopback callers only)
 
 Without a path prefix the ids come from the ``X-Rollout-Id`` and ``X-Task-Id``
-headers (a path and a header that disagree are a 400).
+headers (a path and a header that disagree are a 400). The reward routes also
+accept Agent Lightning's reward event as the body. An ``Authorization`` header
+is accepted and not checked (the gateway serves loopback callers).
 
 Every error is an OpenAI-style body ``{"error": {"message", "type", "param",
 "code"}}``; unexpected failures are logged on the server (logger
@@ -37,14 +45,23 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from turnrl.serve.errors import GatewayError, bad_request, error_body
-from turnrl.serve.gateway import Gateway
+from turnrl.serve.gateway import Gateway, check_reward
+from turnrl.serve.jsonbody import decode_json
+from turnrl.serve.net import is_loopback
 from turnrl.serve.protocol import parse_chat_request
 from turnrl.serve.responses import stream_chunks
+from turnrl.types import Policy
 
 logger = logging.getLogger("turnrl.serve")
 
-PREFIXES = ("", "/rollouts/{rollout_id}", "/tasks/{task_id}/rollouts/{rollout_id}")
+AGL_PREFIX = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai"
+"""Agent Lightning's LLM proxy path (its ``AGL_OPENAI_BASE_URL`` minus ``/v1``)."""
+
+PREFIXES = ("", "/rollouts/{rollout_id}", "/tasks/{task_id}/rollouts/{rollout_id}", AGL_PREFIX)
 """Path prefixes that carry the rollout (and task) id for ``base_url``-only clients."""
+
+AGL_EVENTS = "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events"
+"""Agent Lightning's event route (its ``AGL_EVENT_URL``)."""
 
 ROLLOUT_HEADER = "X-Rollout-Id"
 TASK_HEADER = "X-Task-Id"
@@ -82,27 +99,39 @@ def _id_from(request: Request, path_key: str, header: str) -> str | None:
 
 
 async def _json_body(request: Request, limit: int) -> Any:
-    """The decoded JSON body; 413 past ``limit`` bytes, 400 when it is not JSON."""
-    chunks, size = [], 0
+    """The decoded JSON body; 413 past ``limit`` bytes, 400 when it is not JSON
+    (or holds an integer too large for any field, see :mod:`turnrl.serve.jsonbody`)."""
+    raw = bytearray()
     async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
+        if len(raw) + len(chunk) > limit:
             raise GatewayError(413, f"request body over {limit} bytes")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    if not raw.strip():
-        raise bad_request("the request body is empty; send a JSON object")
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise bad_request(
-            f"invalid JSON body: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-        ) from exc
-    except (UnicodeDecodeError, RecursionError) as exc:
-        raise bad_request(f"invalid JSON body: {type(exc).__name__}") from exc
+        raw += chunk
+    return decode_json(raw)
+
+
+def reward_of(body: Any) -> tuple[float, str | None]:
+    """The reward and optional task id of a reward body: ``{"reward": x, "task_id": ...}``
+    or Agent Lightning's event ``{"event_type": "reward", "data": {"value": x}}``."""
+    if not isinstance(body, dict):
+        raise bad_request('the body must be a JSON object like {"reward": 1.0}')
+    if "event_type" in body:
+        if body["event_type"] != "reward":
+            raise bad_request(
+                f"event_type must be 'reward' here, got {body['event_type']!r}", "event_type"
+            )
+        data = body.get("data")
+        if not isinstance(data, dict) or "value" not in data:
+            raise bad_request('a reward event needs data: {"value": 1.0}', "data.value")
+        return check_reward(data["value"], "data.value"), None
+    if "reward" not in body:
+        raise bad_request('reward is required: {"reward": 1.0}', "reward")
+    task_id = body.get("task_id")
+    return check_reward(body["reward"]), task_id
 
 
 def _sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
+    """Server-sent events: one ``data:`` line per chunk, then ``[DONE]``."""
+
     async def events() -> AsyncIterator[str]:
         for chunk in chunks:
             yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
@@ -112,12 +141,18 @@ def _sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
 
 
 def create_app(
-    gateway: Gateway, *, max_body_bytes: int = 16 * 2**20, max_threads: int = 256
+    gateway: Gateway,
+    *,
+    max_body_bytes: int = 16 * 2**20,
+    max_threads: int = 256,
+    reload: Callable[[str], Policy] | None = None,
 ) -> Starlette:
     """The ASGI app serving ``gateway``.
 
     ``max_body_bytes`` caps a request body (413 past it); ``max_threads`` caps
-    the worker threads that wait on sampling (more concurrent requests queue).
+    the worker threads that wait on sampling or on a busy rollout (more
+    concurrent requests queue). ``reload`` loads a policy directory for
+    ``POST /admin/reload`` (no such route without it).
     """
     limiters: list[anyio.CapacityLimiter] = []
 
@@ -138,21 +173,55 @@ def create_app(
                 ROLLOUT_HEADER,
             )
         result = await in_thread(gateway.complete, chat, rollout_id, task_id)
-        return _sse(stream_chunks(result)) if chat.stream else JSONResponse(result)
+        if chat.stream:
+            return _sse(stream_chunks(result, include_usage=chat.include_usage))
+        return JSONResponse(result)
 
     async def reward(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
-        body = await _json_body(request, max_body_bytes)
-        if not isinstance(body, dict):
-            raise bad_request('the body must be a JSON object like {"reward": 1.0}')
-        if "reward" not in body:
-            raise bad_request('reward is required: {"reward": 1.0}', "reward")
+        value, in_body = reward_of(await _json_body(request, max_body_bytes))
         task_id = _id_from(request, "task_id", TASK_HEADER)
-        in_body = body.get("task_id")
         if task_id is not None and in_body is not None and in_body != task_id:
             raise bad_request(f"task_id {in_body!r} differs from {task_id!r}", "task_id")
         task_id = task_id if task_id is not None else in_body
-        return JSONResponse(await in_thread(gateway.reward, rollout_id, body["reward"], task_id))
+        return JSONResponse(await in_thread(gateway.reward, rollout_id, value, task_id))
+
+    async def event(request: Request) -> Response:
+        """Agent Lightning's event route: a reward finishes the rollout; other
+        events are acknowledged and not recorded."""
+        rollout_id = request.path_params["rollout_id"]
+        body = await _json_body(request, max_body_bytes)
+        if not isinstance(body, dict) or not isinstance(body.get("event_type"), str):
+            raise bad_request("an event is an object with a string event_type", "event_type")
+        answer = {"event_type": body["event_type"], "rollout_id": rollout_id}
+        if body["event_type"] != "reward":
+            return JSONResponse({**answer, "recorded": False})
+        value, _ = reward_of(body)
+        summary = await in_thread(gateway.reward, rollout_id, value, None)
+        return JSONResponse({**answer, "recorded": True, "rollout": summary})
+
+    async def reload_policy(request: Request) -> Response:
+        """``{"policy": DIR, "version": N}``: load a policy directory and serve it."""
+        assert reload is not None
+        client = request.client.host if request.client is not None else ""
+        if not is_loopback(client):
+            raise GatewayError(403, "/admin/reload is for loopback callers only")
+        body = await _json_body(request, max_body_bytes)
+        if not isinstance(body, dict) or not isinstance(body.get("policy"), str):
+            raise bad_request('send {"policy": "DIRECTORY"}', "policy")
+        version = body.get("version", gateway.policy_version + 1)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise bad_request(f"version must be an integer >= 0, got {version!r}", "version")
+
+        def load_and_swap() -> None:
+            try:
+                policy = reload(body["policy"])
+                gateway.swap_policy(policy, version)
+            except (OSError, ValueError) as exc:
+                raise bad_request(f"cannot serve {body['policy']!r}: {exc}", "policy") from exc
+
+        await in_thread(load_and_swap)
+        return JSONResponse({"policy": body["policy"], "policy_version": gateway.policy_version})
 
     async def rollout(request: Request) -> Response:
         return JSONResponse(gateway.rollout(request.path_params["rollout_id"]))
@@ -165,7 +234,8 @@ def create_app(
         return JSONResponse({"object": "list", "data": [{**model, "owned_by": "turnrl"}]})
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "batching": gateway.batch_stats})
+        stats = gateway.stats
+        return JSONResponse({"status": "ok", **stats})
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -182,8 +252,11 @@ def create_app(
             routes.append(Route(f"{prefix}/v1/reward", _guarded(reward), methods=["POST"]))
     routes += [
         Route("/v1/rollouts/{rollout_id}/reward", _guarded(reward), methods=["POST"]),
+        Route(AGL_EVENTS, _guarded(event), methods=["POST"]),
         Route("/v1/rollouts/{rollout_id}", _guarded(rollout), methods=["GET"]),
         Route("/v1/rollouts", _guarded(rollouts), methods=["GET"]),
         Route("/health", _guarded(health), methods=["GET"]),
     ]
+    if reload is not None:
+        routes.append(Route("/admin/reload", _guarded(reload_policy), methods=["POST"]))
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

@@ -11,6 +11,11 @@ seed share a call. A request with a ``seed`` is sampled alone, because a
 policy's seeded draws are only reproducible for the same batch
 (``HFPolicy.sample``). The worker is the only thread that samples; it holds
 ``lock`` (shared with the gateway's tokenizer calls) while it does.
+
+Weights. :attr:`MicroBatcher.policy` and :attr:`MicroBatcher.version` change
+only under ``lock`` (the gateway's weight swaps), and the worker reads both
+under it, so every sample comes from one set of weights and says which
+(:class:`Sampled`); a swap waits for the group being sampled.
 """
 
 from __future__ import annotations
@@ -27,13 +32,21 @@ from typing import Any
 from turnrl.types import Policy, Sample
 
 
+@dataclass(frozen=True)
+class Sampled:
+    """One sample and the version of the weights that drew it."""
+
+    sample: Sample
+    policy_version: int
+
+
 @dataclass
 class _Job:
     context: list[int]
     max_new_tokens: int
     temperature: float
     seed: int | None
-    future: Future[Sample] = field(default_factory=Future)
+    future: Future[Sampled] = field(default_factory=Future)
 
     def group_key(self, unique: int) -> tuple[Any, ...]:
         """Jobs with equal keys are sampled together (seeded jobs never share)."""
@@ -67,10 +80,14 @@ class MicroBatcher:
         window_s: float = 0.005,
         max_batch: int = 64,
         lock: threading.RLock | None = None,
+        version: int = 0,
     ) -> None:
         if window_s < 0 or max_batch < 1:
             raise ValueError(f"need window_s >= 0 and max_batch >= 1, got {window_s}, {max_batch}")
         self.policy = policy
+        """The policy sampled from (replaced only under ``lock``)."""
+        self.version = version
+        """Version of the weights sampled from (changed only under ``lock``)."""
         self.window_s = window_s
         self.max_batch = max_batch
         self.lock = lock if lock is not None else threading.RLock()
@@ -89,7 +106,7 @@ class MicroBatcher:
         max_new_tokens: int,
         temperature: float,
         seed: int | None = None,
-    ) -> Sample:
+    ) -> Sampled:
         """Sample one response for ``context``; blocks until its batch is done.
 
         Exceptions raised by ``policy.sample`` are re-raised here, in every
@@ -135,6 +152,7 @@ class MicroBatcher:
         head = group[0]
         try:
             with self.lock:
+                version = self.version
                 samples = self.policy.sample(
                     [job.context for job in group],
                     max_new_tokens=head.max_new_tokens,
@@ -151,7 +169,7 @@ class MicroBatcher:
         self.stats.requests += len(group)
         self.stats.largest = max(self.stats.largest, len(group))
         for job, sample in zip(group, samples, strict=True):
-            job.future.set_result(sample)
+            job.future.set_result(Sampled(sample, version))
 
     def _run(self) -> None:
         stop = False

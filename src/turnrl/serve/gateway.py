@@ -1,15 +1,17 @@
-"""The gateway core: per-rollout token contexts, sampling, and turn records.
+"""The gateway core: per-rollout token contexts, sampling, turn records, weight swaps.
 
 :class:`Gateway` turns validated chat requests into policy samples and records
 each call as a turn record (``docs/turn-records.md``). It knows nothing of HTTP
-(:mod:`turnrl.serve.app` wraps it), so a trainer can also drive it in-process.
+(:mod:`turnrl.serve.app` wraps it), so a trainer drives it in-process: open
+rollouts, collect finished ones (:class:`~turnrl.serve.rollouts.FinishedRollout`),
+close timed-out ones, swap weights between steps (``docs/gateway.md``).
 
-Exact tokens. For each rollout the gateway keeps the token context of the last
-turn: its ``prompt_ids + response_ids`` (plus the end-of-turn id when the
-response was cut at ``max_tokens``, as the rollout runner does). A request
-*extends* the last turn when its messages are the previous request's messages,
-then the assistant message the gateway returned (compared by role, text and tool
-calls, not ids), then new messages. Then:
+Exact tokens. Each role of a rollout (the ``model`` name of its requests) keeps
+the token context of its last turn: ``prompt_ids + response_ids`` (plus the
+end-of-turn id when the response was cut at ``max_tokens``, as the rollout
+runner does). A request *extends* the last turn when its messages are the
+previous request's messages, then the assistant message the gateway returned
+(compared by role, text and tool calls, not ids), then new messages. Then:
 
 * one new message: the context is the kept ids plus
   ``policy.encode_observation(message)``, so no sampled token is re-tokenised;
@@ -19,59 +21,96 @@ calls, not ids), then new messages. Then:
 
 Any other request (first call excepted) rewrote history: the context is
 ``encode_initial`` of the full messages and the record says
-``context_rebuilt: true`` (counted in :attr:`Gateway.context_rebuilds`). Its
-``prompt_ids`` then need not start with the previous turn's ids.
+``context_rebuilt: true`` (counted in :attr:`Gateway.context_rebuilds`).
 
-Records. Turn ``k`` of rollout ``r`` has ``traj_id=r``, ``turn=k``, the
-messages the policy saw (``prompt``, tools described as in
-:mod:`turnrl.serve.toolcalls`), ``prompt_ids``, ``response``, ``response_ids``,
-``logprobs`` (under the sampling temperature, recorded as ``temperature``),
-``reward=0`` and ``done=false`` until :meth:`Gateway.reward` puts the final
-reward on the last turn and sets ``done=true``. Extra fields: ``finish_reason``,
-``stop_reason``, ``tool_call``, ``context_rebuilt``, ``temperature``.
+Tools. A conversation's tool set is fixed by its first request with ``tools``
+and kept for the whole rollout: a later request without ``tools`` (autogen's
+reflection call) is rendered with the same tool lines and call blocks, so it
+still extends the context; it and a request with ``tool_choice: "none"`` only
+do not have new calls parsed. A different non-empty tool set replaces it (the
+prompt changes, so that turn is a rebuild).
 
-Concurrency. Rollout state lives in a dict guarded by one lock; a rollout takes
-one request at a time (a second concurrent request on it gets HTTP 409).
-Tokenizer calls share a lock with the sampler (fast tokenizers are not safe to
-mutate from several threads); sampling goes through a
+Retries. A request equal to the role's last one (an OpenAI client retrying
+after a timeout) gets that call's result again, waiting for it when it is
+still being sampled, and is recorded once. Any other request on a rollout that
+is answering one waits for it (a rollout answers one request at a time).
+
+Records. Turn ``k`` of rollout ``r`` has ``traj_id=r``, ``turn=k``, ``role``
+(the request's ``model``), the messages the policy saw (``prompt``),
+``prompt_ids``, ``response``, ``response_ids``, ``logprobs`` (under the sampling
+temperature, recorded as ``temperature``), ``policy_version``, ``reward=0`` and
+``done=false`` until :meth:`Gateway.reward` puts the final reward on the last
+turn. Extra fields: ``finish_reason``, ``stop_reason``, ``tool_call``,
+``context_rebuilt``. Greedy turns (``temperature=0``) are recorded with
+``train: false`` and log-probs 0 (the greedy choice has probability 1): no
+sampling distribution exists for a PPO ratio, so trainers leave them out.
+
+Concurrency. Rollout state lives in a :class:`~turnrl.serve.rollouts.RolloutTable`
+under one condition variable. Tokenizer calls share a lock with the sampler
+(fast tokenizers are not safe to mutate from several threads, and weights
+change only under it); sampling goes through a
 :class:`~turnrl.serve.batcher.MicroBatcher`.
 """
 
 from __future__ import annotations
 
 import copy
-import math
+import logging
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from turnrl.envs.tools import get_format
-from turnrl.io import append_jsonl
-from turnrl.serve.batcher import MicroBatcher
+from turnrl.serve.batcher import MicroBatcher, Sampled
 from turnrl.serve.errors import GatewayError, bad_request
-from turnrl.serve.protocol import ChatRequest
+from turnrl.serve.protocol import ChatRequest, ToolSpec, is_finite_number, tools_key
+from turnrl.serve.recordsfile import RecordsFile
 from turnrl.serve.responses import completion_body, logprobs_content, tool_call_id
+from turnrl.serve.rollouts import (
+    ClosedRollout,
+    Conversation,
+    FinishedRollout,
+    Rollout,
+    RolloutTable,
+)
 from turnrl.serve.toolcalls import parse_reply, to_policy_message, to_policy_messages
-from turnrl.types import Message, Policy, Sample
+from turnrl.types import Message, Policy
 
 T = TypeVar("T")
+
+logger = logging.getLogger("turnrl.serve")
 
 MAX_ID_LENGTH = 256
 """Longest rollout or task id accepted."""
 
+CHARS_PER_TOKEN_BOUND = 16
+"""Default request size bound: at most this many characters per context position.
+Real text averages about 4 characters per token, so a request over the bound
+cannot fit the context in practice; refusing it before tokenising keeps one
+huge body from costing seconds and gigabytes (``max_request_chars`` overrides)."""
+
+SWEEP_INTERVAL_S = 1.0
+"""Requests close timed-out rollouts at most this often (or a quarter of the timeout)."""
+
+_PROBE: list[Message] = [
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "Compute 12*13."},
+]
+
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    """How the gateway samples, renders tools and stores records."""
+    """How the gateway samples, renders tools, bounds requests and stores records."""
 
     model_name: str = "turnrl-policy"
-    """Model id in ``/v1/models`` and in responses (requests may name any model)."""
+    """Model id in ``/v1/models`` and in responses (requests may name any model;
+    the name a request gives becomes its record's ``role``)."""
     tool_format: str = "tags"
     """Tool-call text format the policy writes: ``"tags"`` or ``"hermes"``."""
     tools_in_prompt: bool = True
-    """Describe the request's ``tools`` in the system prompt; turn off when the
+    """Describe the conversation's tools in the system prompt; turn off when the
     agent's own system prompt already explains them (e.g. a policy trained on
     turnrl's calculator prompt)."""
     default_max_tokens: int = 256
@@ -86,37 +125,16 @@ class GatewayConfig:
     """Most requests sampled in one ``policy.sample`` call."""
     records_path: str | None = None
     """Append each finished trajectory's records to this JSONL file."""
-
-
-@dataclass
-class _Rollout:
-    """One trajectory in progress (mutated only under the gateway lock)."""
-
-    rollout_id: str
-    task_id: str
-    task_id_explicit: bool
-    records: list[dict[str, Any]] = field(default_factory=list)
-    keys: tuple[Any, ...] = ()
-    """Message keys of the previous request."""
-    tools_key: str = ""
-    reply_key: Any = None
-    """Key of the assistant message returned last (None before the first turn)."""
-    prompt: list[Message] = field(default_factory=list)
-    response: str = ""
-    context: list[int] = field(default_factory=list)
-    """Ids the next turn extends: last prompt_ids + response_ids (+ end-of-turn)."""
-    busy: bool = False
-    finished: bool = False
-    rebuilds: int = 0
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "rollout_id": self.rollout_id,
-            "task_id": self.task_id,
-            "turns": len(self.records),
-            "finished": self.finished,
-            "context_rebuilds": self.rebuilds,
-        }
+    rollout_timeout_s: float | None = None
+    """Close a rollout that has no reward this long after it was opened (its first
+    call, or ``open_rollout``): dropped and counted as ``timed_out``. The agent loop
+    passes its ``agent.timeout_s``; ``None`` keeps rollouts until their reward."""
+    max_request_chars: int | None = None
+    """Refuse requests with more characters of text (before tokenising them);
+    default ``CHARS_PER_TOKEN_BOUND`` x the model's context, none if that is unknown."""
+    max_finished_kept: int | None = None
+    """Forget the oldest finished rollouts past this many (``turnrl serve``: their
+    records are in ``records_path``); ``None`` keeps them until collected."""
 
 
 def check_id(value: Any, what: str) -> str:
@@ -136,32 +154,55 @@ def check_id(value: Any, what: str) -> str:
     return value
 
 
+def check_reward(value: Any, param: str = "reward") -> float:
+    """A finite number (bools and huge integers are refused), as a float."""
+    if not is_finite_number(value):
+        raise bad_request(f"{param} must be a finite number, got {value!r}", param)
+    return float(value)
+
+
 class Gateway:
     """Serves a policy to agent programs and records their calls as turn records."""
 
-    def __init__(self, policy: Policy, config: GatewayConfig | None = None) -> None:
+    def __init__(
+        self, policy: Policy, config: GatewayConfig | None = None, *, policy_version: int = 0
+    ) -> None:
         self.config = config if config is not None else GatewayConfig()
         get_format(self.config.tool_format)  # unknown formats fail here, not per request
         if not 1 <= self.config.default_max_tokens <= self.config.max_tokens_limit:
             raise ValueError("need 1 <= default_max_tokens <= max_tokens_limit")
-        self.policy = policy
+        timeout = self.config.rollout_timeout_s
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"rollout_timeout_s must be > 0, got {timeout}")
         self.context_rebuilds = 0
         """Turns whose context had to be re-encoded from text (history rewritten)."""
-        self._lock = threading.Lock()
         self._policy_lock = threading.RLock()
-        self._file_lock = threading.Lock()
-        self._rollouts: dict[str, _Rollout] = {}
+        """Held while sampling, tokenising and changing weights (re-entrant:
+        ``load_weights`` runs inside ``updating``)."""
+        self._rollouts = RolloutTable(timeout_s=timeout)
+        self._next_sweep = 0.0
+        self._closing = False
+        self._records_file = (
+            RecordsFile(self.config.records_path) if self.config.records_path else None
+        )
         self._batcher = MicroBatcher(
             policy,
             window_s=self.config.batch_window_s,
             max_batch=self.config.max_batch,
             lock=self._policy_lock,
+            version=policy_version,
         )
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        """Stop the sampling worker (requests after this fail)."""
+        """Stop the sampling worker (requests after this fail), wake waiting requests,
+        and write what the records file still owes (see :class:`RecordsFile`)."""
+        with self._rollouts.cond:
+            self._closing = True
+            self._rollouts.cond.notify_all()
         self._batcher.close()
+        if self._records_file is not None:
+            self._records_file.close()
 
     def __enter__(self) -> Gateway:
         return self
@@ -175,6 +216,135 @@ class Gateway:
         stats = self._batcher.stats
         return {"calls": stats.calls, "requests": stats.requests, "largest": stats.largest}
 
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Counters for monitoring (``GET /health`` shows them)."""
+        with self._rollouts.cond:
+            counts = dict(self._rollouts.counts)
+            open_now = sum(not s.finished for s in self._rollouts.open.values())
+        records = self._records_file
+        return {
+            "policy_version": self.policy_version,
+            "open": open_now,
+            **counts,
+            "context_rebuilds": self.context_rebuilds,
+            "unwritten_rollouts": records.pending if records is not None else 0,
+            "records_error": records.last_error if records is not None else None,
+            "batching": self.batch_stats,
+        }
+
+    # -------------------------------------------------------------------- weights
+    @property
+    def policy(self) -> Policy:
+        """The policy being served."""
+        return self._batcher.policy
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights being served (recorded on every turn)."""
+        return self._batcher.version
+
+    @contextmanager
+    def updating(self, version: int) -> Iterator[Policy]:
+        """Hold sampling while the caller changes the served policy in place.
+
+        Waits for the batch being sampled, yields the policy, and serves
+        ``version`` from then on (also if the block raises: the weights may have
+        changed). Requests arriving meanwhile wait; none is sampled mid-update.
+        """
+        _check_version(version)
+        with self._policy_lock:
+            try:
+                yield self._batcher.policy
+            finally:
+                self._batcher.version = version
+
+    def load_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Load ``state_dict`` into the served policy between two batches."""
+        policy = self.policy
+        load = getattr(policy, "load_state_dict", None)
+        if load is None:
+            raise TypeError(f"{type(policy).__name__} has no load_state_dict; use swap_policy")
+        with self.updating(version):
+            load(state_dict)
+
+    def swap_policy(self, policy: Policy, version: int) -> None:
+        """Serve another policy object from the next batch on.
+
+        It must tokenise like the current one (same end-of-turn id and the same
+        ids for a probe conversation), because open rollouts keep token contexts.
+        """
+        _check_version(version)
+        with self._policy_lock:
+            old = self._batcher.policy
+            same = policy.eos_token_id == old.eos_token_id and policy.encode_initial(
+                _PROBE
+            ) == old.encode_initial(_PROBE)
+            if not same:
+                raise ValueError(
+                    "the new policy tokenises differently from the served one; open rollouts "
+                    "keep token contexts, so it cannot be swapped in (start a new gateway)"
+                )
+            self._batcher.policy = policy
+            self._batcher.version = version
+
+    # ------------------------------------------------------------------ rollouts
+    def open_rollout(self, rollout_id: str, task_id: str | None = None) -> None:
+        """Register a rollout before its first call: fixes its task id and starts its
+        timeout clock (so an agent that never calls is closed and counted too)."""
+        check_id(rollout_id, "rollout_id")
+        if task_id is not None:
+            check_id(task_id, "task_id")
+        with self._rollouts.cond:
+            if rollout_id in self._rollouts.open:
+                raise ValueError(f"rollout {rollout_id!r} is already open")
+            self._rollouts.get_or_create(rollout_id, task_id, pinned=True)
+
+    def discard(self, rollout_id: str, reason: str) -> ClosedRollout | None:
+        """Drop a rollout (an agent that failed); counted as ``discarded``. ``None``
+        if it is not open. A request still being answered is answered, not recorded."""
+        with self._rollouts.cond:
+            state = self._rollouts.open.get(rollout_id)
+            if state is None:
+                return None
+            closed = self._rollouts.close(state, f"discarded: {reason}")
+        logger.warning("rollout %r discarded (%s)", rollout_id, reason)
+        return closed
+
+    def close_expired(self, now: float | None = None) -> list[ClosedRollout]:
+        """Close the rollouts without a reward ``rollout_timeout_s`` after they were
+        opened (counted as ``timed_out``); returns those closed now."""
+        with self._rollouts.cond:
+            table = self._rollouts
+            closed = [
+                table.close(s, "timeout")
+                for s in table.expired(table.clock() if now is None else now)
+            ]
+        for c in closed:
+            logger.warning(
+                "rollout %r (task %r) timed out after %s s without a reward; dropped (%d turns)",
+                c.rollout_id,
+                c.task_id,
+                self.config.rollout_timeout_s,
+                c.turns,
+            )
+        return closed
+
+    def _sweep(self) -> None:
+        """Close timed-out rollouts (not more often than ``SWEEP_INTERVAL_S``)."""
+        now = self._rollouts.clock()
+        if self.config.rollout_timeout_s is None or now < self._next_sweep:
+            return
+        self._next_sweep = now + min(SWEEP_INTERVAL_S, self.config.rollout_timeout_s / 4)
+        self.close_expired(now)
+
+    def pop_closed(self) -> list[ClosedRollout]:
+        """Rollouts closed without a reward (timeouts, discards) since the last call."""
+        with self._rollouts.cond:
+            out = list(self._rollouts.closed_log)
+            self._rollouts.closed_log.clear()
+            return out
+
     # ---------------------------------------------------------------- completions
     def complete(
         self, request: ChatRequest, rollout_id: str, task_id: str | None = None
@@ -184,43 +354,78 @@ class Gateway:
         Returns the OpenAI ``chat.completion`` body. Raises ``GatewayError`` for
         requests the gateway refuses.
         """
-        state = self._claim(check_id(rollout_id, "rollout_id"), task_id)
-        try:
-            return self._complete(state, request)
-        finally:
-            with self._lock:
-                state.busy = False
-                if not state.records:  # a failed first call leaves no empty rollout
-                    self._rollouts.pop(state.rollout_id, None)
-
-    def _claim(self, rollout_id: str, task_id: str | None) -> _Rollout:
-        """Get or create the rollout and mark it busy."""
+        self._check_size(request)
+        check_id(rollout_id, "rollout_id")
         if task_id is not None:
             check_id(task_id, "task_id")
-        with self._lock:
-            state = self._rollouts.get(rollout_id)
-            if state is None:
-                state = _Rollout(rollout_id, task_id or rollout_id, task_id is not None)
-                self._rollouts[rollout_id] = state
-            if state.finished:
-                raise GatewayError(
-                    409,
-                    f"rollout {rollout_id!r} is finished (its reward was posted)",
-                    code="rollout_finished",
-                )
-            if state.busy:
-                raise GatewayError(
-                    409,
-                    f"rollout {rollout_id!r} already has a request in progress",
-                    code="rollout_busy",
-                )
-            if task_id is not None:
-                self._set_task(state, task_id)
-            state.busy = True
-            return state
+        self._sweep()
+        claimed = self._claim(request, rollout_id, task_id)
+        if isinstance(claimed, dict):
+            return claimed  # a retry: the result of the call it repeats
+        state, conversation = claimed
+        try:
+            return self._complete(state, conversation, request)
+        finally:
+            with self._rollouts.cond:
+                state.in_flight = None
+                if not state.records and not state.pinned and state.closed is None:
+                    self._rollouts.open.pop(state.rollout_id, None)  # a failed first call
+                self._rollouts.cond.notify_all()
+
+    def _check_size(self, request: ChatRequest) -> None:
+        """400 for requests that cannot fit the context, before any tokenising."""
+        limit = self.policy.max_context
+        chars = self.config.max_request_chars
+        if chars is None and limit is not None:
+            chars = CHARS_PER_TOKEN_BOUND * limit
+        if limit is not None and len(request.messages) >= limit:
+            raise bad_request(
+                f"{len(request.messages)} messages cannot fit a context of {limit} positions",
+                "messages",
+                code="context_length_exceeded",
+            )
+        size = request.characters()
+        if chars is not None and size > chars:
+            raise bad_request(
+                f"the request has {size} characters of text; this gateway accepts at most "
+                f"{chars} (the model's context is {limit} positions)",
+                "messages",
+                code="context_length_exceeded",
+            )
+
+    def _claim(
+        self, request: ChatRequest, rollout_id: str, task_id: str | None
+    ) -> tuple[Rollout, Conversation] | dict[str, Any]:
+        """Take the rollout for ``request``: waits while it answers another request;
+        returns the stored result instead when ``request`` repeats the role's last."""
+        role = request.role
+        with self._rollouts.cond:
+            while True:
+                if self._closing:
+                    raise GatewayError(503, "the gateway is shutting down")
+                state = self._rollouts.get_or_create(rollout_id, task_id, pinned=False)
+                conversation = state.conversations.get(role)
+                if state.in_flight is None:
+                    if (
+                        conversation is not None
+                        and conversation.last_result is not None
+                        and conversation.last_request == request
+                    ):
+                        return conversation.last_result
+                    if state.finished:
+                        raise GatewayError(
+                            409,
+                            f"rollout {rollout_id!r} is finished (its reward was posted)",
+                            code="rollout_finished",
+                        )
+                    if task_id is not None:
+                        self._set_task(state, task_id)
+                    state.in_flight = (role, request)
+                    return state, conversation or Conversation()
+                self._rollouts.cond.wait()
 
     @staticmethod
-    def _set_task(state: _Rollout, task_id: str) -> None:
+    def _set_task(state: Rollout, task_id: str) -> None:
         """Fix the rollout's task id (once; a trajectory belongs to one task)."""
         if state.task_id_explicit and task_id != state.task_id:
             raise bad_request(
@@ -244,25 +449,31 @@ class Gateway:
                 f"the policy cannot encode these messages: {exc}", "messages"
             ) from exc
 
+    def _tools_key(self, tools: tuple[ToolSpec, ...]) -> str:
+        """What of the tools shapes the prompt: nothing unless they are described in it."""
+        return tools_key(tools) if self.config.tools_in_prompt else ""
+
     def _context(
-        self, state: _Rollout, request: ChatRequest
+        self, conv: Conversation, request: ChatRequest, tools: tuple[ToolSpec, ...]
     ) -> tuple[list[Message], list[int], bool]:
         """The turn's prompt messages, prompt ids, and whether they were rebuilt."""
         fmt = self.config.tool_format
         keys = tuple(m.key() for m in request.messages)
-        n = len(state.keys)
+        n = len(conv.keys)
         extends = (
-            state.reply_key is not None
-            and self._tools_key(request) == state.tools_key
+            conv.reply_key is not None
+            and self._tools_key(tools) == self._tools_key(conv.tools)
             and len(keys) > n + 1
-            and keys[:n] == state.keys
-            and keys[n] == state.reply_key
+            and keys[:n] == conv.keys
+            and keys[n] == conv.reply_key
         )
         if not extends:
-            prompt = to_policy_messages(request, fmt, tools_in_prompt=self.config.tools_in_prompt)
-            return prompt, self._encode_initial(prompt), state.reply_key is not None
-        new = [to_policy_message(m, request.tools, fmt) for m in request.messages[n + 1 :]]
-        prompt = [*state.prompt, {"role": "assistant", "content": state.response}, *new]
+            prompt = to_policy_messages(
+                request.messages, tools, fmt, tools_in_prompt=self.config.tools_in_prompt
+            )
+            return prompt, self._encode_initial(prompt), conv.reply_key is not None
+        new = [to_policy_message(m, tools, fmt) for m in request.messages[n + 1 :]]
+        prompt = [*conv.prompt, {"role": "assistant", "content": conv.response}, *new]
         if len(new) == 1:
             try:
                 tail = self._policy_call(self.policy.encode_observation, new[0])
@@ -270,13 +481,9 @@ class Gateway:
                 raise bad_request(
                     f"the policy cannot encode message {len(keys) - 1}: {exc}", "messages"
                 ) from exc
-            return prompt, state.context + tail, False
+            return prompt, conv.context + tail, False
         ids = self._encode_initial(prompt)
-        return prompt, ids, ids[: len(state.context)] != state.context
-
-    def _tools_key(self, request: ChatRequest) -> str:
-        """What of the tools shapes the prompt: nothing unless they are described in it."""
-        return request.tools_key() if self.config.tools_in_prompt else ""
+        return prompt, ids, ids[: len(conv.context)] != conv.context
 
     def _budget(self, request: ChatRequest, prompt_ids: list[int]) -> tuple[int, float]:
         """``max_new_tokens`` and temperature; 400 if the context leaves no room."""
@@ -298,81 +505,96 @@ class Gateway:
         temperature = request.temperature
         return max_tokens, self.config.default_temperature if temperature is None else temperature
 
-    def _complete(self, state: _Rollout, request: ChatRequest) -> dict[str, Any]:
-        prompt, prompt_ids, rebuilt = self._context(state, request)
+    def _complete(self, state: Rollout, conv: Conversation, request: ChatRequest) -> dict[str, Any]:
+        tools = request.tools or conv.tools
+        parse_tools = tools if request.tools and request.tool_choice != "none" else ()
+        prompt, prompt_ids, rebuilt = self._context(conv, request, tools)
         max_tokens, temperature = self._budget(request, prompt_ids)
-        sample = self._batcher.submit(
+        sampled = self._batcher.submit(
             prompt_ids, max_new_tokens=max_tokens, temperature=temperature, seed=request.seed
         )
+        sample = sampled.sample
         turn = len(state.records)
         reply = parse_reply(
-            sample.text,
-            request.active_tools,
-            self.config.tool_format,
-            tool_call_id(state.rollout_id, turn),
+            sample.text, parse_tools, self.config.tool_format, tool_call_id(state.rollout_id, turn)
         )
         if reply.tool_calls:
             finish = "tool_calls"
         else:
             finish = "length" if sample.stop_reason == "length" else "stop"
-        record = self._record(state, turn, prompt, prompt_ids, sample, temperature)
+        record = self._record(state, request.role, turn, prompt, prompt_ids, sampled, temperature)
         record.update(
             finish_reason=finish, tool_call=bool(reply.tool_calls), context_rebuilt=rebuilt
         )
-        logprobs = self._logprobs(sample) if request.logprobs else None
-        with self._lock:
-            state.records.append(record)
-            state.keys = tuple(m.key() for m in request.messages)
-            state.tools_key = self._tools_key(request)
-            state.reply_key = reply.as_chat_message().key()
-            state.prompt, state.response = prompt, sample.text
-            state.context = prompt_ids + list(sample.response_ids)
-            if sample.stop_reason != "stop":
-                state.context.append(self.policy.eos_token_id)
-            if rebuilt:
-                state.rebuilds += 1
-                self.context_rebuilds += 1
-            task_id = state.task_id
-        return completion_body(
+        logprobs = self._logprobs(sampled) if request.logprobs else None
+        body = completion_body(
             rollout_id=state.rollout_id,
-            task_id=task_id,
+            task_id=state.task_id,
             turn=turn,
             model=self.config.model_name,
             reply=reply,
             finish_reason=finish,
-            prompt_tokens=len(prompt_ids),
-            completion_tokens=len(sample.response_ids),
+            prompt_ids=prompt_ids,
+            response_ids=list(sample.response_ids),
             logprobs=logprobs,
             context_rebuilt=rebuilt,
+            policy_version=sampled.policy_version,
         )
+        context = prompt_ids + list(sample.response_ids)
+        if sample.stop_reason != "stop":
+            context.append(self.policy.eos_token_id)
+        with self._rollouts.cond:
+            if state.closed is not None:
+                return body  # discarded or timed out meanwhile: answered, not recorded
+            state.records.append(record)
+            conv.keys = tuple(m.key() for m in request.messages)
+            conv.tools = tools
+            conv.reply_key = reply.as_chat_message().key()
+            conv.prompt, conv.response, conv.context = prompt, sample.text, context
+            conv.last_request, conv.last_result = request, body
+            state.conversations[request.role] = conv
+            if rebuilt:
+                state.rebuilds += 1
+                self.context_rebuilds += 1
+        return body
 
     @staticmethod
     def _record(
-        state: _Rollout,
+        state: Rollout,
+        role: str,
         turn: int,
         prompt: list[Message],
         prompt_ids: list[int],
-        sample: Sample,
+        sampled: Sampled,
         temperature: float,
     ) -> dict[str, Any]:
-        return {
+        sample = sampled.sample
+        greedy = temperature == 0
+        record: dict[str, Any] = {
             "task_id": state.task_id,
             "traj_id": state.rollout_id,
             "turn": turn,
-            "role": "agent",
+            "role": role,
             "prompt": copy.deepcopy(prompt),
             "response": sample.text,
             "prompt_ids": list(prompt_ids),
             "response_ids": list(sample.response_ids),
-            "logprobs": [float(x) for x in sample.logprobs],
+            # Greedy: the choice had probability 1; there is no distribution to train on.
+            "logprobs": [0.0 if greedy else float(x) for x in sample.logprobs],
             "reward": 0.0,
             "done": False,
             "stop_reason": sample.stop_reason,
             "temperature": float(temperature),
+            "policy_version": sampled.policy_version,
         }
+        if greedy:
+            record["train"] = False
+        return record
 
-    def _logprobs(self, sample: Sample) -> dict[str, Any]:
-        """OpenAI logprobs of the response, without a final end-of-turn token."""
+    def _logprobs(self, sampled: Sampled) -> dict[str, Any]:
+        """OpenAI logprobs of the response, without a final end-of-turn token (for
+        greedy turns, under the untempered distribution, as the policy reports them)."""
+        sample = sampled.sample
         ids, logprobs = list(sample.response_ids), list(sample.logprobs)
         if sample.stop_reason == "stop" and ids:
             ids, logprobs = ids[:-1], logprobs[:-1]
@@ -383,76 +605,118 @@ class Gateway:
     def reward(self, rollout_id: str, reward: Any, task_id: str | None = None) -> dict[str, Any]:
         """Put the final ``reward`` on the rollout's last turn and finish it.
 
-        ``task_id`` (optional) names the task if the calls did not. The finished
-        trajectory is appended to ``records_path`` when configured. Unknown
-        rollouts raise a 404, finished or busy ones a 409.
+        ``task_id`` (optional) names the task if the calls did not. Waits for a
+        request still being answered. Posting the same reward again answers as
+        the first time; a different one is a 409. The finished trajectory is
+        appended to ``records_path`` when configured (``records_written`` says
+        whether it got there; if not it is kept and retried, see
+        :class:`~turnrl.serve.recordsfile.RecordsFile`). Unknown rollouts are a
+        404, closed ones a 409.
         """
-        if isinstance(reward, bool) or not isinstance(reward, int | float):
-            raise bad_request(f"reward must be a number, got {reward!r}", "reward")
-        if not math.isfinite(reward):
-            raise bad_request(f"reward must be finite, got {reward!r}", "reward")
+        value = check_reward(reward)
         if task_id is not None:
             check_id(task_id, "task_id")
-        with self._lock:
-            state = self._get(rollout_id)
-            if state.busy:
-                raise GatewayError(
-                    409, f"rollout {rollout_id!r} has a request in progress", code="rollout_busy"
-                )
+        self._sweep()
+        table = self._rollouts
+        with table.cond:
+            while True:
+                if self._closing:
+                    raise GatewayError(503, "the gateway is shutting down")
+                state = table.open.get(rollout_id)
+                if state is None:
+                    tomb = table.tombstone(rollout_id)
+                    if tomb is not None and tomb.reason == "finished" and tomb.reward == value:
+                        return {"rollout_id": rollout_id, "finished": True, "reward": value}
+                    state = table.get(rollout_id)  # raises the 409 or 404
+                if state.in_flight is None:
+                    break
+                table.cond.wait()
             if state.finished:
+                if state.reward == value:
+                    return {**state.summary(), "reward": value}
                 raise GatewayError(
-                    409, f"rollout {rollout_id!r} already has its reward", code="rollout_finished"
+                    409,
+                    f"rollout {rollout_id!r} already has reward {state.reward}, not {value}",
+                    code="rollout_finished",
                 )
             if task_id is not None:
                 self._set_task(state, task_id)
-            state.records[-1]["reward"] = float(reward)
-            state.records[-1]["done"] = True
-            state.finished = True
+            if state.records:
+                state.records[-1]["reward"] = value
+                state.records[-1]["done"] = True
+            state.finished, state.reward = True, value
+            table.counts["finished"] += 1
             finished = copy.deepcopy(state.records)
-            summary = state.summary()
-        if self.config.records_path is not None:
-            with self._file_lock:
-                for record in finished:
-                    append_jsonl(Path(self.config.records_path), record)
-        return {**summary, "reward": float(reward)}
+            summary = {**state.summary(), "reward": value}
+            self._forget_old_finished()
+        if self._records_file is not None:
+            summary["records_written"] = self._records_file.submit(finished)
+        return summary
+
+    def _forget_old_finished(self) -> None:
+        """Drop the oldest finished rollouts past ``max_finished_kept`` (lock held)."""
+        keep = self.config.max_finished_kept
+        if keep is None:
+            return
+        finished = [s for s in self._rollouts.open.values() if s.finished]
+        for state in finished[: max(0, len(finished) - keep)]:
+            self._rollouts.forget_finished(state)
+
+    def flush_records(self) -> int:
+        """Retry writing trajectories a failed append left behind; how many remain."""
+        return self._records_file.flush() if self._records_file is not None else 0
 
     # -------------------------------------------------------------------- queries
-    def _get(self, rollout_id: str) -> _Rollout:
-        """The rollout (caller holds the lock); 404 if unknown."""
-        state = self._rollouts.get(rollout_id)
-        if state is None:
-            raise GatewayError(404, f"unknown rollout {rollout_id!r}", param="rollout_id")
-        return state
-
     def rollout(self, rollout_id: str) -> dict[str, Any]:
-        """Summary and records of one rollout (404 if unknown)."""
-        with self._lock:
-            state = self._get(rollout_id)
+        """Summary and records of one open rollout (404 if unknown, 409 if closed)."""
+        with self._rollouts.cond:
+            state = self._rollouts.get(rollout_id)
             return {**state.summary(), "records": copy.deepcopy(state.records)}
 
     def rollouts(self) -> list[dict[str, Any]]:
-        """Summaries of all rollouts, in order of their first call."""
-        with self._lock:
-            return [state.summary() for state in self._rollouts.values()]
+        """Summaries of the open rollouts, in the order they were opened."""
+        with self._rollouts.cond:
+            return [state.summary() for state in self._rollouts.open.values()]
 
     def records(self) -> list[dict[str, Any]]:
         """Copies of all turn records so far (unfinished rollouts included)."""
-        with self._lock:
-            return [copy.deepcopy(r) for s in self._rollouts.values() for r in s.records]
+        with self._rollouts.cond:
+            return [copy.deepcopy(r) for s in self._rollouts.open.values() for r in s.records]
 
     def finished_records(self) -> list[dict[str, Any]]:
         """Copies of the records of finished rollouts (ready for ``TurnTable.from_records``)."""
-        with self._lock:
+        with self._rollouts.cond:
             return [
-                copy.deepcopy(r) for s in self._rollouts.values() if s.finished for r in s.records
+                copy.deepcopy(r)
+                for s in self._rollouts.open.values()
+                if s.finished
+                for r in s.records
+            ]
+
+    def pop_finished_rollouts(self) -> list[FinishedRollout]:
+        """The finished rollouts, which are then forgotten (their ids stay used)."""
+        with self._rollouts.cond:
+            done = [s for s in self._rollouts.open.values() if s.finished]
+            for state in done:
+                self._rollouts.forget_finished(state)
+            return [
+                FinishedRollout(
+                    rollout_id=s.rollout_id,
+                    task_id=s.task_id,
+                    reward=float(s.reward if s.reward is not None else 0.0),
+                    records=tuple(s.records),
+                    policy_versions=s.policy_versions(),
+                    context_rebuilds=s.rebuilds,
+                )
+                for s in done
             ]
 
     def pop_finished(self) -> list[dict[str, Any]]:
         """Records of finished rollouts, which are then forgotten (frees memory in
-        long runs). A later call with a forgotten id starts a new trajectory with
-        the same ``traj_id``, so give every rollout a fresh id."""
-        with self._lock:
-            done = [s for s in self._rollouts.values() if s.finished]
-            for state in done:
-                del self._rollouts[state.rollout_id]
-            return [r for s in done for r in s.records]
+        long runs); :meth:`pop_finished_rollouts` keeps them per rollout."""
+        return [r for rollout in self.pop_finished_rollouts() for r in rollout.records]
+
+
+def _check_version(version: Any) -> None:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"policy version must be an integer >= 0, got {version!r}")

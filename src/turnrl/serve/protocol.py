@@ -12,9 +12,11 @@ What is accepted:
   ``{"type": "text", "text": ...}`` parts (joined without separator).
 * ``tools``: function tools ``{"type": "function", "function": {"name",
   "description"?, "parameters"?}}``; ``tool_choice`` ``"auto"`` or ``"none"``.
+* ``model``: any name of at most 256 printable characters; it becomes the turn
+  record's ``role`` (so several agents of one program are told apart).
 * ``temperature`` (0 to 2), ``max_completion_tokens`` / ``max_tokens`` (the
-  former wins), ``seed``, ``logprobs``, ``n`` (1 only), ``stream`` (false only),
-  ``top_logprobs`` (0 only).
+  former wins), ``seed``, ``logprobs``, ``n`` (1 only), ``stream`` and
+  ``stream_options.include_usage``, ``top_logprobs`` (0 only).
 
 Parameters that would change the sampling distribution and that the policy
 cannot honour (``top_p`` other than 1, penalties, ``logit_bias``, ``stop``, a
@@ -33,12 +35,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnrl.serve.errors import bad_request
+from turnrl.serve.jsonbody import loads_or_none
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 """Message roles a request may use (``developer`` is read as ``system``)."""
 
 TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 """Tool names the tool-call parsers can read back (a subset of OpenAI's)."""
+
+MAX_MODEL_LENGTH = 256
+"""Longest ``model`` name accepted (it becomes the record's ``role``)."""
 
 _REFUSED_UNLESS_DEFAULT: dict[str, Any] = {
     "top_p": 1,
@@ -120,17 +126,29 @@ class ChatRequest:
     seed: int | None = None
     logprobs: bool = False
     stream: bool = False
+    include_usage: bool = False
+    """``stream_options.include_usage``: end the stream with a usage chunk."""
 
     @property
-    def active_tools(self) -> tuple[ToolSpec, ...]:
-        """The tools the model may call (none when ``tool_choice`` is ``"none"``)."""
-        return () if self.tool_choice == "none" else self.tools
+    def role(self) -> str:
+        """The turn record's ``role``: the model name the agent asked for."""
+        return self.model
 
-    def tools_key(self) -> str:
-        """Canonical JSON of the active tools (a change of tools changes the prompt)."""
-        return json.dumps(
-            [[t.name, t.description, t.parameters] for t in self.active_tools], sort_keys=True
-        )
+    def characters(self) -> int:
+        """Characters of text the request asks the policy to read: message contents,
+        tool calls and tool descriptions (what tokenising would cost)."""
+        total = 0
+        for message in self.messages:
+            total += len(message.content or "")
+            total += sum(len(c.name) + len(c.arguments) for c in message.tool_calls)
+        for tool in self.tools:
+            total += len(tool.name) + len(tool.description) + len(json.dumps(tool.parameters))
+        return total
+
+
+def tools_key(tools: tuple[ToolSpec, ...]) -> str:
+    """Canonical JSON of a tool set (a change of tools changes the prompt)."""
+    return json.dumps([[t.name, t.description, t.parameters] for t in tools], sort_keys=True)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -140,8 +158,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def is_finite_number(value: Any) -> bool:
+    """A JSON number (not a bool) that is finite as a float (huge ints are not)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _typename(value: Any) -> str:
@@ -196,14 +220,6 @@ def _tool_calls(value: Any, param: str) -> tuple[FunctionCall, ...]:
             raise bad_request(f"{where}.id must be a string", f"{where}.id")
         calls.append(FunctionCall(call_id, name, arguments, loads_or_none(arguments)))
     return tuple(calls)
-
-
-def loads_or_none(text: str) -> Any:
-    """Decoded JSON, or ``None`` when ``text`` is not valid JSON."""
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        return None
 
 
 def parse_message(obj: Any, index: int) -> ChatMessage:
@@ -277,6 +293,20 @@ def _optional_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
     return int(value)
 
 
+def _include_usage(options: Any) -> bool:
+    """``stream_options.include_usage`` (other stream options are ignored)."""
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise bad_request("stream_options must be an object", "stream_options")
+    value = options.get("include_usage", False)
+    if value not in (None, False, True):
+        raise bad_request(
+            "stream_options.include_usage must be a boolean", "stream_options.include_usage"
+        )
+    return bool(value)
+
+
 def _check_unsupported(body: dict[str, Any]) -> None:
     """Refuse options that would make the recorded log-probs lie (see module doc)."""
     for name, default in _REFUSED_UNLESS_DEFAULT.items():
@@ -300,6 +330,11 @@ def parse_chat_request(body: Any) -> ChatRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("model is required (a string)", "model")
+    if len(model) > MAX_MODEL_LENGTH or not model.isprintable():
+        raise bad_request(
+            f"model must be at most {MAX_MODEL_LENGTH} printable characters (it names the role)",
+            "model",
+        )
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise bad_request("messages is required (a non-empty list)", "messages")
@@ -309,13 +344,12 @@ def parse_chat_request(body: Any) -> ChatRequest:
     stream = body.get("stream")
     if stream not in (None, False, True):
         raise bad_request("stream must be a boolean", "stream")
+    include_usage = _include_usage(body.get("stream_options"))
     logprobs = body.get("logprobs")
     if logprobs not in (None, False, True):
         raise bad_request("logprobs must be a boolean", "logprobs")
     temperature = body.get("temperature")
-    if temperature is not None and (
-        not _is_number(temperature) or not math.isfinite(temperature) or not 0 <= temperature <= 2
-    ):
+    if temperature is not None and (not is_finite_number(temperature) or not 0 <= temperature <= 2):
         raise bad_request(
             f"temperature must be a number in [0, 2], got {temperature!r}", "temperature"
         )
@@ -344,4 +378,5 @@ def parse_chat_request(body: Any) -> ChatRequest:
         seed=seed,
         logprobs=bool(logprobs),
         stream=bool(stream),
+        include_usage=include_usage,
     )

@@ -3,8 +3,13 @@
 ``logprobs`` follow OpenAI's shape (``{"content": [{"token", "logprob",
 "bytes", "top_logprobs": []}]}``) and list the response tokens without the
 final end-of-turn token, as OpenAI does; the turn record keeps all of them.
-Every body carries a ``turnrl`` object (rollout id, task id, turn index and
-whether the context was rebuilt), which OpenAI clients keep as an extra field.
+
+Token ids come back the way vLLM returns them (``return_token_ids``), which is
+where Agent Lightning's tracer and its triplet export look: ``prompt_token_ids``
+at the top level and ``choices[0].token_ids`` (the recorded ``response_ids``,
+end-of-turn token included). Every body also carries a ``turnrl`` object
+(rollout id, task id, turn index, whether the context was rebuilt, policy
+version), which OpenAI clients keep as an extra field.
 """
 
 from __future__ import annotations
@@ -54,12 +59,14 @@ def completion_body(
     model: str,
     reply: Reply,
     finish_reason: str,
-    prompt_tokens: int,
-    completion_tokens: int,
+    prompt_ids: list[int],
+    response_ids: list[int],
     logprobs: dict[str, Any] | None,
     context_rebuilt: bool,
+    policy_version: int,
 ) -> dict[str, Any]:
     """A ``chat.completion`` object with one choice."""
+    prompt_tokens, completion_tokens = len(prompt_ids), len(response_ids)
     return {
         "id": completion_id(rollout_id, turn),
         "object": "chat.completion",
@@ -71,8 +78,10 @@ def completion_body(
                 "message": reply.message(),
                 "finish_reason": finish_reason,
                 "logprobs": logprobs,
+                "token_ids": response_ids,
             }
         ],
+        "prompt_token_ids": prompt_ids,
         "usage": {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -83,34 +92,49 @@ def completion_body(
             "task_id": task_id,
             "turn": turn,
             "context_rebuilt": context_rebuilt,
+            "policy_version": policy_version,
         },
     }
 
 
-def stream_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
+def stream_chunks(body: dict[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
     """A finished completion as ``chat.completion.chunk`` objects for SSE.
 
-    The whole response is generated before streaming starts, so it is sent as
-    one content/tool-call delta and a closing chunk with ``finish_reason`` and
-    ``usage``: enough for clients that insist on ``stream=True``.
+    The whole response is generated before streaming starts. Content and tool
+    calls go in separate deltas, because clients such as autogen read a delta's
+    content and then skip the rest of it: first the content (with the role and
+    the log-probs), then one chunk per tool call, then the chunk with
+    ``finish_reason``, the token ids and the ``turnrl`` object; with
+    ``include_usage`` a last chunk with no choices carries ``usage``, as OpenAI
+    sends it.
     """
     choice = body["choices"][0]
     message = choice["message"]
-    delta: dict[str, Any] = {"role": "assistant", "content": message["content"]}
-    if "tool_calls" in message:
-        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
     head = {k: body[k] for k in ("id", "created", "model")}
     head["object"] = "chat.completion.chunk"
-    first = {
-        **head,
-        "choices": [
-            {"index": 0, "delta": delta, "finish_reason": None, "logprobs": choice["logprobs"]}
-        ],
-    }
-    last = {
-        **head,
-        "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
-        "usage": body["usage"],
-        "turnrl": body["turnrl"],
-    }
-    return [first, last]
+
+    def chunk(delta: dict[str, Any], **choice_fields: Any) -> dict[str, Any]:
+        fields = {"index": 0, "delta": delta, "finish_reason": None, **choice_fields}
+        return {**head, "choices": [fields]}
+
+    calls = message.get("tool_calls", [])
+    chunks = []
+    if message["content"] or not calls:
+        chunks.append(
+            chunk(
+                {"role": "assistant", "content": message["content"] or ""},
+                logprobs=choice["logprobs"],
+            )
+        )
+    for i, call in enumerate(calls):
+        delta: dict[str, Any] = {"tool_calls": [{"index": i, **call}]}
+        if not chunks:
+            delta = {"role": "assistant", "content": None, **delta}
+        chunks.append(chunk(delta, logprobs=choice["logprobs"] if not chunks else None))
+    last = chunk({}, finish_reason=choice["finish_reason"], token_ids=choice["token_ids"])
+    last["prompt_token_ids"] = body["prompt_token_ids"]
+    last["turnrl"] = body["turnrl"]
+    chunks.append(last)
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": body["usage"]})
+    return chunks

@@ -37,13 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnrl.envs.tools import ToolCall, format_call, get_format, parse_response
-from turnrl.serve.protocol import (
-    ChatMessage,
-    ChatRequest,
-    FunctionCall,
-    ToolSpec,
-    loads_or_none,
-)
+from turnrl.serve.jsonbody import loads_or_none
+from turnrl.serve.protocol import ChatMessage, FunctionCall, ToolSpec
 from turnrl.types import Message
 
 
@@ -103,18 +98,20 @@ def to_policy_message(message: ChatMessage, tools: Sequence[ToolSpec], fmt: str)
     return {"role": message.role, "content": message_text(message, tools, fmt)}
 
 
-def to_policy_messages(request: ChatRequest, fmt: str, *, tools_in_prompt: bool) -> list[Message]:
-    """All request messages as turnrl messages, with the tools described in the
-    system prompt when ``tools_in_prompt`` and the request offers tools."""
-    messages = [to_policy_message(m, request.tools, fmt) for m in request.messages]
-    if tools_in_prompt and request.active_tools:
-        text = tools_prompt(request.active_tools, fmt)
-        if messages[0]["role"] == "system":
-            first = messages[0]["content"]
-            messages[0] = {"role": "system", "content": f"{first}\n{text}" if first else text}
+def to_policy_messages(
+    messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], fmt: str, *, tools_in_prompt: bool
+) -> list[Message]:
+    """All request messages as turnrl messages, with ``tools`` (the conversation's
+    tool set) described in the system prompt when ``tools_in_prompt``."""
+    out = [to_policy_message(m, tools, fmt) for m in messages]
+    if tools_in_prompt and tools:
+        text = tools_prompt(tools, fmt)
+        if out[0]["role"] == "system":
+            first = out[0]["content"]
+            out[0] = {"role": "system", "content": f"{first}\n{text}" if first else text}
         else:
-            messages.insert(0, {"role": "system", "content": text})
-    return messages
+            out.insert(0, {"role": "system", "content": text})
+    return out
 
 
 @dataclass(frozen=True)

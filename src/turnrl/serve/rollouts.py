@@ -1,0 +1,211 @@
+"""Rollout state: one conversation per role, the request in flight, timeouts, used ids.
+
+A rollout is one agent run (one trajectory). Each *role* (the ``model`` name a
+request asks for) has its own :class:`Conversation` in it: the token context
+the next request must extend, the tool set, and the last request with its
+result (to answer a retried request without sampling again). ``turn`` numbers
+the rollout's calls across roles.
+
+:class:`RolloutTable` holds the open rollouts under one condition variable
+(the gateway's lock; waiters are woken whenever a rollout's request ends) and
+remembers the ids of closed ones, so that a late call on a finished, timed-out
+or discarded rollout gets a clear 409 instead of silently starting a new
+trajectory with an old id. Rollouts are kept in the order they were opened,
+which makes the timeout sweep stop at the first one still in time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnrl.serve.errors import GatewayError
+from turnrl.serve.protocol import ChatRequest, ToolSpec
+from turnrl.types import Message
+
+CLOSED_IDS_KEPT = 65_536
+"""Closed rollout ids remembered (oldest forgotten first), to refuse late calls."""
+
+
+@dataclass
+class Conversation:
+    """One role's conversation in a rollout (mutated under the table's lock, or by
+    the one request that holds the rollout)."""
+
+    keys: tuple[Any, ...] = ()
+    """Message keys of the previous request."""
+    tools: tuple[ToolSpec, ...] = ()
+    """The conversation's tool set: fixed by the first request that sends tools, kept
+    when a later request sends none, replaced only by a different non-empty set."""
+    reply_key: Any = None
+    """Key of the assistant message returned last (``None`` before the first turn)."""
+    prompt: list[Message] = field(default_factory=list)
+    response: str = ""
+    context: list[int] = field(default_factory=list)
+    """Ids the next turn extends: last prompt_ids + response_ids (+ end-of-turn)."""
+    last_request: ChatRequest | None = None
+    last_result: dict[str, Any] | None = None
+    """The response body of ``last_request`` (returned again to a retry of it)."""
+
+
+@dataclass
+class Rollout:
+    """One trajectory in progress."""
+
+    rollout_id: str
+    task_id: str
+    task_id_explicit: bool
+    opened_at: float
+    pinned: bool = False
+    """Opened explicitly (``open_rollout``): kept even while it has no turn."""
+    records: list[dict[str, Any]] = field(default_factory=list)
+    conversations: dict[str, Conversation] = field(default_factory=dict)
+    in_flight: tuple[str, ChatRequest] | None = None
+    """Role and request being answered (a rollout answers one request at a time)."""
+    finished: bool = False
+    reward: float | None = None
+    rebuilds: int = 0
+    closed: str | None = None
+    """Why the rollout was closed without finishing (``timeout`` or ``discarded: ...``)."""
+
+    def policy_versions(self) -> tuple[int, ...]:
+        """Distinct versions of the weights its turns were sampled with, sorted."""
+        return tuple(sorted({int(r["policy_version"]) for r in self.records}))
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "rollout_id": self.rollout_id,
+            "task_id": self.task_id,
+            "turns": len(self.records),
+            "finished": self.finished,
+            "context_rebuilds": self.rebuilds,
+            "policy_versions": list(self.policy_versions()),
+        }
+
+
+@dataclass(frozen=True)
+class FinishedRollout:
+    """A rollout with its reward, as the training loop collects it."""
+
+    rollout_id: str
+    task_id: str
+    reward: float
+    records: tuple[dict[str, Any], ...]
+    """Its turn records, in order (the reward is on the last one, with ``done``)."""
+    policy_versions: tuple[int, ...]
+    """Sorted distinct ``policy_version`` of its turns (empty when it has none)."""
+    context_rebuilds: int
+
+    @property
+    def mixed_versions(self) -> bool:
+        """Whether its turns were sampled with more than one version of the weights
+        (a synchronous loop refuses such a rollout for training)."""
+        return len(self.policy_versions) > 1
+
+
+@dataclass(frozen=True)
+class ClosedRollout:
+    """A rollout closed without a reward: dropped, only counted."""
+
+    rollout_id: str
+    task_id: str
+    turns: int
+    reason: str
+    """``"timeout"`` or ``"discarded: <the caller's reason>"``."""
+
+
+@dataclass(frozen=True)
+class _Tombstone:
+    reason: str
+    """``"finished"``, ``"timeout"`` or ``"discarded: ..."``."""
+    reward: float | None = None
+
+
+class RolloutTable:
+    """Open rollouts by id, closed ids, and the counters, under one condition."""
+
+    def __init__(
+        self, *, timeout_s: float | None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.cond = threading.Condition()
+        """Guards everything here; notified whenever a rollout's request ends."""
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.open: OrderedDict[str, Rollout] = OrderedDict()
+        self._closed: OrderedDict[str, _Tombstone] = OrderedDict()
+        self.closed_log: deque[ClosedRollout] = deque(maxlen=CLOSED_IDS_KEPT)
+        """Rollouts closed without a reward, not yet collected by ``pop_closed``."""
+        self.counts = {"finished": 0, "timed_out": 0, "discarded": 0}
+
+    # ----------------------------------------------------------------- lookups
+    def refuse_closed(self, rollout_id: str) -> None:
+        """409 if ``rollout_id`` was used by a rollout that is now closed."""
+        tomb = self._closed.get(rollout_id)
+        if tomb is not None:
+            raise GatewayError(
+                409,
+                f"rollout {rollout_id!r} is closed ({tomb.reason}); use a fresh rollout id",
+                code="rollout_closed",
+            )
+
+    def tombstone(self, rollout_id: str) -> _Tombstone | None:
+        return self._closed.get(rollout_id)
+
+    def get(self, rollout_id: str) -> Rollout:
+        """The open rollout; 409 if closed, 404 if never seen."""
+        state = self.open.get(rollout_id)
+        if state is None:
+            self.refuse_closed(rollout_id)
+            raise GatewayError(404, f"unknown rollout {rollout_id!r}", param="rollout_id")
+        return state
+
+    def get_or_create(self, rollout_id: str, task_id: str | None, *, pinned: bool) -> Rollout:
+        state = self.open.get(rollout_id)
+        if state is None:
+            self.refuse_closed(rollout_id)
+            state = Rollout(
+                rollout_id,
+                task_id or rollout_id,
+                task_id is not None,
+                opened_at=self.clock(),
+                pinned=pinned,
+            )
+            self.open[rollout_id] = state
+        return state
+
+    # ----------------------------------------------------------------- closing
+    def _bury(self, state: Rollout, tomb: _Tombstone) -> None:
+        self.open.pop(state.rollout_id, None)
+        self._closed[state.rollout_id] = tomb
+        while len(self._closed) > CLOSED_IDS_KEPT:
+            self._closed.popitem(last=False)
+        self.cond.notify_all()
+
+    def close(self, state: Rollout, reason: str) -> ClosedRollout:
+        """Drop an unfinished rollout (timeout or discard); counted and logged."""
+        state.closed = reason
+        self._bury(state, _Tombstone(reason))
+        closed = ClosedRollout(state.rollout_id, state.task_id, len(state.records), reason)
+        self.closed_log.append(closed)
+        self.counts["timed_out" if reason == "timeout" else "discarded"] += 1
+        return closed
+
+    def forget_finished(self, state: Rollout) -> None:
+        """Forget a finished rollout (collected, or past the keep limit)."""
+        self._bury(state, _Tombstone("finished", state.reward))
+
+    def expired(self, now: float) -> list[Rollout]:
+        """Unfinished rollouts opened more than ``timeout_s`` before ``now``."""
+        if self.timeout_s is None:
+            return []
+        out = []
+        for state in self.open.values():
+            if state.opened_at + self.timeout_s > now:
+                break  # opened in order: the rest are younger
+            if not state.finished:
+                out.append(state)
+        return out
