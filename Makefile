@@ -13,7 +13,7 @@ AGL_VENV := .venv-agl
 INT_STAMP := $(INT_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations.txt | cksum | cut -d' ' -f1)
 AGL_STAMP := $(AGL_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations-agl.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup setup-integrations test-integrations demo demo-smol test test-slow lint bench bench-rollout grouping clean
+.PHONY: setup setup-integrations test-integrations demo demo-smol test test-slow lint bench bench-rollout bench-gateway grouping clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -82,6 +82,9 @@ bench: setup
 
 bench-rollout: setup
 	$(PY) benchmarks/rollout.py
+
+bench-gateway: setup
+	$(PY) benchmarks/gateway_memory.py
 
 grouping: setup
 	$(PY) examples/grouping/run.py

@@ -98,15 +98,14 @@ def _id_from(request: Request, path_key: str, header: str) -> str | None:
     return in_path if in_path is not None else in_header
 
 
-async def _json_body(request: Request, limit: int) -> Any:
-    """The decoded JSON body; 413 past ``limit`` bytes, 400 when it is not JSON
-    (or holds an integer too large for any field, see :mod:`turnrl.serve.jsonbody`)."""
+async def _read_body(request: Request, limit: int, why: str) -> bytearray:
+    """The raw body; 413 as soon as it passes ``limit`` bytes (``why`` says whence)."""
     raw = bytearray()
     async for chunk in request.stream():
         if len(raw) + len(chunk) > limit:
-            raise GatewayError(413, f"request body over {limit} bytes")
+            raise GatewayError(413, f"request body over {limit} bytes ({why})")
         raw += chunk
-    return decode_json(raw)
+    return raw
 
 
 def reward_of(body: Any) -> tuple[float, str | None]:
@@ -161,10 +160,23 @@ def create_app(
             limiters.append(anyio.CapacityLimiter(max_threads))
         return await anyio.to_thread.run_sync(fn, *args, limiter=limiters[0])
 
+    async def _json_body(request: Request) -> Any:
+        """The decoded body (decoded in a worker thread: a large body would stall the
+        event loop). 413 past the body cap, or past the largest body that can hold
+        a request the context admits; 400 when it is not JSON or holds an integer
+        too large for any field (:mod:`turnrl.serve.jsonbody`)."""
+        limit, why = max_body_bytes, "the body cap"
+        fitting = gateway.max_body_bytes
+        if fitting is not None and fitting < limit:
+            limit = fitting
+            why = f"no request of at most {gateway.max_request_chars} characters is larger"
+        raw = await _read_body(request, limit, why)
+        return await in_thread(decode_json, raw)
+
     async def chat_completions(request: Request) -> Response:
         rollout_id = _id_from(request, "rollout_id", ROLLOUT_HEADER)
         task_id = _id_from(request, "task_id", TASK_HEADER)
-        body = await _json_body(request, max_body_bytes)
+        body = await _json_body(request)
         chat = parse_chat_request(body)
         if rollout_id is None:
             raise bad_request(
@@ -179,7 +191,7 @@ def create_app(
 
     async def reward(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
-        value, in_body = reward_of(await _json_body(request, max_body_bytes))
+        value, in_body = reward_of(await _json_body(request))
         task_id = _id_from(request, "task_id", TASK_HEADER)
         if task_id is not None and in_body is not None and in_body != task_id:
             raise bad_request(f"task_id {in_body!r} differs from {task_id!r}", "task_id")
@@ -190,7 +202,7 @@ def create_app(
         """Agent Lightning's event route: a reward finishes the rollout; other
         events are acknowledged and not recorded."""
         rollout_id = request.path_params["rollout_id"]
-        body = await _json_body(request, max_body_bytes)
+        body = await _json_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("event_type"), str):
             raise bad_request("an event is an object with a string event_type", "event_type")
         answer = {"event_type": body["event_type"], "rollout_id": rollout_id}
@@ -206,7 +218,7 @@ def create_app(
         client = request.client.host if request.client is not None else ""
         if not is_loopback(client):
             raise GatewayError(403, "/admin/reload is for loopback callers only")
-        body = await _json_body(request, max_body_bytes)
+        body = await _json_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("policy"), str):
             raise bad_request('send {"policy": "DIRECTORY"}', "policy")
         version = body.get("version", gateway.policy_version + 1)

@@ -91,6 +91,16 @@ Real text averages about 4 characters per token, so a request over the bound
 cannot fit the context in practice; refusing it before tokenising keeps one
 huge body from costing seconds and gigabytes (``max_request_chars`` overrides)."""
 
+JSON_BYTES_PER_CHAR = 12
+"""Most bytes one character of text takes in a JSON body (an astral character written
+as a surrogate pair of ``\\u`` escapes)."""
+
+BODY_SLACK_BYTES = 2**20
+"""Room in a body for what is not text: JSON structure, ids, ignored fields."""
+
+MESSAGE_OVERHEAD_BYTES = 64
+"""JSON structure of one message (``{"role": "user", "content": ""}`` and commas)."""
+
 SWEEP_INTERVAL_S = 1.0
 """Requests close timed-out rollouts at most this often (or a quarter of the timeout)."""
 
@@ -372,12 +382,29 @@ class Gateway:
                     self._rollouts.open.pop(state.rollout_id, None)  # a failed first call
                 self._rollouts.cond.notify_all()
 
+    @property
+    def max_request_chars(self) -> int | None:
+        """Most characters of text a request may hold (``None``: no bound)."""
+        if self.config.max_request_chars is not None:
+            return self.config.max_request_chars
+        limit = self.policy.max_context
+        return None if limit is None else CHARS_PER_TOKEN_BOUND * limit
+
+    @property
+    def max_body_bytes(self) -> int | None:
+        """Largest JSON body that can hold a request within :attr:`max_request_chars`
+        (the HTTP app refuses larger bodies with 413 while reading them, so a huge
+        body never sits in memory whole)."""
+        chars = self.max_request_chars
+        if chars is None:
+            return None
+        messages = self.policy.max_context or 0
+        return JSON_BYTES_PER_CHAR * chars + MESSAGE_OVERHEAD_BYTES * messages + BODY_SLACK_BYTES
+
     def _check_size(self, request: ChatRequest) -> None:
         """400 for requests that cannot fit the context, before any tokenising."""
         limit = self.policy.max_context
-        chars = self.config.max_request_chars
-        if chars is None and limit is not None:
-            chars = CHARS_PER_TOKEN_BOUND * limit
+        chars = self.max_request_chars
         if limit is not None and len(request.messages) >= limit:
             raise bad_request(
                 f"{len(request.messages)} messages cannot fit a context of {limit} positions",

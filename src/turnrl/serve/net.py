@@ -17,12 +17,12 @@ LISTEN_BACKLOG = 2048
 """Pending connections the socket queues (uvicorn's default)."""
 
 
-class PortInUseError(ValueError):
-    """The address is already in use (another server listens there)."""
-
-
 class BindError(ValueError):
     """The host or port cannot be bound (the message says which and why)."""
+
+
+class PortInUseError(BindError):
+    """The address is already in use (another server listens there)."""
 
 
 def is_loopback(host: str) -> bool:
