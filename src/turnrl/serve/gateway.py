@@ -426,30 +426,37 @@ class Gateway:
         """Take the rollout for ``request``: waits while it answers another request;
         returns the stored result instead when ``request`` repeats the role's last."""
         role = request.role
-        with self._rollouts.cond:
-            while True:
-                if self._closing:
-                    raise GatewayError(503, "the gateway is shutting down")
-                state = self._rollouts.get_or_create(rollout_id, task_id, pinned=False)
-                conversation = state.conversations.get(role)
-                if state.in_flight is None:
-                    if (
-                        conversation is not None
-                        and conversation.last_result is not None
-                        and conversation.last_request == request
-                    ):
-                        return conversation.last_result
-                    if state.finished:
-                        raise GatewayError(
-                            409,
-                            f"rollout {rollout_id!r} is finished (its reward was posted)",
-                            code="rollout_finished",
-                        )
-                    if task_id is not None:
-                        self._set_task(state, task_id)
-                    state.in_flight = (role, request)
-                    return state, conversation or Conversation()
-                self._rollouts.cond.wait()
+        table = self._rollouts
+        with table.cond:
+            state = self._wait_idle(lambda: table.get_or_create(rollout_id, task_id, pinned=False))
+            conversation = state.conversations.get(role)
+            if (
+                conversation is not None
+                and conversation.last_result is not None
+                and conversation.last_request == request
+            ):
+                return conversation.last_result
+            if state.finished:
+                raise GatewayError(
+                    409,
+                    f"rollout {rollout_id!r} is finished (its reward was posted)",
+                    code="rollout_finished",
+                )
+            if task_id is not None:
+                self._set_task(state, task_id)
+            state.in_flight = (role, request)
+            return state, conversation or Conversation()
+
+    def _wait_idle(self, lookup: Callable[[], Rollout]) -> Rollout:
+        """The rollout ``lookup`` finds (again after every wake-up), once it answers no
+        request. The caller holds the lock; waiting releases it."""
+        while True:
+            if self._closing:
+                raise GatewayError(503, "the gateway is shutting down")
+            state = lookup()
+            if state.in_flight is None:
+                return state
+            self._rollouts.cond.wait()
 
     @staticmethod
     def _set_task(state: Rollout, task_id: str) -> None:
@@ -646,18 +653,10 @@ class Gateway:
         self._sweep()
         table = self._rollouts
         with table.cond:
-            while True:
-                if self._closing:
-                    raise GatewayError(503, "the gateway is shutting down")
-                state = table.open.get(rollout_id)
-                if state is None:
-                    tomb = table.tombstone(rollout_id)
-                    if tomb is not None and tomb.reason == "finished" and tomb.reward == value:
-                        return {"rollout_id": rollout_id, "finished": True, "reward": value}
-                    state = table.get(rollout_id)  # raises the 409 or 404
-                if state.in_flight is None:
-                    break
-                table.cond.wait()
+            tomb = None if rollout_id in table.open else table.tombstone(rollout_id)
+            if tomb is not None and tomb.reason == "finished" and tomb.reward == value:
+                return {"rollout_id": rollout_id, "finished": True, "reward": value}
+            state = self._wait_idle(lambda: table.get(rollout_id))  # 409 closed, 404 unknown
             if state.finished:
                 if state.reward == value:
                     return {**state.summary(), "reward": value}
