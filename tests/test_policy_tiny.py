@@ -120,3 +120,67 @@ def test_save_load_round_trip(tokenizer, tmp_path) -> None:
         expected = model(input_ids=ids).logits
         got = policy.model(input_ids=ids).logits
     assert torch.equal(expected, got)
+
+
+# Text the tiny model can represent: its characters, its special tokens, chat markup.
+_PIECES = st.one_of(
+    st.text(alphabet=ALPHABET, min_size=1, max_size=12),
+    st.sampled_from([PAD, UNK, IM_START, IM_END, " ", "\n", "  ", " \n", "\n\n"]),
+)
+
+
+@pytest.fixture(scope="module")
+def standard_load(tmp_path_factory):
+    """A policy saved by turnrl, loaded back with the standard transformers calls."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from turnrl.policy import build_tiny_policy
+
+    directory = tmp_path_factory.mktemp("tiny-saved")
+    policy = build_tiny_policy(seed=2)
+    policy.save(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    return policy, AutoTokenizer.from_pretrained(directory), model
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_PIECES, max_size=12).map("".join))
+def test_standard_autotokenizer_gives_turnrl_ids(standard_load, text: str) -> None:
+    """AutoTokenizer builds transformers' Qwen2Tokenizer from the saved files: same ids."""
+    policy, auto, _ = standard_load
+    ids = policy.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert auto(text, add_special_tokens=False)["input_ids"] == ids
+    assert auto.decode(ids) == policy.tokenizer.decode(ids)
+    if UNK not in text:
+        assert auto.decode(ids) == text
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["system", "user", "assistant", "tool"]),
+            st.text(alphabet=ALPHABET, max_size=20),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_standard_load_chat_template_ids_and_logits(standard_load, turns) -> None:
+    policy, auto, model = standard_load
+    messages = [{"role": role, "content": content} for role, content in turns]
+    ids = policy.encode_initial(messages)
+    got = auto.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    assert list(got["input_ids"]) == ids
+    assert (auto.eos_token_id, auto.pad_token_id, auto.padding_side) == (3, 0, "left")
+    with torch.no_grad():
+        want = policy.model(input_ids=torch.tensor([ids])).logits
+        assert torch.equal(model(input_ids=torch.tensor([ids])).logits, want)
+
+
+def test_characters_outside_the_alphabet(standard_load) -> None:
+    """The one documented difference: turnrl says <|unk|>, Qwen2Tokenizer drops them."""
+    policy, auto, _ = standard_load
+    a, b = policy.tokenizer.convert_tokens_to_ids(["a", "b"])
+    assert policy.tokenizer("aé\tb", add_special_tokens=False)["input_ids"] == [a, 1, 1, b]
+    assert auto("aé\tb", add_special_tokens=False)["input_ids"] == [a, b]

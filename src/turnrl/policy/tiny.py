@@ -5,6 +5,15 @@ Nothing here downloads anything: the tokenizer is built in code with the
 the model is a randomly initialised ``Qwen2ForCausalLM`` of about 0.1M
 parameters, so every layer above ``policy`` can be exercised on a CPU in seconds.
 
+Saved directories load with the standard ``AutoTokenizer.from_pretrained``, which
+for a ``qwen2`` model builds transformers' own ``Qwen2Tokenizer`` from the saved
+vocabulary and ignores the saved pre-tokenizer: a byte-level BPE (bytes mapped to
+printable characters, e.g. space to ``Ġ``). The vocabulary is therefore stored
+in that byte-level spelling, and this tokenizer maps text to it the same way, so
+both give the same ids on every text made of :data:`ALPHABET` characters and the
+special tokens. A character outside the alphabet becomes ``<|unk|>`` here and is
+dropped by ``Qwen2Tokenizer`` (whose BPE has no unknown token).
+
 The chat template is ChatML-like but compact, because every character of markup
 costs one token for a character-level model::
 
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers.pre_tokenizers import ByteLevel
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 IM_START = "<|im_start|>"
@@ -51,19 +61,42 @@ CHAT_TEMPLATE = (
 """Jinja chat template (compact ChatML); unknown roles raise an error."""
 
 
+def byte_level_spelling(char: str) -> str:
+    """How a byte-level BPE vocabulary spells the ASCII character ``char``.
+
+    GPT-2's byte-to-unicode map (what ``tokenizers``' ``ByteLevel`` applies):
+    printable bytes stand for themselves, the others (space, newline, ...) are
+    shifted to ``U+0100`` onwards, in byte order.
+    """
+    code = ord(char)
+    if code > 0x7F:
+        raise ValueError(f"{char!r} is not an ASCII character (one byte in UTF-8)")
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    if code in printable:
+        return char
+    return chr(0x100 + [b for b in range(0x100) if b not in printable].index(code))
+
+
 def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """Build the character-level tokenizer with its chat template.
 
-    A ``WordLevel`` model over single characters: the pre-tokenizer isolates
-    every character, characters outside :data:`ALPHABET` map to ``<|unk|>``, and
-    the ``Fuse`` decoder concatenates tokens back without separators. Padding is
-    on the left (what batched generation wants).
+    A ``WordLevel`` model over single characters in byte-level spelling (see the
+    module docstring): the pre-tokenizer isolates every character and spells it
+    as ``ByteLevel`` does, characters outside :data:`ALPHABET` map to
+    ``<|unk|>``, and the ``ByteLevel`` decoder turns tokens back into text.
+    Padding is on the left (what batched generation wants).
     """
-    vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *ALPHABET))}
+    spelled = [byte_level_spelling(char) for char in ALPHABET]
+    vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *spelled))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     # [\s\S] rather than "." so that the newline is a character too.
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated"),
+            ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    core.decoder = decoders.ByteLevel()
     core.add_special_tokens(list(SPECIAL_TOKENS))
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
