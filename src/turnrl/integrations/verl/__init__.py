@@ -12,7 +12,8 @@ via the hook) and the trade-offs are in ``docs/integrations-verl.md``.
 
 Public API: ``register_all``, ``verl_name``, ``turnrl_uid``, ``batch_to_table``,
 ``batch_to_turns``, ``rows_to_turns``, ``advantages_to_tokens``,
-``compute_advantage`` (write turnrl advantages into a ``DataProto`` directly).
+``compute_advantage`` (write turnrl advantages into a ``DataProto`` directly),
+``verl_options`` (how verl's gamma and std settings become estimator options).
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ from turnrl.integrations.verl.batch import (
     batch_to_turns,
     rows_to_turns,
 )
-from turnrl.integrations.verl.estimators import register_all, turnrl_settings, verl_name
+from turnrl.integrations.verl.estimators import (
+    register_all,
+    turnrl_settings,
+    verl_name,
+    verl_options,
+)
 from turnrl.integrations.verl.uid import parse_uids, turnrl_uid
 
 
@@ -70,4 +76,5 @@ __all__ = [
     "turnrl_settings",
     "turnrl_uid",
     "verl_name",
+    "verl_options",
 ]

@@ -12,8 +12,17 @@ Options come from the algorithm config, ``algorithm.turnrl`` (add it with
 configs that reject unknown keys, the environment variable ``TURNRL_VERL`` (JSON,
 same shape): ``{"reward_mode": "auto"|"per_turn"|"broadcast", "params": {...}}``.
 ``params`` are the estimator's own keyword options (``turnrl estimators`` lists
-them); verl's ``gamma``/``norm_adv_by_std_in_grpo`` are *not* mapped, so a turnrl
-estimator keeps its documented defaults unless you set them here.
+them).
+
+verl's own settings that mean the same thing are honoured (``verl_options``):
+``algorithm.norm_adv_by_std_in_grpo`` sets every std option of the estimator
+(``use_std``, GiGPO's ``episode_use_std``/``step_use_std``), and
+``algorithm.gamma`` sets its ``gamma`` (a discount per turn: verl's GAE
+discounts per token, which for the turn-level estimators is the same only at
+``gamma = 1``). Where an estimator cannot do what verl's value asks (A2TGPO
+always divides its outcome advantage by the std, Dr. GRPO and RLOO never do;
+outcome-only estimators do not discount) the value is refused with an error that
+names the setting, as is a ``params`` entry that contradicts verl's value.
 
 Departure: A2TGPO's per-turn clip factor (``Credit.clip_factor``) has no place in
 verl's estimator return value; only its advantages are used.
@@ -79,6 +88,68 @@ def turnrl_settings(config: Any) -> dict[str, Any]:
     return {"reward_mode": settings.get("reward_mode", "auto"), "params": dict(params)}
 
 
+STD_OPTIONS = ("use_std", "episode_use_std", "step_use_std")
+"""Estimator options that mean verl's ``norm_adv_by_std_in_grpo``."""
+FIXED_STD = {"a2tgpo": True, "dr_grpo": False, "rloo": False}
+"""Whether estimators without a std option divide by the std (fixed by their method)."""
+
+
+def _verl_setting(config: Any, key: str) -> Any:
+    """``config.<key>`` of a verl algorithm config (DictConfig, AlgoConfig or dict)."""
+    if config is None:
+        return None
+    if isinstance(config, Mapping):
+        return config.get(key)
+    getter = getattr(config, "get", None)
+    return getter(key, None) if callable(getter) else getattr(config, key, None)
+
+
+def _take(resolved: dict[str, Any], option: str, value: Any, setting: str, name: str) -> None:
+    """Set ``option`` from verl's ``setting`` unless ``params`` contradicts it."""
+    if option in resolved and resolved[option] != value:
+        raise ValueError(
+            f"algorithm.turnrl.params.{option}={resolved[option]!r} contradicts "
+            f"{setting}={value!r}: {verl_name(name)} takes {option} from {setting}; "
+            f"set {setting} (and drop the turnrl param)"
+        )
+    resolved[option] = value
+
+
+def verl_options(name: str, config: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The estimator's options: ``params`` plus verl's std and discount settings.
+
+    See the module docstring for the mapping; raises ``ValueError`` naming the verl
+    setting when the estimator cannot honour it or ``params`` contradicts it.
+    """
+    entry = get_estimator(name)
+    defaults = entry.params()
+    resolved = dict(params)
+    norm = _verl_setting(config, "norm_adv_by_std_in_grpo")
+    if norm is not None:
+        setting, norm = "algorithm.norm_adv_by_std_in_grpo", bool(norm)
+        std_options = [option for option in STD_OPTIONS if option in defaults]
+        for option in std_options:
+            _take(resolved, option, norm, setting, entry.name)
+        if not std_options and norm != FIXED_STD[entry.name]:
+            does = "always divides" if FIXED_STD[entry.name] else "never divides"
+            raise ValueError(
+                f"{verl_name(entry.name)} {does} its advantages by the group std, but "
+                f"{setting}={norm}: set {setting}={str(not norm).lower()}"
+            )
+    gamma = _verl_setting(config, "gamma")
+    if gamma is not None:
+        setting, gamma = "algorithm.gamma", float(gamma)
+        if "gamma" in defaults:
+            _take(resolved, "gamma", gamma, setting, entry.name)
+        elif gamma != 1.0:
+            raise ValueError(
+                f"{verl_name(entry.name)} scores a trajectory by its undiscounted outcome, "
+                f"but {setting}={gamma}: set {setting}=1.0, or use an estimator that "
+                "discounts per turn (turnrl_turn_group, turnrl_node, turnrl_gigpo, ...)"
+            )
+    return resolved
+
+
 def _check_inputs(name: str, group_key: str, batch_turns: BatchTurns, hooked: bool) -> None:
     """Refuse to run a turn-aware estimator on data that lacks what it groups by."""
     table = batch_turns.table
@@ -113,6 +184,7 @@ def make_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]
         **_unused: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         settings = turnrl_settings(config)
+        options = verl_options(entry.name, config, settings["params"])
         data = context.batch_for(index)
         if data is None and "agentlightning.verl.trainer" in sys.modules:
             raise RuntimeError(
@@ -129,7 +201,7 @@ def make_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]
                 token_level_rewards, response_mask, index, reward_mode=settings["reward_mode"]
             )
         _check_inputs(entry.name, entry.group_key, batch_turns, hooked=data is not None)
-        credit = compute_credit(batch_turns.table, entry.name, **settings["params"])
+        credit = compute_credit(batch_turns.table, entry.name, **options)
         advantages = advantages_to_tokens(credit.advantages, batch_turns.turns, token_level_rewards)
         return advantages, advantages
 
