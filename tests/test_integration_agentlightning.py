@@ -138,13 +138,22 @@ def agl():
     )
 
 
-def test_real_rollout_round_trips(agl) -> None:
-    from agentlightning.types import RolloutLegacy, Triplet
+@pytest.mark.parametrize("where", ["metadata", "task"])
+def test_real_rollout_round_trips(agl, where: str) -> None:
+    """Triplets, rewards, the task and the metadata come back unchanged."""
+    from agentlightning.types import RolloutLegacy, Task, Triplet
 
+    task = Task(
+        rollout_id="ro-7",
+        input={"question": "2+2?", "answer": 4},
+        mode="train",
+        metadata={"data_id": "q-9"} if where == "task" else {"split": "a"},
+    )
     rollout = RolloutLegacy(
         rollout_id="ro-7",
+        task=task,
         final_reward=0.5,
-        metadata={"data_id": "q-9"},
+        metadata={"data_id": "q-9", "note": [1, 2]} if where == "metadata" else {},
         triplets=[
             Triplet(**triplet([3, 4], [8, 9, 2])),
             Triplet(**triplet([3, 4, 8, 9, 2, 11], [12, 2], 0.5)),
@@ -153,8 +162,10 @@ def test_real_rollout_round_trips(agl) -> None:
     )
     records = rollout_to_records(rollout)
     TurnTable.from_records(records)  # valid turn records
+    assert {r["task_id"] for r in records} == {"q-9"}
     back = records_to_rollout(records)
     assert isinstance(back, RolloutLegacy)
+    assert back.task == task
     assert back.model_dump() == rollout.model_dump()
 
 
@@ -205,3 +216,116 @@ def test_spans_through_agent_lightnings_trace_adapter(agl) -> None:
     assert [r["response_ids"] for r in records] == [[5, 2], [6, 2]]
     assert [r["reward"] for r in records] == [0.0, 1.0]
     assert records[1]["agl_response_id"] == "resp-2"
+
+
+# ------------------------------------------------------- the store (0.3.0) and its spans
+def llm_span(rollout_id: str, attempt_id: str, seq: int, ids: bool):
+    from agentlightning.types import Span
+
+    attributes = {
+        "gen_ai.prompt.0.role": "user",
+        "gen_ai.prompt.0.content": f"question {seq}",
+        "gen_ai.completion.0.role": "assistant",
+        "gen_ai.completion.0.content": "answer",
+        "gen_ai.response.id": f"resp-{seq}",
+    }
+    if ids:
+        attributes.update(prompt_token_ids=[1, 2, seq], response_token_ids=[5, seq])
+    return Span.from_attributes(
+        name="openai.chat.completion",
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        sequence_id=seq,
+        start_time=float(seq),
+        end_time=seq + 0.5,
+        attributes=attributes,
+    )
+
+
+def reward_span(rollout_id: str, attempt_id: str, seq: int, value: float):
+    from agentlightning.types import Span
+
+    return Span.from_attributes(
+        name="agentlightning.annotation",
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        sequence_id=seq,
+        start_time=float(seq),
+        end_time=seq + 0.1,
+        attributes={
+            "agentlightning.reward.0.name": "primary",
+            "agentlightning.reward.0.value": value,
+        },
+    )
+
+
+def store_rollout(ids: bool):
+    """A rollout through Agent Lightning's real in-memory store: (AttemptedRollout, spans)."""
+    import asyncio
+
+    from agentlightning.store import InMemoryLightningStore
+
+    async def run():
+        store = InMemoryLightningStore()
+        rollout = await store.start_rollout(
+            input={"q": "2+2"}, mode="train", metadata={"data_id": "d-1"}
+        )
+        rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
+        for span in (llm_span(rid, aid, 1, ids), llm_span(rid, aid, 2, ids)):
+            await store.add_span(span)
+        await store.add_span(reward_span(rid, aid, 3, 1.0))
+        (stored,) = await store.query_rollouts()
+        return stored, await store.query_spans(rid, aid)
+
+    return asyncio.run(run())
+
+
+def test_store_rollout_is_refused_with_what_to_pass(agl) -> None:
+    rollout, spans = store_rollout(ids=True)
+    assert type(rollout).__name__ == "AttemptedRollout"
+    with pytest.raises(
+        TurnRecordError, match=r"store rollout \(AttemptedRollout\).*spans_to_records"
+    ):
+        rollout_to_records(rollout)
+    with pytest.raises(TurnRecordError, match="store rollout"):
+        rollout_to_records(rollout.model_dump(mode="json"))  # its JSON dump too
+
+
+def test_store_rollout_with_its_spans(agl) -> None:
+    from turnrl.integrations.agentlightning import spans_to_records
+
+    rollout, spans = store_rollout(ids=True)
+    records = spans_to_records(spans, rollout=rollout)
+    assert [(r["task_id"], r["traj_id"], r["turn"]) for r in records] == [
+        ("d-1", rollout.rollout_id, 0),
+        ("d-1", rollout.rollout_id, 1),
+    ]
+    assert [r["prompt_ids"] for r in records] == [[1, 2, 1], [1, 2, 2]]
+    assert [r["reward"] for r in records] == [0.0, 1.0]
+    other = [s.model_copy(update={"attempt_id": "at-other"}) for s in spans]
+    with pytest.raises(ValueError, match="at-other"):
+        spans_to_records(other, rollout=rollout)
+
+
+def test_spans_without_token_ids_warn_once(agl, monkeypatch, caplog) -> None:
+    import turnrl.integrations.agentlightning as module
+
+    monkeypatch.setattr(module, "_warned_missing_ids", False)
+    rollout, spans = store_rollout(ids=False)
+    with caplog.at_level("WARNING", logger=module.__name__):
+        records = module.spans_to_records(spans, rollout=rollout)
+        again = module.spans_to_records(spans, rollout=rollout)
+    assert records == again
+    assert all(r["prompt_ids"] is None and r["response_ids"] is None for r in records)
+    assert records[0]["prompt"] == [{"role": "user", "content": "question 1"}]
+    warned = [r.getMessage() for r in caplog.records if r.name == module.__name__]
+    assert len(warned) == 1  # once, however many rollouts follow
+    assert "2 of 2 triplets carry no prompt/response token ids" in warned[0]
+    assert "node ids fall back to a hash of the prompt's chat JSON" in warned[0]
+    # with token ids nothing is said
+    monkeypatch.setattr(module, "_warned_missing_ids", False)
+    caplog.clear()
+    rollout, spans = store_rollout(ids=True)
+    with caplog.at_level("WARNING", logger=module.__name__):
+        module.spans_to_records(spans, rollout=rollout)
+    assert not [r for r in caplog.records if r.name == module.__name__]

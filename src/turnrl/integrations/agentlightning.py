@@ -5,9 +5,10 @@ Agent Lightning (0.3) records one ``Triplet`` per LLM call: ``prompt`` and
 ``reward`` and ``metadata`` (``agent_name``, ``response_id``, ...). A rollout
 (``RolloutLegacy``, or its JSON dump) has a ``rollout_id``, its ``triplets``, a
 ``final_reward`` and the dataset row's ``data_id`` (in ``metadata``, or in
-``task.metadata``); a store-based ``Rollout`` keeps spans instead, which
-Agent Lightning's own ``TracerTraceToTriplet`` turns into triplets
-(``spans_to_records``).
+``task.metadata``). A store rollout (``Rollout``/``AttemptedRollout``, what
+``LightningStore`` returns in 0.3) keeps spans instead: ``rollout_to_records``
+refuses it with a message saying what to pass, and ``spans_to_records(spans,
+rollout=...)`` converts it through Agent Lightning's own ``TracerTraceToTriplet``.
 
 Mapping to turn records: ``task_id`` = data id (the question), ``traj_id`` =
 rollout id, ``turn`` = position of the triplet, ``role`` = ``agent_name``,
@@ -18,8 +19,18 @@ Rewards (``rewards=``): ``"final"`` (default) is what Agent Lightning's verl
 trainer trains on: the rollout's final reward (``final_reward``, else the last
 triplet reward that is set) on the last turn, 0 elsewhere. ``"triplet"`` uses
 each triplet's own reward (unset = 0). Either way the raw values are kept in the
-pass-through fields ``agl_reward`` (per triplet) and ``agl_final_reward``, so
-``records_to_rollout`` gives the rollout back unchanged.
+pass-through fields ``agl_reward`` (per triplet) and ``agl_final_reward``, and the
+rollout's ``task`` and ``metadata`` in ``agl_task``/``agl_metadata``, so
+``records_to_rollout`` gives the rollout back unchanged (``trace`` and ``logs``
+are not carried).
+
+Token ids: a triplet without them (the LLM backend did not return token ids, as
+OpenAI-compatible servers without vLLM's extension do) becomes a record without
+``prompt_ids``/``response_ids``; its node id is then a hash of the prompt's chat
+JSON, not of exact tokens, and it cannot be trained on token-exactly. This is
+said once per process, as a warning on the ``turnrl.integrations.agentlightning``
+logger (not ``warnings.warn``: importing Agent Lightning's store imports LiteLLM's
+proxy, which replaces ``warnings.showwarning`` with one that prints nothing).
 
 Agent Lightning's default grouping (its verl trainer sets ``uid`` = data id, one
 row per triplet, the final reward on every row) is turnrl's ``grpo_mixed``:
@@ -30,6 +41,7 @@ estimator can replace it (see ``docs/integrations-agentlightning.md``).
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -38,6 +50,26 @@ from typing import Any, Literal
 from turnrl.errors import TurnRecordError
 
 RewardSource = Literal["final", "triplet"]
+
+
+logger = logging.getLogger(__name__)
+_warned_missing_ids = False
+
+
+def _warn_missing_token_ids(where: str, missing: int, total: int) -> None:
+    """Say once per process that records came out without exact token ids."""
+    global _warned_missing_ids
+    if _warned_missing_ids:
+        return
+    _warned_missing_ids = True
+    logger.warning(
+        f"{where}: {missing} of {total} triplets carry no prompt/response token ids, so "
+        "their turn records have no prompt_ids/response_ids: node ids fall back to a hash "
+        "of the prompt's chat JSON (not exact tokens) and the records cannot be trained on "
+        "token-exactly. The LLM backend did not return token ids (serve the model with vLLM "
+        "through Agent Lightning's LLMProxy, which records them). Warned once per process; "
+        "later rollouts may lack them too."
+    )
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
@@ -104,6 +136,19 @@ def _chat_prompt(prompt: Any) -> list[dict[str, Any]] | None:
     return None
 
 
+def _is_store_rollout(rollout: Any) -> bool:
+    """A ``LightningStore`` rollout (``Rollout``/``AttemptedRollout``): spans, no triplets."""
+    return _get(rollout, "triplets") is None and (
+        _get(rollout, "attempt") is not None or _get(rollout, "input") is not None
+    )
+
+
+def _plain(value: Any) -> Any:
+    """A pydantic model as JSON-ready data; anything else unchanged."""
+    dump = getattr(value, "model_dump", None)
+    return dump(mode="json") if callable(dump) else value
+
+
 def rollout_to_records(
     rollout: Any,
     *,
@@ -113,10 +158,12 @@ def rollout_to_records(
 ) -> list[dict[str, Any]]:
     """One turn record per triplet of an Agent Lightning rollout.
 
-    ``rollout`` is a ``RolloutLegacy`` or a mapping with the same fields.
-    ``task_id`` defaults to the rollout's data id (an error if it has none).
-    ``fillna`` replaces a missing final reward (as Agent Lightning's
-    ``reward_fillna_value``); without it a missing reward is an error.
+    ``rollout`` is a ``RolloutLegacy`` or a mapping with the same fields; a store
+    rollout (``AttemptedRollout``) is refused with a message saying to pass its
+    spans to ``spans_to_records``. ``task_id`` defaults to the rollout's data id
+    (an error if it has none). ``fillna`` replaces a missing final reward (as
+    Agent Lightning's ``reward_fillna_value``); without it a missing reward is an
+    error.
     """
     if rewards not in ("final", "triplet"):
         raise ValueError(f"rewards must be 'final' or 'triplet', got {rewards!r}")
@@ -124,6 +171,15 @@ def rollout_to_records(
     if not rollout_id:
         raise TurnRecordError("<rollout>", None, "rollout_id", "is required")
     where = f"rollout {rollout_id!r}"
+    if _is_store_rollout(rollout):
+        raise TurnRecordError(
+            where,
+            None,
+            "triplets",
+            f"is a store rollout ({type(rollout).__name__}): it keeps spans, not triplets; "
+            "pass its spans instead: spans_to_records(await store.query_spans("
+            "rollout.rollout_id, rollout.attempt.attempt_id), rollout=rollout)",
+        )
     task = task_id if task_id is not None else rollout_data_id(rollout)
     if task is None:
         raise TurnRecordError(where, None, "data_id", "is missing: pass task_id=")
@@ -132,7 +188,13 @@ def rollout_to_records(
         raise TurnRecordError(where, None, "triplets", "no triplets (nothing to train on)")
     final = _final_reward(rollout, triplets, fillna)
     raw_final = _get(rollout, "final_reward")
+    passed_on: dict[str, Any] = {}
+    if _get(rollout, "task") is not None:
+        passed_on["agl_task"] = _plain(_get(rollout, "task"))
+    if _get(rollout, "metadata") is not None:
+        passed_on["agl_metadata"] = dict(_get(rollout, "metadata"))
     out = []
+    missing_ids = 0
     for k, triplet in enumerate(triplets):
         prompt, response = _get(triplet, "prompt"), _get(triplet, "response")
         metadata = _get(triplet, "metadata") or {}
@@ -153,7 +215,9 @@ def rollout_to_records(
             "done": k == len(triplets) - 1,
             "agl_reward": raw_reward,
             "agl_final_reward": raw_final,
+            **passed_on,
         }
+        missing_ids += record["prompt_ids"] is None or response_ids is None
         chat = _chat_prompt(prompt)
         if chat is not None:
             record["prompt"] = chat
@@ -163,6 +227,8 @@ def rollout_to_records(
         if metadata.get("response_id") is not None:
             record["agl_response_id"] = str(metadata["response_id"])
         out.append(record)
+    if missing_ids:
+        _warn_missing_token_ids(where, missing_ids, len(triplets))
     return out
 
 
@@ -193,33 +259,56 @@ def read_rollouts_jsonl(path: str | Path) -> list[dict[str, Any]]:
 def spans_to_records(
     spans: Sequence[Any],
     *,
-    task_id: str,
-    rollout_id: str,
+    rollout: Any = None,
+    task_id: str | None = None,
+    rollout_id: str | None = None,
     final_reward: float | None = None,
     adapter: Any = None,
     **options: Any,
 ) -> list[dict[str, Any]]:
     """Turn records from a rollout's spans, via Agent Lightning's trace-to-triplet adapter.
 
-    ``adapter`` defaults to ``agentlightning.TracerTraceToTriplet()`` (the one its
-    verl trainer uses). Needs ``agentlightning`` installed.
+    ``rollout`` is the store's ``Rollout``/``AttemptedRollout`` the spans belong to
+    (``store.query_spans(rollout.rollout_id, rollout.attempt.attempt_id)``): it gives
+    the rollout id, the task id (its ``metadata["data_id"]``, as Agent Lightning's
+    verl daemon sets it) and the attempt the spans must come from. Without it pass
+    ``task_id`` and ``rollout_id``. ``adapter`` defaults to
+    ``agentlightning.TracerTraceToTriplet()`` (the one its verl trainer uses).
+    Needs ``agentlightning`` installed.
     """
+    if rollout is not None:
+        rollout_id = rollout_id or _get(rollout, "rollout_id")
+        task_id = task_id if task_id is not None else rollout_data_id(rollout)
+        attempt = _get(_get(rollout, "attempt"), "attempt_id")
+        other = {_get(span, "attempt_id") for span in spans} - {attempt, None}
+        if attempt is not None and other:
+            raise ValueError(
+                f"rollout {rollout_id!r}: spans of attempt(s) {sorted(other)} given with "
+                f"attempt {attempt!r}; query the spans of that attempt only"
+            )
+    if not rollout_id:
+        raise ValueError("spans_to_records needs rollout= (the store's rollout) or rollout_id=")
+    if task_id is None:
+        raise TurnRecordError(
+            f"rollout {rollout_id!r}", None, "data_id", "is missing: pass task_id="
+        )
     if adapter is None:
         from agentlightning.adapter import TracerTraceToTriplet
 
         adapter = TracerTraceToTriplet()
     triplets = adapter.adapt(spans)
-    rollout = {"rollout_id": rollout_id, "final_reward": final_reward, "triplets": triplets}
-    return rollout_to_records(rollout, task_id=task_id, **options)
+    converted = {"rollout_id": rollout_id, "final_reward": final_reward, "triplets": triplets}
+    return rollout_to_records(converted, task_id=task_id, **options)
 
 
 def records_to_rollout(records: Sequence[Mapping[str, Any]]) -> Any:
     """Rebuild the ``agentlightning.RolloutLegacy`` of one trajectory's records.
 
-    Uses the pass-through fields ``agl_reward``/``agl_final_reward`` when present
-    (records made by ``rollout_to_records``), else ``reward``. Needs ``agentlightning``.
+    Uses the pass-through fields ``agl_reward``/``agl_final_reward``, ``agl_task``
+    and ``agl_metadata`` when present (records made by ``rollout_to_records``), else
+    ``reward`` and ``metadata = {"data_id": task_id}``. Needs ``agentlightning``.
     """
-    from agentlightning.types import RolloutLegacy, Triplet
+    from agentlightning.types import RolloutLegacy, Task, Triplet
 
     if not records:
         raise ValueError("no records")
@@ -246,9 +335,11 @@ def records_to_rollout(records: Sequence[Mapping[str, Any]]) -> Any:
         if "agl_final_reward" in last
         else sum(float(r.get("reward", 0.0)) for r in ordered)
     )
+    task = last.get("agl_task")
     return RolloutLegacy(
         rollout_id=last["traj_id"],
+        task=None if task is None else Task.model_validate(task),
         final_reward=final,
         triplets=triplets,
-        metadata={"data_id": last["task_id"]},
+        metadata=last.get("agl_metadata", {"data_id": last["task_id"]}),
     )
