@@ -281,7 +281,7 @@ def store_rollout(ids: bool):
 
 
 def test_store_rollout_is_refused_with_what_to_pass(agl) -> None:
-    rollout, spans = store_rollout(ids=True)
+    rollout, _ = store_rollout(ids=True)
     assert type(rollout).__name__ == "AttemptedRollout"
     with pytest.raises(
         TurnRecordError, match=r"store rollout \(AttemptedRollout\).*spans_to_records"
