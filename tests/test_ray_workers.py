@@ -275,6 +275,39 @@ def test_a_worker_killed_mid_batch_loses_nothing(pool: RayRolloutPool, arm: Path
     assert len(trajs) == len(set(trajs)) == 6  # every episode once
 
 
+class OffsetVersions:
+    """The module's Ray pool serving one more trainer: trainer version ``v`` is pushed as
+    ``offset + v`` (a pool's versions only increase, and earlier tests pushed some)."""
+
+    def __init__(self, pool: RayRolloutPool) -> None:
+        self.pool = pool
+        self.offset = next_version(pool)
+
+    def push_weights(self, state_dict, version: int) -> None:
+        self.pool.push_weights(state_dict, self.offset + version)
+
+    def run_episodes(self, *args, **kwargs) -> RolloutBatch:
+        return self.pool.run_episodes(*args, **kwargs)
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_metrics_record_workers_restarts_and_policy_version(pool, tmp_path: Path) -> None:
+    """A training run on Ray workers logs, per step, what the pool reported."""
+    served = OffsetVersions(pool)
+    OnlineTrainer(run_config(tmp_path), quiet=True, pool=served).run()
+    rows = metric_rows(tmp_path)
+    assert "workers" not in rows[0]  # step 0 is the warm start's evaluation only
+    assert [
+        (r["step"], r["workers"], r["worker_restarts"], r["policy_version"]) for r in rows[1:]
+    ] == [
+        (1, 2, 0, served.offset),
+        (2, 2, 0, served.offset + 1),
+    ]
+
+
 @pytest.mark.slow
 def test_a_worker_killed_between_batches_is_replaced(pool: RayRolloutPool) -> None:
     policy = build_tiny_policy(0)
@@ -293,6 +326,11 @@ def test_a_worker_killed_between_batches_is_replaced(pool: RayRolloutPool) -> No
 def test_training_with_ray_workers(pool: RayRolloutPool, tmp_path: Path) -> None:
     run_dir = train_with_workers(run_config(tmp_path), quiet=True)
     assert logged_versions(run_dir, 1) == {0} and logged_versions(run_dir, 2) == {1}
+    steps = metric_rows(run_dir)[1:]
+    assert [(r["workers"], r["worker_restarts"], r["policy_version"]) for r in steps] == [
+        (2, 0, 0),
+        (2, 0, 1),
+    ]
 
 
 def test_workers_that_cannot_start_are_a_clear_error(pool: RayRolloutPool) -> None:

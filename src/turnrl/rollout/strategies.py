@@ -52,6 +52,11 @@ class RolloutPool(Protocol):
     def push_weights(self, state_dict: Mapping[str, Any], version: int) -> None: ...
 
 
+POOL_METRICS = ("workers", "worker_restarts", "policy_version")
+"""What a rollout pool reports in ``RolloutBatch.extra`` and a step's metrics carry:
+worker count, workers replaced during the batch, the weights' version it sampled with."""
+
+
 @dataclass
 class StepExperience:
     """What a strategy hands back: the records learned from and their statistics."""
@@ -110,7 +115,8 @@ def independent(
     ``prefix_cache`` samples through a shared KV cache (the group's common
     prompt and each trajectory's earlier turns are not re-encoded); off by
     default, which is how independent sampling is usually run. ``extra``
-    reports the token counts of :mod:`turnrl.rollout.tokens`.
+    reports the token counts of :mod:`turnrl.rollout.tokens`, and a rollout
+    pool's ``POOL_METRICS`` when the batch ran on one.
     """
     policy = PrefixReuse(ctx.policy, enabled=prefix_cache)
     batch = ctx.runner(
@@ -126,5 +132,6 @@ def independent(
     extra = {
         **token_metrics(batch.records, batch.extra.get("tokens_computed", policy.tokens_computed)),
         "rollout_env_steps": float(len(batch.records)),
+        **{key: batch.extra[key] for key in POOL_METRICS if batch.extra.get(key) is not None},
     }
     return StepExperience(batch, [ctx.learn(batch.records)], extra)
