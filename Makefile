@@ -84,7 +84,7 @@ bench-rollout: setup
 	$(PY) benchmarks/rollout.py
 
 bench-gateway: setup
-	$(PY) benchmarks/gateway_memory.py
+	$(PY) benchmarks/gateway_memory.py --contrast-megabytes 1
 
 grouping: setup
 	$(PY) examples/grouping/run.py

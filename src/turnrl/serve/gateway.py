@@ -565,7 +565,7 @@ class Gateway:
             rollout_id=state.rollout_id,
             task_id=state.task_id,
             turn=turn,
-            model=self.config.model_name,
+            model=request.model,
             reply=reply,
             finish_reason=finish,
             prompt_ids=prompt_ids,
