@@ -1,0 +1,274 @@
+"""Run many agent rollouts at once against the gateway, and keep what they recorded.
+
+Each rollout is one run of the user's program (:mod:`turnrl.train.agent_programs`)
+on one task, with a base URL that names the rollout, so every chat completion
+the program makes becomes a turn record of that rollout in the gateway. At most
+``concurrency`` rollouts run at a time; each has ``timeout_s`` in all.
+
+A rollout whose agent failed (raised, timed out, gave no or a non-finite
+reward, exited non-zero, or never called the model) is closed in the gateway
+(later calls are refused) and dropped. What is known about it (the reason, the
+traceback, or the program's stderr and stdout) is saved as
+``<failure_dir>/<rollout_id>.txt`` and returned as an :class:`AgentFailure`;
+the trainer counts, logs and limits them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from turnrl.io import atomic_write_text
+from turnrl.train.agent_programs import LLM, AgentFailed, AgentProgram, reward_of
+from turnrl.types import Task
+
+
+class Endpoint(Protocol):
+    """Where one rollout's agent talks to the gateway (:class:`turnrl.serve.RolloutEndpoint`)."""
+
+    base_url: str
+    reward_url: str
+    api_key: str
+
+    def env(self) -> dict[str, str]: ...
+
+
+class RolloutLink(Protocol):
+    """What the runner needs from the gateway."""
+
+    def open(self, rollout_id: str, task_id: str) -> Endpoint:
+        """Register a rollout of task ``task_id``; its URLs."""
+        ...
+
+    def posted_reward(self, rollout_id: str) -> float | None:
+        """The reward the agent posted itself, if it did."""
+        ...
+
+    def finish(self, rollout_id: str, reward: float) -> int:
+        """Put ``reward`` on the rollout (equal to a posted one: no change); its turn count."""
+        ...
+
+    def close(self, rollout_id: str, reason: str) -> None:
+        """Drop a failed rollout; later calls on it are refused."""
+        ...
+
+    def collect(self) -> dict[str, tuple[dict[str, Any], ...]]:
+        """The records of every rollout finished since the last collect, by rollout id
+        (the gateway then forgets them)."""
+        ...
+
+
+@dataclass(frozen=True)
+class AgentFailure:
+    """One dropped rollout: why, and where the details were saved."""
+
+    rollout_id: str
+    task_id: str
+    reason: str
+    path: str | None
+
+    def describe(self) -> str:
+        where = f" (details: {self.path})" if self.path else ""
+        return f"rollout {self.rollout_id} (task {self.task_id}): {self.reason}{where}"
+
+
+@dataclass
+class RolloutResult:
+    """One finished (or failed) rollout."""
+
+    rollout_id: str
+    task: Task
+    records: list[dict[str, Any]] = field(default_factory=list)
+    reward: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    failure: AgentFailure | None = None
+    seconds: float = 0.0
+
+
+class AgentRunner:
+    """Runs a batch of rollouts of one agent program, ``concurrency`` at a time."""
+
+    def __init__(
+        self,
+        program: AgentProgram,
+        link: RolloutLink,
+        *,
+        concurrency: int,
+        timeout_s: float,
+        model: str,
+        api_key: str = "turnrl",
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"agent.concurrency must be >= 1, got {concurrency}")
+        if not timeout_s > 0:
+            raise ValueError(f"agent.timeout_s must be > 0, got {timeout_s}")
+        self.program = program
+        self.link = link
+        self.concurrency = concurrency
+        self.timeout_s = timeout_s
+        self.model = model
+        self.api_key = api_key
+
+    def run(
+        self,
+        jobs: Sequence[tuple[str, Task]],
+        *,
+        failure_dir: Path | None = None,
+        on_done: Callable[[RolloutResult], None] | None = None,
+    ) -> list[RolloutResult]:
+        """Run every ``(rollout_id, task)`` job; results in job order.
+
+        ``failure_dir`` receives one file per failed rollout; ``on_done`` is called
+        as each rollout ends (progress bars).
+        """
+        return asyncio.run(self._run_all(jobs, failure_dir, on_done))
+
+    async def _run_all(
+        self,
+        jobs: Sequence[tuple[str, Task]],
+        failure_dir: Path | None,
+        on_done: Callable[[RolloutResult], None] | None,
+    ) -> list[RolloutResult]:
+        slots = asyncio.Semaphore(self.concurrency)
+        clients = _http_clients()
+
+        async def one(rollout_id: str, task: Task) -> RolloutResult:
+            async with slots:
+                result = await self._rollout(rollout_id, task, failure_dir, clients)
+            if on_done is not None:
+                on_done(result)
+            return result
+
+        try:
+            results = list(await asyncio.gather(*(one(rid, task) for rid, task in jobs)))
+        finally:
+            if clients is not None:
+                clients[0].close()
+                await clients[1].aclose()
+        finished = self.link.collect()
+        for result in results:
+            if result.failure is None:
+                result.records = [dict(r) for r in finished[result.rollout_id]]
+        return results
+
+    def llm(self, rollout_id: str, task: Task, clients: tuple[Any, Any] | None = None) -> LLM:
+        """Open the rollout in the gateway; the handle its agent gets."""
+        endpoint = self.link.open(rollout_id, task.task_id)
+        return LLM(
+            base_url=endpoint.base_url,
+            api_key=endpoint.api_key,
+            model=self.model,
+            rollout_id=rollout_id,
+            task_id=task.task_id,
+            timeout_s=self.timeout_s,
+            reward_url=endpoint.reward_url,
+            env=endpoint.env(),
+            http_client=None if clients is None else clients[0],
+            async_http_client=None if clients is None else clients[1],
+        )
+
+    async def _rollout(
+        self,
+        rollout_id: str,
+        task: Task,
+        failure_dir: Path | None,
+        clients: tuple[Any, Any] | None,
+    ) -> RolloutResult:
+        started = time.perf_counter()
+        result = RolloutResult(rollout_id, task)
+        try:
+            llm = self.llm(rollout_id, task, clients)
+            output = await self.program.run(dict(task.payload), llm, self.timeout_s)
+            result.reward, result.info = reward_of(output, self.link.posted_reward(rollout_id))
+            if self.link.finish(rollout_id, result.reward) == 0:
+                raise AgentFailed("the agent made no call to the model")
+        except AgentFailed as failed:
+            self.link.close(rollout_id, failed.reason)
+            path = _save_failure(failure_dir, rollout_id, task, self.program.description, failed)
+            result.failure = AgentFailure(rollout_id, task.task_id, failed.reason, path)
+        result.seconds = time.perf_counter() - started
+        return result
+
+
+def _http_clients() -> tuple[Any, Any] | None:
+    """Sync and async HTTP clients (openai's defaults) shared by a batch's agents, or
+    None when ``openai`` is not installed."""
+    try:
+        import openai
+    except ImportError:
+        return None
+    return openai.DefaultHttpxClient(), openai.DefaultAsyncHttpxClient()
+
+
+def _save_failure(
+    directory: Path | None, rollout_id: str, task: Task, program: str, failed: AgentFailed
+) -> str | None:
+    """Write what is known about a failed rollout; returns the file's path."""
+    if directory is None:
+        return None
+    path = Path(directory) / f"{rollout_id}.txt"
+    header = (
+        f"rollout: {rollout_id}\ntask: {task.task_id}\nagent: {program}\n"
+        f"failure: {failed.reason}\n\n"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, header + (failed.details or "(no details)") + "\n")
+    return str(path)
+
+
+def failure_fraction_error(
+    failures: Sequence[AgentFailure], total: int, limit: float, what: str
+) -> str | None:
+    """The message that stops a run when more than ``limit`` of ``total`` rollouts failed."""
+    if total == 0 or len(failures) <= limit * total:
+        return None
+    return (
+        f"{len(failures)} of {total} agent rollouts failed in {what}, more than "
+        f"agent.max_failure_fraction={limit:g}; first failure: {failures[0].describe()}"
+    )
+
+
+class GatewayLink:
+    """:class:`RolloutLink` over an in-process :class:`~turnrl.serve.Gateway` and its server."""
+
+    def __init__(self, gateway: Any, server: Any) -> None:
+        self.gateway = gateway
+        self.server = server
+
+    def open(self, rollout_id: str, task_id: str) -> Endpoint:
+        endpoint = self.server.open_rollout(rollout_id, task_id)
+        # The task is pinned by open_rollout: a base URL without it works for any task id
+        # (one with a "/" cannot be a path segment).
+        return dataclasses.replace(endpoint, base_url=self.server.base_url(rollout_id))
+
+    def posted_reward(self, rollout_id: str) -> float | None:
+        from turnrl.serve import GatewayError
+
+        try:
+            state = self.gateway.rollout(rollout_id)
+        except GatewayError:  # closed (the gateway's own timeout)
+            return None
+        if not state["finished"] or not state["records"]:
+            return None
+        return float(state["records"][-1]["reward"])
+
+    def finish(self, rollout_id: str, reward: float) -> int:
+        from turnrl.serve import GatewayError
+
+        try:
+            summary = self.gateway.reward(rollout_id, reward)
+        except GatewayError as exc:
+            raise AgentFailed(f"the gateway refused the reward: {exc}") from exc
+        return int(summary.get("turns", 1))
+
+    def close(self, rollout_id: str, reason: str) -> None:
+        self.gateway.discard(rollout_id, reason)
+
+    def collect(self) -> dict[str, tuple[dict[str, Any], ...]]:
+        self.gateway.pop_closed()  # counted in the gateway's stats; the runner has its own list
+        return {r.rollout_id: r.records for r in self.gateway.pop_finished_rollouts()}
