@@ -13,7 +13,7 @@ AGL_VENV := .venv-agl
 INT_STAMP := $(INT_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations.txt | cksum | cut -d' ' -f1)
 AGL_STAMP := $(AGL_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations-agl.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup setup-integrations test-integrations demo demo-smol test test-slow lint bench bench-rollout bench-gateway grouping clean
+.PHONY: setup setup-integrations test-integrations demo demo-smol test test-slow lint bench bench-rollout bench-gateway grouping lookup-study clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -88,6 +88,11 @@ bench-gateway: setup
 
 grouping: setup
 	$(PY) examples/grouping/run.py
+
+# The search-agent study (docs/search-agent.md): 8 credit estimators x 3 seeds on the lookup
+# environment, one run after the other (about 2 CPU-hours), then its tables and figures.
+lookup-study: setup
+	$(PY) examples/lookup/run.py
 
 clean:
 	rm -rf $(VENV) $(INT_VENV) $(AGL_VENV) runs .pytest_cache .ruff_cache .hypothesis

@@ -48,8 +48,9 @@ from turnrl.envs.lookup.tools import (
 from turnrl.envs.tools import FinalAnswer, Malformed, Tool, ToolCall, ToolRegistry, format_answer
 from turnrl.types import Message, StepResult, Task
 
-TAGS_SYSTEM_PROMPT = "Search: <call>name relation</call>. Reply <answer>x</answer>."
-"""Kept short: a ~0.1M-parameter character model reads it every episode."""
+TAGS_SYSTEM_PROMPT = "Search, then answer."
+"""Kept short: a ~0.1M-parameter character model reads it in every context (the format
+itself is taught by the warm start)."""
 
 
 def _runs_in_env(argument: str) -> str:

@@ -1,0 +1,321 @@
+"""The search-agent study: credit estimators on the ``lookup`` environment.
+
+Recipe ``examples/lookup.toml`` (tiny character model, multi-hop questions over
+a per-task knowledge base, BM25 search). One warm start per seed, shared by
+every arm of that seed; every arm samples the same number of episodes
+(``train.steps x tasks_per_step x group_size``, independent rollouts); only
+the credit estimator differs:
+
+    grpo               trajectory GRPO (outcome only)
+    turn_group         return-to-go normalised within (question, turn index)
+    gigpo              episode advantage + step advantage among identical anchor states
+                       (here: the same set of facts retrieved)
+    igpo               information gain + final reward normalised jointly, cumulative sums
+    a2tgpo             turn-group-normalised IG, variance-rescaled, adaptive clip
+    a2tgpo_joint       ... IG normalised over all turns of the question (ablation)
+    a2tgpo_no_rescale  ... without dividing by sqrt(number of terms) (ablation)
+    a2tgpo_no_clip     ... beta = 0: the ordinary clip range (ablation)
+
+    python examples/lookup/run.py                  # 3 seeds x 8 arms, one run after the other
+    python examples/lookup/run.py --quick --out /tmp/lookup   # 1 seed, 2 steps (smoke test)
+    python examples/lookup/run.py --summarise      # only the tables and figures
+
+Runs go to ``OUT/<arm>/seed<k>`` (warm starts to ``OUT/warm/seed<k>``); the
+tables to ``OUT/summary.md``; the figures to ``docs/img/search-*.png`` (not
+with ``--quick``). Runs execute one after the other with one torch thread (the
+machine is shared); rerunning resumes: a finished run is skipped, a killed one
+continues from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "examples" / "lookup.toml"
+FIGURES = ROOT / "docs" / "img"
+ARMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "grpo": ("grpo", {}),
+    "turn_group": ("turn_group", {}),
+    "gigpo": ("gigpo", {}),
+    "igpo": ("igpo", {}),
+    "a2tgpo": ("a2tgpo", {}),
+    "a2tgpo_joint": ("a2tgpo", {"ig_norm": "joint"}),
+    "a2tgpo_no_rescale": ("a2tgpo", {"rescale": False}),
+    "a2tgpo_no_clip": ("a2tgpo", {"beta": 0.0}),
+}
+HOPS = (1, 2, 3)
+POSITIONS = 5
+"""Turn positions reported separately (0..4: up to three searches, an answer, a spare)."""
+
+
+def toml_table(params: dict[str, Any]) -> str:
+    """An inline TOML table for a command-line override: ``{ig_norm = "joint"}``."""
+    return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in params.items()) + "}"
+
+
+def train(overrides: list[str]) -> Path:
+    """One run (resumed from its last checkpoint if it was killed)."""
+    from turnrl.train.config import RunConfig, load_config
+    from turnrl.train.online import OnlineTrainer
+
+    config = load_config(RunConfig, CONFIG, [*overrides, "train.threads=1"])
+    return OnlineTrainer(config, resume=True, quiet=True).run()
+
+
+def finished(run_dir: Path, steps: int) -> bool:
+    """Whether ``run_dir`` logged its last step (or, for ``steps = 0``, its warm start)."""
+    if steps == 0:
+        return (run_dir / "warm_start" / "config.json").exists()
+    return any(row.get("step") == steps for row in read_rows(run_dir))
+
+
+def read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_all(out: Path, seeds: int, steps: int, budget: list[str]) -> None:
+    jobs: list[tuple[Path, list[str], int]] = []
+    for seed in range(seeds):
+        warm = out / "warm" / f"seed{seed}"
+        common = [*budget, f"train.seed={seed}"]
+        jobs.append((warm, [*common, f"run_dir={warm}", "train.steps=0"], 0))
+        for arm, (estimator, params) in ARMS.items():
+            run_dir = out / arm / f"seed{seed}"
+            overrides = [
+                *common,
+                f"run_dir={run_dir}",
+                f"label={arm}",
+                f"train.steps={steps}",
+                f"credit.estimator={estimator}",
+                f"credit.params={toml_table(params)}",
+                f"warm_start.init_from={warm / 'warm_start'}",
+            ]
+            jobs.append((run_dir, overrides, steps))
+    for index, (run_dir, overrides, n_steps) in enumerate(jobs, start=1):
+        if finished(run_dir, n_steps):
+            print(f"[{index}/{len(jobs)}] {run_dir} done already", flush=True)
+            continue
+        started = time.perf_counter()
+        train(overrides)
+        seconds = time.perf_counter() - started
+        print(f"[{index}/{len(jobs)}] {run_dir} {seconds:.0f} s", flush=True)
+
+
+# ------------------------------------------------------------------ summary
+
+
+def final_eval(run_dir: Path) -> dict[str, float]:
+    """The last evaluation row of a run (its step-0 row for a warm start)."""
+    rows = [r for r in read_rows(run_dir) if "eval_success" in r]
+    return rows[-1] if rows else {}
+
+
+def turn_stats(run_dir: Path, field: str) -> dict[int, tuple[float, float, int]]:
+    """``{turn position: (mean, std, count)}`` of a record field over the logged rollouts."""
+    values: dict[int, list[float]] = defaultdict(list)
+    for path in sorted((run_dir / "rollouts").glob("step-*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            value = record.get(field)
+            if value is not None and record.get("train", True):
+                values[min(record["turn"], POSITIONS - 1)].append(float(value))
+    return {t: (float(np.mean(v)), float(np.std(v)), len(v)) for t, v in sorted(values.items())}
+
+
+def cell(values: list[float], digits: int = 2) -> str:
+    """``mean ± std`` over seeds (std with ddof 0, as the grouping study)."""
+    values = [v for v in values if not np.isnan(v)]
+    if not values:
+        return "–"
+    return f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
+
+
+def per_seed(values: list[float], digits: int = 2) -> str:
+    return " / ".join("–" if np.isnan(v) else f"{v:.{digits}f}" for v in values)
+
+
+def summarise(out: Path, seeds: int, figures: bool) -> str:
+    """Every table the write-up quotes (markdown, also written to OUT/summary.md) and,
+    with ``figures``, its figures in docs/img."""
+    labels = ["warm start", *ARMS]
+    dirs = {
+        "warm start": [out / "warm" / f"seed{s}" for s in range(seeds)],
+        **{arm: [out / arm / f"seed{s}" for s in range(seeds)] for arm in ARMS},
+    }
+    finals = {label: [final_eval(d) for d in dirs[label]] for label in labels}
+
+    def column(label: str, key: str) -> list[float]:
+        return [float(f.get(key, np.nan)) for f in finals[label]]
+
+    lines = [
+        f"Held-out success (greedy, {seeds} seeds: mean ± std, then seed by seed)",
+        "",
+        "| arm | success | 1-hop | 2-hop | 3-hop | success per seed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label in labels:
+        hops = [cell(column(label, f"eval_success_hop{h}")) for h in HOPS]
+        lines.append(
+            f"| {label} | {cell(column(label, 'eval_success'))} | {' | '.join(hops)} "
+            f"| {per_seed(column(label, 'eval_success'))} |"
+        )
+    lines += [
+        "",
+        "Turns per episode and search calls per question (held-out, greedy)",
+        "",
+        "| arm | turns | searches | searches 1-hop | searches 2-hop | searches 3-hop "
+        "| malformed turns | searches per seed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label in labels:
+        searches = [cell(column(label, f"eval_tool_calls_hop{h}")) for h in HOPS]
+        lines.append(
+            f"| {label} | {cell(column(label, 'eval_turns'))} "
+            f"| {cell(column(label, 'eval_tool_calls'))} | {' | '.join(searches)} "
+            f"| {cell(column(label, 'eval_malformed_rate'))} "
+            f"| {per_seed(column(label, 'eval_tool_calls'))} |"
+        )
+
+    # Advantages by turn position, over the logged training batches.
+    adv = {arm: [turn_stats(d, "advantage") for d in dirs[arm]] for arm in ARMS}
+    header = " | ".join(f"turn {t}" for t in range(POSITIONS - 1)) + f" | turn {POSITIONS - 1}+"
+    for title, index in (("mean", 0), ("std", 1)):
+        lines += [
+            "",
+            f"Advantage {title} by turn position (training batches logged every 5 steps; "
+            "mean ± std over seeds)",
+            "",
+            f"| arm | {header} |",
+            "|---|" + "---|" * POSITIONS,
+        ]
+        for arm in ARMS:
+            cells = [
+                cell([s[t][index] if t in s else np.nan for s in adv[arm]])
+                for t in range(POSITIONS)
+            ]
+            lines.append(f"| {arm} | {' | '.join(cells)} |")
+    lines += [
+        "",
+        "Spread of the advantage std across turn positions 0-3 (max / min, per seed; "
+        "1 = the same scale at every position)",
+        "",
+        "| arm | max/min std ratio | per seed |",
+        "|---|---|---|",
+    ]
+    for arm in ARMS:
+        ratios = []
+        for stats in adv[arm]:
+            stds = [stats[t][1] for t in range(POSITIONS - 1) if t in stats and stats[t][2] >= 20]
+            ratios.append(max(stds) / min(stds) if stds and min(stds) > 0 else np.nan)
+        lines.append(f"| {arm} | {cell(ratios)} | {per_seed(ratios)} |")
+    ig = {arm: [turn_stats(d, "info_gain") for d in dirs[arm]] for arm in ARMS}
+    ig_arms = [arm for arm in ARMS if any(ig[arm])]
+    if ig_arms:
+        lines += [
+            "",
+            "Information gain by turn position (raw, training batches; mean over seeds of "
+            "each seed's mean)",
+            "",
+            f"| arm | {header} |",
+            "|---|" + "---|" * POSITIONS,
+        ]
+        for arm in ig_arms:
+            cells = [
+                cell([s[t][0] if t in s else np.nan for s in ig[arm]]) for t in range(POSITIONS)
+            ]
+            lines.append(f"| {arm} | {' | '.join(cells)} |")
+    text = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(text)
+    if figures:
+        write_figures(out, dirs, finals, adv)
+    return text
+
+
+def write_figures(out: Path, dirs, finals, adv) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from turnrl.report import load_runs
+    from turnrl.report.plots import plot_metric
+    from turnrl.report.runs import group_by_label
+
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    labels = list(finals)
+    # 1. held-out success by hop count: bars (mean over seeds) and one dot per seed
+    fig = Figure(figsize=(11, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    width = 0.8 / len(HOPS)
+    for j, hop in enumerate(HOPS):
+        key = f"eval_success_hop{hop}"
+        x = np.arange(len(labels)) + (j - 1) * width
+        values = [[float(f.get(key, np.nan)) for f in finals[label]] for label in labels]
+        ax.bar(x, [np.nanmean(v) for v in values], width, label=f"{hop}-hop")
+        for xi, v in zip(x, values, strict=True):
+            ax.plot([xi] * len(v), v, "k.", markersize=3)
+    ax.set_xticks(np.arange(len(labels)), labels, rotation=20, ha="right")
+    ax.set_ylabel("held-out success (greedy)")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(FIGURES / "search-success-by-hop.png", dpi=110)
+    # 2. advantage mean and std by turn position
+    fig = Figure(figsize=(11, 4))
+    FigureCanvasAgg(fig)
+    for panel, (index, title) in enumerate(((0, "mean"), (1, "std"))):
+        ax = fig.add_subplot(1, 2, panel + 1)
+        for arm, seeds_stats in adv.items():
+            ys = [
+                np.nanmean([s[t][index] if t in s else np.nan for s in seeds_stats])
+                for t in range(POSITIONS)
+            ]
+            style = "-" if arm in ("igpo", "a2tgpo") else "--"
+            ax.plot(range(POSITIONS), ys, style, marker="o", label=arm)
+        ax.set_xticks(range(POSITIONS), [*map(str, range(POSITIONS - 1)), f"{POSITIONS - 1}+"])
+        ax.set_xlabel("turn position")
+        ax.set_title(f"advantage {title} (training batches)")
+        if panel == 1:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(FIGURES / "search-advantage-by-turn.png", dpi=110)
+    # 3. held-out success over training (mean ± std over seeds)
+    runs = load_runs([d for arm in ARMS for d in dirs[arm] if (d / "metrics.jsonl").exists()])
+    png = plot_metric(group_by_label(runs), "eval_success")
+    (FIGURES / "search-eval-success.png").write_bytes(png)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default: recipe)")
+    parser.add_argument("--out", default=str(ROOT / "runs" / "lookup"))
+    parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, tiny warm start")
+    parser.add_argument("--summarise", action="store_true", help="only the tables and figures")
+    args = parser.parse_args()
+    from turnrl.train.config import RunConfig, load_config
+
+    seeds = 1 if args.quick else args.seeds
+    steps = 2 if args.quick else args.steps or load_config(RunConfig, CONFIG).train.steps
+    budget = []
+    if args.quick:
+        budget = ["warm_start.steps=5", "env.n_eval_tasks=6", "train.eval_every=1"]
+        budget += ["train.log_rollouts_every=1", "rollout.tasks_per_step=2"]
+    out = Path(args.out)
+    if not args.summarise:
+        run_all(out, seeds, steps, budget)
+    print(summarise(out, seeds, figures=not args.quick))
+
+
+if __name__ == "__main__":
+    main()
