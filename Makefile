@@ -68,7 +68,8 @@ test: setup setup-integrations
 test-integrations: setup-integrations
 	$(INT_VENV)/bin/python -m pytest -q tests/test_integration_tokens.py tests/test_integration_verl.py
 	$(AGL_VENV)/bin/python -m pytest -q tests/test_integration_tokens.py \
-		tests/test_integration_agentlightning.py tests/test_integration_trl.py
+		tests/test_integration_agentlightning.py tests/test_integration_trl.py \
+		tests/test_serve_agentlightning.py
 
 test-slow: setup $(SMOL_STAMP)
 	$(PY) -m pytest -q -m slow
