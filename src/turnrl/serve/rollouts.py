@@ -82,6 +82,7 @@ class Rollout:
             "task_id": self.task_id,
             "turns": len(self.records),
             "finished": self.finished,
+            "reward": self.reward,
             "context_rebuilds": self.rebuilds,
             "policy_versions": list(self.policy_versions()),
         }
