@@ -123,7 +123,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 f"base_url); records -> {args.records or 'memory only'}",
                 file=sys.stderr,
             )
-            server.run(sockets=[sock])
+            try:
+                server.run(sockets=[sock])
+            except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown
+                print("turnrl serve: stopped", file=sys.stderr)
     return 0
 
 
