@@ -11,7 +11,6 @@ import itertools
 import json
 import re
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -188,13 +187,13 @@ def as_json(raw: bytes) -> dict[str, Any]:
     return json.loads(raw)
 
 
-class SlowPolicy(ScriptedPolicy):
-    """Takes ``delay_s`` per ``sample`` call (to make a client time out and retry)."""
+class GatedPolicy(ScriptedPolicy):
+    """Samples only once ``gate`` is set (to hold a call in flight until a test lets go)."""
 
-    def __init__(self, base: HFPolicy, reply: Callable[[str], str], delay_s: float) -> None:
+    def __init__(self, base: HFPolicy, reply: Callable[[str], str]) -> None:
         super().__init__(base, reply)
-        self.delay_s = delay_s
+        self.gate = threading.Event()
 
     def sample(self, contexts: list[list[int]], **kwargs: Any) -> list[Sample]:
-        time.sleep(self.delay_s)
+        assert self.gate.wait(60)
         return super().sample(contexts, **kwargs)

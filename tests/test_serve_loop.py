@@ -24,8 +24,8 @@ from serve_scripted import (
     CALCULATOR_TOOL,
     TOOLS_LINE,
     BlockingPolicy,
+    GatedPolicy,
     ScriptedPolicy,
-    SlowPolicy,
     as_json,
     assert_exact_prefixes,
     calculator_reply,
@@ -220,17 +220,23 @@ def test_roles_keep_their_own_conversations(served: tuple[Gateway, GatewayServer
 
 
 def test_a_retried_request_is_answered_once_and_recorded_once(tiny: HFPolicy) -> None:
-    """The official client times out after 0.4 s and retries the same request while
-    the first is still being sampled (1 s): the retry gets the first call's result."""
-    policy = SlowPolicy(tiny, calculator_reply, delay_s=1.0)
+    """The official client times out and retries the same request while the first is
+    still being sampled (held until the retry is sent): one sample, one record."""
+    policy = GatedPolicy(tiny, calculator_reply)
     sent: list[str] = []
-    http = httpx.Client(event_hooks={"request": [lambda request: sent.append(request.url.path)]})
+
+    def on_send(request: httpx.Request) -> None:
+        sent.append(request.url.path)
+        if len(sent) == 2:  # the retry is on its way: let the first call finish
+            policy.gate.set()
+
+    http = httpx.Client(event_hooks={"request": [on_send]})
     with Gateway(policy) as gateway, GatewayServer(gateway) as server:
         client = openai.OpenAI(
             base_url=server.base_url("retry-1"),
             api_key="-",
-            timeout=0.4,
-            max_retries=5,
+            timeout=1.0,
+            max_retries=8,
             http_client=http,
         )
         reply = _ask(client, [{"role": "user", "content": "Compute 6*7."}])
