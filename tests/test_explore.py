@@ -170,6 +170,6 @@ def test_bad_exploration_settings_are_refused_up_front(tmp_path) -> None:
         IterativeGRPO(bad_style, quiet=True)
     with pytest.raises(ValueError, match=r"deploy\.personas"):
         IterativeGRPO(load_config(IterateConfig, None, [*base, "deploy.personas=[]"]), quiet=True)
-    with pytest.raises(ValueError, match=r"improve\.std_floor must be >= 0"):
+    with pytest.raises(ValueError, match=r"improve\.std_floor: must be >= 0"):
         IterativeGRPO(load_config(IterateConfig, None, [*base, "improve.std_floor=-1"]), quiet=True)
     assert not (tmp_path / "run").exists()  # nothing written

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import TINY_ITERATE
 from turnrl.cli import main
 from turnrl.envs import make_env, make_tasks
 from turnrl.envs.negotiation import HaggleEnv
@@ -29,28 +30,7 @@ from turnrl.types import Env, StepResult
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
 
-TINY = [
-    "threads=1",
-    "iterations=2",
-    "env.n_train_tasks=8",
-    "env.n_eval_tasks=2",
-    "policy.hidden=16",
-    "policy.layers=1",
-    "policy.max_new_tokens=12",
-    "warm_start.steps=3",
-    "warm_start.batch_size=4",
-    "deploy.tasks_per_iteration=2",
-    "deploy.conversations_per_task=3",
-    "deploy.temperatures=[1.0, 1.3]",
-    "q.hidden=16",
-    "q.layers=1",
-    "q.steps=3",
-    "q.batch_size=4",
-    "improve.steps=2",
-    "improve.states_per_step=3",
-    "improve.candidates=2",
-    "improve.minibatch_size=4",
-]
+TINY = list(TINY_ITERATE)
 
 LOG = {
     "conversation_id": "c1",
@@ -348,7 +328,10 @@ def test_killed_run_resumes_to_the_same_numbers(tmp_path: Path) -> None:
         handle.write('{"step": 2, "conversa')
     # the global RNG is the checkpoint's after restoring (building models draws from it)
     saved = torch.load(killed / "checkpoints" / "step-000001.pt", weights_only=True)
-    assert IterativeGRPO(config(killed), quiet=True, resume=True)._restore()
+    trainer = IterativeGRPO(config(killed), quiet=True, resume=True)
+    checkpoint = trainer.run_directory.start()
+    assert checkpoint is not None and checkpoint.step == 1
+    trainer._restore(checkpoint)
     assert torch.equal(torch.get_rng_state(), saved["rng"]["torch"])
     resumed = IterativeGRPO(config(killed), quiet=True, resume=True).run()
     assert comparable(resumed) == comparable(straight)

@@ -1,4 +1,6 @@
-"""The online trainer: resume equality, recipe smoke runs, estimators end to end."""
+"""The online trainer: resume equality, recipe smoke runs, estimators end to end, and the
+wiring of the update (sampling temperature, KL reference, aggregation, A2TGPO) checked
+on real numbers of tiny runs."""
 
 from __future__ import annotations
 
@@ -7,75 +9,179 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from turnrl.train.config import RunConfig, load_config
-from turnrl.train.online import TIMING_KEYS, OnlineTrainer
+from conftest import PARITY, REPO, TINY_TRAIN
+from turnrl.credit import compute_credit
+from turnrl.envs import make_env
+from turnrl.policy import HFPolicy
+from turnrl.table import TurnTable
+from turnrl.train.info_gain import add_information_gain
+from turnrl.train.online import OnlineTrainer
+from turnrl.train.run import task_split
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = [
-    "warm_start.steps=6",
-    "warm_start.batch_size=8",
-    "env.n_train_tasks=16",
-    "env.n_eval_tasks=4",
-    "rollout.group_size=2",
-    "rollout.tasks_per_step=2",
-    "policy.max_new_tokens=12",
-    "train.steps=4",
-    "train.eval_every=2",
-    "train.checkpoint_every=2",
-    "train.minibatch_size=4",
-    "train.epochs=2",
-    "train.threads=1",
-    "train.log_rollouts_every=2",
-]
+ONE_UPDATE = ("train.epochs=1", "train.minibatch_size=64")
+"""One optimiser step per training step: its first (only) mini-batch is on-policy."""
 
 
-def config(run_dir: Path, *extra: str, recipe: str = "calculator") -> RunConfig:
-    return load_config(
-        RunConfig, REPO / "examples" / f"{recipe}.toml", [*TINY, f"run_dir={run_dir}", *extra]
-    )
+def records(run_dir: Path, step: int) -> list[dict]:
+    path = run_dir / "rollouts" / f"step-{step:06d}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def metrics(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
-
-
-def test_resumed_run_equals_uninterrupted_run(tmp_path: Path) -> None:
-    straight = OnlineTrainer(config(tmp_path / "a", "train.kl_coef=0.05"), quiet=True).run()
+def test_resumed_run_equals_uninterrupted_run(tmp_path: Path, tiny_train, read_metrics) -> None:
+    straight = OnlineTrainer(tiny_train(tmp_path / "a", "train.kl_coef=0.05"), quiet=True).run()
     crashed = tmp_path / "b"
-    OnlineTrainer(config(crashed, "train.kl_coef=0.05"), quiet=True).run(stop_after=2)
-    assert len(metrics(crashed)) == 3  # step 0 eval, steps 1 and 2
+    OnlineTrainer(tiny_train(crashed, "train.kl_coef=0.05"), quiet=True).run(stop_after=2)
+    assert len(read_metrics(crashed)) == 3  # step 0 eval, steps 1 and 2
     # a crash mid-write leaves a partial line; resuming must cope with it
     with open(crashed / "metrics.jsonl", "a") as handle:
         handle.write('{"step": 3, "succ')
-    resumed = OnlineTrainer(config(crashed, "train.kl_coef=0.05"), resume=True, quiet=True).run()
-    assert metrics(resumed) == metrics(straight)
+    config = tiny_train(crashed, "train.kl_coef=0.05")
+    resumed = OnlineTrainer(config, resume=True, quiet=True).run()
+    assert read_metrics(resumed) == read_metrics(straight)
     a = torch.load(straight / "checkpoints" / "step-000004.pt", weights_only=True)["model"]
     b = torch.load(resumed / "checkpoints" / "step-000004.pt", weights_only=True)["model"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize(
-    "estimator", ["grpo_mixed", "turn_group", "node", "gigpo", "rloo", "a2tgpo"]
-)
-def test_estimators_train_end_to_end(tmp_path: Path, estimator: str) -> None:
-    run = OnlineTrainer(
-        config(tmp_path, f"credit.estimator={estimator}", "train.steps=1", "train.epochs=1"),
-        quiet=True,
-    ).run()
-    (last,) = [m for m in metrics(run) if m["step"] == 1]
-    assert last["episodes"] == 4 and "adv_mean_turn0" in last and "loss" in last
+@pytest.mark.parametrize("estimator", ["grpo_mixed", "turn_group", "node", "gigpo", "rloo"])
+def test_estimators_train_end_to_end(
+    tmp_path: Path, tiny_train, read_metrics, estimator: str
+) -> None:
+    config = tiny_train(
+        tmp_path,
+        f"credit.estimator={estimator}",
+        "train.steps=1",
+        "train.log_rollouts_every=1",
+        *ONE_UPDATE,
+    )
+    run = OnlineTrainer(config, quiet=True).run()
+    (last,) = [m for m in read_metrics(run) if m["step"] == 1]
+    assert last["episodes"] == 4 and last["loss"] == pytest.approx(last["pg_loss"])
+    # the logged advantages are the estimator's on the logged records
+    logged = records(run, 1)
+    expected = compute_credit(TurnTable.from_records(logged), estimator).advantages
+    assert [r["advantage"] for r in logged] == pytest.approx(expected.tolist(), abs=1e-12)
 
 
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "rollout-mean"])
-def test_aggregation_modes_run(tmp_path: Path, aggregation: str) -> None:
-    run = OnlineTrainer(
-        config(tmp_path, f"train.aggregation={aggregation}", "train.steps=1"), quiet=True
-    ).run()
-    assert (run / "checkpoints" / "step-000001.pt").exists()
+def expected_pg_loss(rows: list[dict], mode: str) -> float:
+    """The PPO loss of one on-policy step (ratio 1): ``-sum_b A_b * sum_t w[b, t]``."""
+    rows = [r for r in rows if r["response_ids"] and r.get("train", True)]
+    length = np.array([len(r["response_ids"]) for r in rows], dtype=float)
+    adv = np.array([r["advantage"] for r in rows])
+    if mode == "token-mean":
+        weight = length / length.sum()
+    elif mode == "seq-mean-token-mean":
+        weight = np.full(len(rows), 1.0 / len(rows))
+    else:  # rollout-mean: each rollout 1/R, shared equally by all its tokens
+        traj = [r["traj_id"] for r in rows]
+        tokens = {t: sum(n for n, u in zip(length, traj, strict=True) if u == t) for t in traj}
+        weight = np.array([n / tokens[t] / len(tokens) for n, t in zip(length, traj, strict=True)])
+    return float(-(weight * adv).sum())
+
+
+def test_aggregation_modes_weigh_rows_as_documented(tmp_path: Path, tiny_train, read_metrics):
+    losses = {}
+    for mode in ("token-mean", "seq-mean-token-mean", "rollout-mean"):
+        config = tiny_train(
+            tmp_path / mode,
+            f"train.aggregation={mode}",
+            "train.steps=1",
+            "train.log_rollouts_every=1",
+            "credit.estimator=turn_group",  # per-turn advantages: the modes differ
+            "rollout.group_size=4",
+            *PARITY,
+            *ONE_UPDATE,
+        )
+        run = OnlineTrainer(config, quiet=True).run()
+        (row,) = [m for m in read_metrics(run) if m["step"] == 1]
+        losses[mode] = row["pg_loss"]
+        assert row["pg_loss"] == pytest.approx(expected_pg_loss(records(run, 1), mode), abs=2e-6)
+        assert row["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    # the same rollouts (same seed, same warm start) weighed three ways
+    assert len({round(v, 6) for v in losses.values()}) == 3, losses
+
+
+def test_update_uses_the_sampling_temperature_and_the_warm_start_as_kl_reference(
+    tmp_path: Path, tiny_train, read_metrics
+) -> None:
+    def run(name: str, kl_coef: float) -> Path:
+        config = tiny_train(
+            tmp_path / name,
+            "policy.temperature=0.7",
+            f"train.kl_coef={kl_coef}",
+            *PARITY,
+            "train.steps=2",
+            "train.log_rollouts_every=1",
+            *ONE_UPDATE,
+        )
+        return OnlineTrainer(config, quiet=True).run()
+
+    with_kl = run("kl", 0.5)
+    first, second = (m for m in read_metrics(with_kl) if m["step"] in (1, 2))
+    # Step 1's only mini-batch is on-policy at the sampling temperature 0.7.
+    assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert abs(first["approx_kl_old"]) < 1e-6
+    # The reference is the warm start: zero KL before the first update, not after it.
+    assert first["kl_ref"] == pytest.approx(0.0, abs=1e-6)
+    assert second["kl_ref"] > 1e-6
+    assert second["kl_loss"] == pytest.approx(0.5 * second["kl_ref"], rel=1e-3)
+    # kl_coef > 0 changes the update (step 1 is identical: KL and its gradient are 0).
+    without = run("plain", 0.0)
+    assert records(without, 1) == records(with_kl, 1)
+    a = torch.load(with_kl / "checkpoints" / "step-000002.pt", weights_only=True)["model"]
+    b = torch.load(without / "checkpoints" / "step-000002.pt", weights_only=True)["model"]
+    assert not all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a2tgpo_end_to_end_information_gain_advantages_and_clip_factor(
+    tmp_path: Path, tiny_train, read_metrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import turnrl.train.online as online
+
+    seen = []
+    original = online.ppo_update
+
+    def spy(policy, optimizer, batch, config, **kwargs):
+        seen.append(batch)
+        return original(policy, optimizer, batch, config, **kwargs)
+
+    monkeypatch.setattr(online, "ppo_update", spy)
+    config = tiny_train(
+        tmp_path,
+        "credit.estimator=a2tgpo",
+        *PARITY,
+        "train.steps=1",
+        "train.log_rollouts_every=1",
+        *ONE_UPDATE,
+    )
+    run = OnlineTrainer(config, quiet=True).run()
+    logged = records(run, 1)
+    # IG as logged equals IG recomputed with the policy of step 1 (the warm start).
+    env = make_env(config.env.name, **config.env.env_kwargs)
+    tasks = {t.task_id: t for t in task_split(config.env).train}
+    fresh = [{k: v for k, v in r.items() if k not in ("info_gain", "advantage")} for r in logged]
+    warm = HFPolicy.from_pretrained(run / "warm_start")
+    added = add_information_gain(warm, fresh, lambda t: env.reference_response(tasks[t]))
+    assert added > 0
+    assert [r.get("info_gain") for r in fresh] == pytest.approx(
+        [r.get("info_gain") for r in logged], abs=1e-5
+    )
+    # The logged advantages are a2tgpo's on the logged IG, and its clip factor reached
+    # the update, row for row.
+    credit = compute_credit(TurnTable.from_records(logged), "a2tgpo")
+    assert [r["advantage"] for r in logged] == pytest.approx(credit.advantages.tolist(), abs=1e-9)
+    (batch,) = seen
+    kept = [i for i, r in enumerate(logged) if r["response_ids"] and r.get("train", True)]
+    assert batch.clip_factor_B is not None
+    assert batch.clip_factor_B.tolist() == pytest.approx(credit.clip_factor[kept].tolist())
+    assert not np.allclose(credit.clip_factor[kept], 1.0)  # the factor varies by IG
+    (row,) = [m for m in read_metrics(run) if m["step"] == 1]
+    turn0 = [r["advantage"] for r in logged if r["turn"] == 0]
+    assert row["adv_mean_turn0"] == pytest.approx(float(np.mean(turn0)), abs=1e-9)
 
 
 SMOKE_EXTRA = {
@@ -102,7 +208,7 @@ def test_recipe_smoke_run_via_cli(tmp_path: Path, recipe: str) -> None:
             "--quiet",
             "--run-dir",
             str(run_dir),
-            *TINY,
+            *TINY_TRAIN,
             *SMOKE_EXTRA[recipe],
         ],
         cwd=REPO,
@@ -114,8 +220,8 @@ def test_recipe_smoke_run_via_cli(tmp_path: Path, recipe: str) -> None:
     assert "Held-out evaluation" in done.stdout and "report:" in done.stdout
     for name in ("config.toml", "metrics.jsonl", "report.html", "warm_start/config.json"):
         assert (run_dir / name).exists(), name
-    records = (run_dir / "rollouts" / "step-000002.jsonl").read_text().splitlines()
-    assert records and "advantage" in json.loads(records[0])
+    logged = records(run_dir, 2)
+    assert logged and "advantage" in logged[0]
     # the logged rollouts are valid turn records for the audit
     audit = subprocess.run(
         [
@@ -143,46 +249,12 @@ def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
     assert "bad.toml:2" in done.stderr and "learning_rate" in done.stderr
 
 
-def test_zero_periods_mean_only_at_the_end(tmp_path: Path) -> None:
-    run = OnlineTrainer(
-        config(
-            tmp_path, "train.eval_every=0", "train.checkpoint_every=0", "train.log_rollouts_every=0"
-        ),
-        quiet=True,
-    ).run()
-    evaluated = [m["step"] for m in metrics(run) if "eval_success" in m]
+def test_zero_periods_mean_only_at_the_end(tmp_path: Path, tiny_train, read_metrics) -> None:
+    config = tiny_train(
+        tmp_path, "train.eval_every=0", "train.checkpoint_every=0", "train.log_rollouts_every=0"
+    )
+    run = OnlineTrainer(config, quiet=True).run()
+    evaluated = [m["step"] for m in read_metrics(run) if "eval_success" in m]
     assert evaluated == [0, 4]
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*.pt")) == ["step-000004.pt"]
     assert not (run / "rollouts").exists()
-
-
-def test_update_batch_leaves_out_copies_and_empty_responses() -> None:
-    import numpy as np
-
-    from turnrl.table import TurnTable
-    from turnrl.train.online import build_update_batch
-
-    def row(traj: str, turn: int, response: list[int], **extra) -> dict:
-        return {
-            "task_id": "t",
-            "traj_id": traj,
-            "turn": turn,
-            "prompt_ids": [1, turn],
-            "response_ids": response,
-            "logprobs": [-0.5] * len(response),
-            **extra,
-        }
-
-    records = [
-        row("a", 0, [5, 6]),
-        row("b", 0, [5, 6], copy_of="a", train=False),  # a tree's shared turn
-        row("a", 1, [7]),
-        row("b", 1, []),  # nothing sampled
-    ]
-    table = TurnTable.from_records(records)
-    batch = build_update_batch(records, table, np.array([1.0, 2.0, 3.0, 4.0]), None, "token-mean")
-    assert batch.responses == [[5, 6], [7]]
-    assert batch.contexts == [[1, 0], [1, 1]]
-    assert batch.adv_B.tolist() == [1.0, 3.0]
-    with pytest.raises(ValueError, match="no record to update on"):
-        build_update_batch(records[1:2] + records[3:], table, np.zeros(2), None, "token-mean")

@@ -77,29 +77,84 @@ def cmd_estimators(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from turnrl.report import write_report
-    from turnrl.train.config import RunConfig, load_config
-    from turnrl.train.online import OnlineTrainer
-    from turnrl.train.summary import before_after_table
+def _load_run_config(cls: type, args: argparse.Namespace) -> Any:
+    """The config of ``turnrl train``/``iterate``: TOML file, overrides and ``--run-dir``,
+    validated (every problem located in the file or the override) before any work."""
+    from turnrl.train.config import load_config
+    from turnrl.train.validate import validate
 
     overrides = list(args.overrides)
     if args.run_dir:
         overrides.append(f"run_dir={args.run_dir}")
-    config = load_config(RunConfig, args.config, overrides)
+    config = load_config(cls, args.config, overrides)
+    validate(config, toml_path=args.config, overrides=overrides)
+    return config
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from turnrl.report import write_report
+    from turnrl.train.config import RunConfig
+    from turnrl.train.run import RunDirectory
+    from turnrl.train.summary import before_after_table
+
+    config = _load_run_config(RunConfig, args)
+    # The guard, before Ray workers or models are started (the trainer checks again).
+    RunDirectory.open(config, resume=args.resume, overwrite=args.overwrite)
     if config.rollout.workers > 0:
         from turnrl.integrations.ray_workers import train_with_workers
 
-        run_dir = train_with_workers(config, resume=args.resume, quiet=args.quiet)
+        run_dir = train_with_workers(
+            config, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet
+        )
     else:
-        run_dir = OnlineTrainer(config, resume=args.resume, quiet=args.quiet).run()
+        from turnrl.train.online import OnlineTrainer
+
+        trainer = OnlineTrainer(
+            config, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet
+        )
+        run_dir = trainer.run()
     report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
     console = Console()
     console.print(before_after_table(run_dir))
     console.print(f"report: {report}")
     return 0
+
+
+def cmd_iterate(args: argparse.Namespace) -> int:
+    from turnrl.report import write_report
+    from turnrl.train.iterate import IterativeGRPO
+    from turnrl.train.iterate_config import IterateConfig
+
+    config = _load_run_config(IterateConfig, args)
+    trainer = IterativeGRPO(
+        config,
+        from_logs=args.from_logs,
+        quiet=args.quiet,
+        resume=args.resume,
+        overwrite=args.overwrite,
+    )
+    run_dir = trainer.run()
+    report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
+    print(f"final policy: {run_dir / 'final_policy'}")
+    print(f"report: {report}")
+    return 0
+
+
+def _add_run_options(p: argparse.ArgumentParser, resume_help: str) -> None:
+    """Options shared by the commands that train in a run directory."""
+    p.add_argument("--config", help="TOML file (defaults apply to anything it leaves out)")
+    p.add_argument("overrides", nargs="*", metavar="SECTION.FIELD=VALUE", help="config overrides")
+    p.add_argument("--run-dir", help="shortcut for run_dir=...")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true", help=resume_help)
+    group.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run in --run-dir (deletes its files); without --resume or "
+        "--overwrite a directory that holds a run is refused",
+    )
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -131,12 +186,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_estimators)
 
     p = sub.add_parser("train", help="warm start + multi-turn RL from a TOML config")
-    p.add_argument("--config", help="TOML file (defaults apply to anything it leaves out)")
-    p.add_argument("overrides", nargs="*", metavar="SECTION.FIELD=VALUE", help="config overrides")
-    p.add_argument("--run-dir", help="shortcut for run_dir=...")
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    _add_run_options(
+        p,
+        "continue the run in --run-dir from its last checkpoint (only steps, periods and "
+        "a few other fields may change; see docs/config-errors.md)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(handler=cmd_train)
+
+    p = sub.add_parser(
+        "iterate",
+        help="Iterative GRPO: deploy, fit a turn-level Q, improve against Q, repeat",
+    )
+    _add_run_options(
+        p,
+        "continue a killed run from its last finished iteration (only iterations and a "
+        "few other fields may change)",
+    )
+    p.add_argument(
+        "--from-logs",
+        metavar="LOGS.jsonl",
+        help="OpenAI chat-format conversations with an outcome each: the first iteration's "
+        "batch (with env.name='' the run stops after improving on them)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no per-iteration lines")
+    p.set_defaults(handler=cmd_iterate)
 
     p = sub.add_parser("report", help="HTML report over one or more run directories")
     p.add_argument("run_dirs", nargs="+", help="run directories (runs sharing a label = seeds)")
@@ -160,15 +234,6 @@ def _add_serve(subparsers: Any) -> None:
 
 
 _EXTRA_COMMANDS.append(_add_serve)
-
-
-def _add_iterate(subparsers: Any) -> None:
-    from turnrl.train.iterate_cli import add_iterate_command
-
-    add_iterate_command(subparsers)
-
-
-_EXTRA_COMMANDS.append(_add_iterate)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,7 +38,7 @@ def normalised_info_gain(table: TurnTable, by: str = "turn") -> tuple[np.ndarray
     return normalise_in_groups(table.info_gain, codes, n_groups), has_ig
 
 
-@register_estimator("a2tgpo", group_key="turn")
+@register_estimator("a2tgpo", group_key="turn", needs=("info_gain",))
 def a2tgpo(
     table: TurnTable,
     *,
@@ -86,7 +86,7 @@ def a2tgpo(
     return Credit(advantages, clip_factor)
 
 
-@register_estimator("igpo", group_key="task")
+@register_estimator("igpo", group_key="task", needs=("info_gain",))
 def igpo(table: TurnTable, *, gamma: float = 1.0, use_std: bool = True) -> Credit:
     """IGPO: IG and final rewards normalised jointly over the task's turns, then discounted sums.
 

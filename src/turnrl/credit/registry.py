@@ -8,11 +8,12 @@ adapter at once.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
+from turnrl.options import check_options
 from turnrl.table import TurnTable
 
 
@@ -36,6 +37,9 @@ class Estimator:
     group_key: str
     """Which group key of the design table the estimator normalises within."""
     summary: str
+    needs: tuple[str, ...] = ()
+    """Optional turn-record fields the estimator reads, which a trainer must fill in
+    before credit (``("info_gain",)`` for the IG estimators)."""
 
     def params(self) -> dict[str, object]:
         """Keyword options and their defaults."""
@@ -52,15 +56,23 @@ _ALIASES: dict[str, str] = {}
 
 
 def register_estimator(
-    name: str, *, group_key: str, aliases: tuple[str, ...] = ()
+    name: str,
+    *,
+    group_key: str,
+    aliases: tuple[str, ...] = (),
+    needs: tuple[str, ...] = (),
 ) -> Callable[[EstimatorFn], EstimatorFn]:
-    """Decorator: register ``fn(table, *, **params) -> Credit`` under ``name``."""
+    """Decorator: register ``fn(table, *, **params) -> Credit`` under ``name``.
+
+    ``needs`` names the optional record fields it reads (e.g. ``("info_gain",)``),
+    so trainers know what to compute before calling it.
+    """
 
     def decorate(fn: EstimatorFn) -> EstimatorFn:
         if name in _REGISTRY or name in _ALIASES:
             raise ValueError(f"estimator {name!r} is already registered")
         summary = (inspect.getdoc(fn) or "").split("\n", 1)[0]
-        _REGISTRY[name] = Estimator(name, fn, group_key, summary)
+        _REGISTRY[name] = Estimator(name, fn, group_key, summary, tuple(needs))
         for alias in aliases:
             _ALIASES[alias] = name
         return fn
@@ -82,8 +94,15 @@ def list_estimators(*, with_aliases: bool = False) -> list[str]:
     return sorted([*names, *_ALIASES]) if with_aliases else names
 
 
+def check_params(estimator: str, params: Mapping[str, object]) -> list[tuple[str, str]]:
+    """Problems of ``params`` for ``estimator``: ``(name, problem)`` for every unknown
+    parameter (the problem lists the allowed ones) and every value of the wrong type."""
+    return check_options(get_estimator(estimator).fn, params, skip=1)
+
+
 def compute_credit(table: TurnTable, estimator: str, **params: object) -> Credit:
-    """Run an estimator; unknown parameters are an error naming the allowed ones."""
+    """Run an estimator; unknown parameters and values of the wrong type are a
+    ``TypeError`` naming the parameter and what it takes."""
     entry = get_estimator(estimator)
     allowed = entry.params()
     unknown = sorted(set(params) - set(allowed))
@@ -91,6 +110,12 @@ def compute_credit(table: TurnTable, estimator: str, **params: object) -> Credit
         raise TypeError(
             f"estimator {entry.name!r} has no parameter(s) {', '.join(unknown)}; "
             f"allowed: {', '.join(f'{k}={v!r}' for k, v in allowed.items()) or 'none'}"
+        )
+    problems = check_params(entry.name, params)
+    if problems:
+        raise TypeError(
+            f"estimator {entry.name!r}: "
+            + "; ".join(f"parameter {name!r}: {problem}" for name, problem in problems)
         )
     credit = entry.fn(table, **params)
     advantages = np.asarray(credit.advantages, dtype=np.float64)

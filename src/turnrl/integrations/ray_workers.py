@@ -482,7 +482,10 @@ def pool_for_config(
     )
 
 
-def train_with_workers(config: RunConfig, *, resume: bool = False, quiet: bool = False) -> Path:
+def train_with_workers(
+    config: RunConfig, *, resume: bool = False, overwrite: bool = False, quiet: bool = False
+) -> Path:
     """Run ``OnlineTrainer`` with Ray rollout workers; returns the run directory."""
     with pool_for_config(config) as pool:
-        return OnlineTrainer(config, resume=resume, quiet=quiet, pool=pool).run()
+        trainer = OnlineTrainer(config, resume=resume, overwrite=overwrite, quiet=quiet, pool=pool)
+        return trainer.run()

@@ -96,6 +96,11 @@ def get_strategy(name: str) -> Strategy:
     return _STRATEGIES[name]
 
 
+def list_strategies() -> list[str]:
+    """Names of the registered strategies (import ``turnrl.rollout`` to register all)."""
+    return sorted(_STRATEGIES)
+
+
 def strategy_params(name: str) -> dict[str, Any]:
     """Keyword options of a strategy and their defaults."""
     signature = inspect.signature(get_strategy(name))

@@ -34,7 +34,9 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
+
+from turnrl.options import TypeMismatch, Unsupported, coerce, type_name
 
 T = TypeVar("T")
 
@@ -44,6 +46,9 @@ T = TypeVar("T")
 @dataclass
 class EnvConfig:
     """Which environment to train on, and how its task sets are drawn."""
+
+    ALLOW_NO_ENV: ClassVar[bool] = False
+    """Whether an empty ``name`` (no environment) is allowed."""
 
     name: str = "calculator"
     """Registered environment name (see ``turnrl.envs``)."""
@@ -149,12 +154,19 @@ class CreditConfig:
     """Estimator parameters (e.g. ``group_key``, ``gamma``), passed through unchanged."""
 
 
-@dataclass
-class TrainConfig:
-    """The RL optimisation loop."""
+Aggregation = Literal["token-mean", "seq-mean-token-mean", "rollout-mean"]
+"""Loss aggregation modes (:data:`turnrl.train.loss.AGGREGATIONS`)."""
 
-    steps: int = 100
-    """Number of training steps (one rollout batch each)."""
+KLEstimator = Literal["k1", "k2", "k3"]
+"""KL estimators (:data:`turnrl.train.loss.KL_ESTIMATORS`)."""
+
+
+@dataclass
+class PPOConfig:
+    """The PPO-clip update: one section shape for every trainer (``[train]`` of
+    ``turnrl train``, ``[improve]`` of ``turnrl iterate``), consumed by
+    :func:`turnrl.train.ppo.ppo_update`."""
+
     lr: float = 3e-4
     """Learning rate of the policy optimiser."""
     minibatch_size: int = 64
@@ -170,12 +182,20 @@ class TrainConfig:
     """PPO clip width above 1; larger than ``clip_low`` gives "clip-higher" (DAPO)."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to the initial (reference) policy; 0 disables it."""
-    kl_estimator: str = "k3"
+    kl_estimator: KLEstimator = "k3"
     """KL estimator: ``k3`` (low variance, non-negative), ``k1`` or ``k2``."""
-    aggregation: str = "token-mean"
+    aggregation: Aggregation = "token-mean"
     """Loss aggregation: ``token-mean``, ``seq-mean-token-mean`` or ``rollout-mean``."""
     max_grad_norm: float = 1.0
     """Gradient-norm clipping threshold; 0 disables clipping."""
+
+
+@dataclass
+class TrainConfig(PPOConfig):
+    """The RL optimisation loop (and its PPO update)."""
+
+    steps: int = 100
+    """Number of training steps (one rollout batch each)."""
     seed: int = 0
     """Seed of sampling and initialisation."""
     eval_every: int = 20
@@ -199,6 +219,20 @@ class TrainConfig:
 @dataclass
 class RunConfig:
     """A complete training run."""
+
+    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = (
+        "run_dir",
+        "label",
+        "train.steps",
+        "train.eval_every",
+        "train.log_rollouts_every",
+        "train.checkpoint_every",
+        "train.keep_checkpoints",
+        "train.threads",
+        "rollout.ray_address",
+    )
+    """Fields a resumed run may change (``--resume``); any other difference from the
+    run's ``config.toml`` is refused (:class:`turnrl.train.run.RunDirectory`)."""
 
     run_dir: str = "runs/default"
     """Directory for metrics, checkpoints, records and the config copy."""
@@ -258,12 +292,6 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _type_name(tp: Any) -> str:
-    if isinstance(tp, type) and not typing.get_args(tp):
-        return tp.__name__
-    return str(tp).replace("typing.", "")
-
-
 def describe_config(cls: type, prefix: str = "") -> str:
     """Every field of ``cls`` (recursively), one block each: dotted name, type, default
     and docstring. Meant for ``--help``-style listings."""
@@ -278,7 +306,7 @@ def describe_config(cls: type, prefix: str = "") -> str:
             lines.append(describe_config(tp, prefix=f"{name}."))
             continue
         default = getattr(defaults, f.name)
-        lines.append(f"{name}: {_type_name(tp)} = {default!r}")
+        lines.append(f"{name}: {type_name(tp)} = {default!r}")
         doc = docs.get(f.name, "")
         if doc:
             lines.extend("    " + line for line in doc.splitlines())
@@ -286,10 +314,6 @@ def describe_config(cls: type, prefix: str = "") -> str:
 
 
 # --------------------------------------------------------------------------- type checking
-
-
-class _TypeMismatch(Exception):
-    """A value does not fit a field's type (message without location)."""
 
 
 def _is_config_class(tp: Any) -> bool:
@@ -303,55 +327,12 @@ def _is_optional(tp: Any) -> bool:
 
 
 def _coerce(value: Any, tp: Any) -> Any:
-    """Return ``value`` as type ``tp`` (int -> float widening only), or raise."""
-    if tp is Any:
-        return value
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in typing.get_args(tp):
-            return None
-        for option in typing.get_args(tp):
-            if option is type(None):
-                continue
-            try:
-                return _coerce(value, option)
-            except _TypeMismatch:
-                pass
-        raise _TypeMismatch(f"expected {_type_name(tp)}, got {value!r}")
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise _TypeMismatch(f"expected a list ({_type_name(tp)}), got {value!r}")
-        args = typing.get_args(tp)
-        item_tp = args[0] if args else Any
-        items = [_coerce(item, item_tp) for item in value]
-        return items if origin is list else tuple(items)
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise _TypeMismatch(f"expected a table ({_type_name(tp)}), got {value!r}")
-        args = typing.get_args(tp)
-        value_tp = args[1] if len(args) == 2 else Any
-        return {str(k): _coerce(v, value_tp) for k, v in value.items()}
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _TypeMismatch(f"expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise _TypeMismatch(f"expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise _TypeMismatch(f"expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise _TypeMismatch(f"expected a string, got {value!r}")
-    if tp is Path:
-        if isinstance(value, (str, Path)):
-            return Path(value)
-        raise _TypeMismatch(f"expected a path string, got {value!r}")
-    raise _TypeMismatch(f"unsupported field type {_type_name(tp)}")
+    """``value`` as field type ``tp`` (see :func:`turnrl.options.coerce`), or raise
+    ``TypeMismatch``; a field type the checker does not support is one too."""
+    try:
+        return coerce(value, tp)
+    except Unsupported as err:
+        raise TypeMismatch(str(err)) from None
 
 
 # --------------------------------------------------------------------------- TOML loading
@@ -416,7 +397,7 @@ def _build(cls: type[T], data: dict[str, Any], path: tuple[str, ...], source: _S
             continue
         try:
             kwargs[key] = _coerce(value, tp)
-        except _TypeMismatch as err:
+        except TypeMismatch as err:
             raise source.error(key_path, str(err)) from None
     return cls(**kwargs)
 
@@ -465,12 +446,12 @@ def _apply_override(config: Any, override: str) -> None:
                 raise source.error(here, "is a section; override one of its fields")
             try:
                 setattr(target, name, _coerce(_parse_override_value(raw, tp), tp))
-            except _TypeMismatch as err:
+            except TypeMismatch as err:
                 raise source.error(here, str(err)) from None
             return
         value = getattr(target, name)
         if not (_is_config_class(tp) or isinstance(value, dict)):
-            raise source.error(here, f"is a {_type_name(tp)} field, not a section")
+            raise source.error(here, f"is a {type_name(tp)} field, not a section")
         target = value
 
 
@@ -482,14 +463,18 @@ def load_config(
     """Build a ``cls`` config: defaults, then the TOML file (if any), then overrides.
 
     Raises ``ValueError`` naming the file (or the override), the dotted key, the line
-    when it can be found, and what was wrong: unknown section/field, wrong type, TOML
-    syntax error.
+    when it can be found, and what was wrong: unreadable file, unknown section/field,
+    wrong type (a ``Literal`` field names its allowed values), TOML syntax error.
     """
     if toml_path is None:
         config = cls()
     else:
         path = Path(toml_path)
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            raise ValueError(f"{path}: cannot read the config file: {reason}") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
@@ -498,6 +483,33 @@ def load_config(
     for override in overrides:
         _apply_override(config, override)
     return config
+
+
+def config_origin(
+    key: str, toml_path: str | Path | None, overrides: typing.Iterable[str] = ()
+) -> str | None:
+    """Where the value of dotted ``key`` came from, for error messages: the last
+    override that set it (or a table above it), else ``file:line`` in the TOML file,
+    else None (a default, or not found)."""
+    path = tuple(key.replace("[", ".").split("."))
+    for override in reversed(list(overrides)):
+        dotted = override.split("=", 1)[0].strip()
+        parts = tuple(part.strip() for part in dotted.split("."))
+        if path[: len(parts)] == parts:
+            return f"override {override!r}"
+    if toml_path is None:
+        return None
+    try:
+        text = Path(toml_path).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    # Down to the field (a key inside a table field such as ``credit.params`` is found
+    # on the field's line), never to a bare section header.
+    for depth in range(len(path), min(2, len(path)) - 1, -1):
+        line = _key_line(text, path[:depth])
+        if line is not None:
+            return f"{toml_path}:{line}"
+    return None
 
 
 # --------------------------------------------------------------------------- saving

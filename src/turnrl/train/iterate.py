@@ -58,19 +58,17 @@ import numpy as np
 import torch
 
 from turnrl.credit import compute_credit
-from turnrl.envs import demonstration, make_env, make_tasks
-from turnrl.io import append_jsonl, atomic_write_json, atomic_write_text, truncate_jsonl_steps
+from turnrl.envs import demonstration, make_env
+from turnrl.io import atomic_write_json, atomic_write_text
 from turnrl.policy import HFPolicy
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, run_episodes
 from turnrl.table import TurnTable
 from turnrl.train.chatlogs import read_chat_logs, tokenise_conversations
-from turnrl.train.checkpoint import load_latest_checkpoint, restore_rng_state, save_checkpoint
-from turnrl.train.config import config_to_toml_text
 from turnrl.train.explore import hide_personas, persona_env_factory, with_instruction
 from turnrl.train.iterate_config import DeployConfig, ImproveConfig, IterateConfig
 from turnrl.train.metrics import episode_metrics
-from turnrl.train.online import PPOSettings, build_policy, build_update_batch, ppo_update
+from turnrl.train.ppo import build_update_batch, ppo_update
 from turnrl.train.qmodel import (
     QFit,
     QFunction,
@@ -81,12 +79,16 @@ from turnrl.train.qmodel import (
     q_examples,
     q_quality,
 )
-from turnrl.train.sft import (
-    TurnExample,
-    conversation_examples,
-    demonstration_examples,
-    supervised_warm_start,
+from turnrl.train.run import (
+    Checkpoint,
+    RunDirectory,
+    build_policy,
+    derive_seed,
+    initial_policy,
+    task_split,
 )
+from turnrl.train.sft import TurnExample, conversation_examples, demonstration_examples
+from turnrl.train.validate import validate
 from turnrl.types import Env, Sample, Task
 
 Scorer = Callable[[list[list[int]], list[list[int]]], np.ndarray]
@@ -214,7 +216,7 @@ def deploy(
             group_size=count,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
-            seed=seed * 31 + j,
+            seed=derive_seed(seed, "deploy_arm", j),
             traj_prefix=f"{prefix}t{j}-",
         )
         hide_personas(policy, batch, persona)
@@ -289,7 +291,6 @@ def improve_policy(
     """
     if not states:
         raise ValueError("no logged states to improve on")
-    settings = PPOSettings.from_config(cfg)
     rng = np.random.default_rng(seed)
     stats: list[dict[str, float]] = []
     q_spreads: list[float] = []
@@ -321,7 +322,7 @@ def improve_policy(
             [state.prompt_ids for state in probe],
             max_new_tokens=max_new_tokens,
             temperature=cfg.temperature,
-            seed=seed - 1,
+            seed=derive_seed(seed, "improve_probe"),
         )
         q_values, scores, bad = judge(probe, samples)
         out = {"q": float(np.mean(q_values))}
@@ -340,7 +341,7 @@ def improve_policy(
                 contexts,
                 max_new_tokens=max_new_tokens,
                 temperature=cfg.temperature,
-                seed=seed * 7919 + step,
+                seed=derive_seed(seed, "improve_sample", step),
             )
             responses = [list(s.response_ids) for s in samples]
             _, q_values, bad = judge(chosen, samples)
@@ -369,10 +370,10 @@ def improve_policy(
                     policy,
                     optimizer,
                     batch,
-                    settings,
+                    cfg,
                     temperature=cfg.temperature,
                     reference=reference,
-                    seed=seed * 100_003 + step,
+                    seed=derive_seed(seed, "update", step),
                 )
             )
         after = probe_scores()
@@ -390,34 +391,6 @@ def improve_policy(
 # --------------------------------------------------------------------------- the loop
 
 
-def check_settings(config: IterateConfig) -> None:
-    """Refuse settings that cannot work, before anything is trained.
-
-    Errors name the config field: an empty ``deploy.personas``,
-    ``warm_start.persona_styles`` outside a negotiation setting or with an
-    unknown demonstration style, a negative ``improve.std_floor`` and
-    ``keep_checkpoints`` below 1.
-    """
-    if not config.improve.std_floor >= 0:
-        raise ValueError(f"improve.std_floor must be >= 0, got {config.improve.std_floor}")
-    if config.keep_checkpoints < 1:
-        raise ValueError(f"keep_checkpoints must be >= 1, got {config.keep_checkpoints}")
-    from turnrl.envs.negotiation import SETTINGS, STYLES
-
-    deployment_arms(config.deploy)
-    styles = config.warm_start.persona_styles
-    if styles and config.env.name not in SETTINGS:
-        raise ValueError(
-            f"warm_start.persona_styles needs a negotiation setting, not {config.env.name!r}"
-        )
-    for instruction, style in styles.items():
-        if style not in STYLES:
-            raise ValueError(
-                f"warm_start.persona_styles[{instruction!r}]: unknown style {style!r}; "
-                f"known: {', '.join(STYLES)}"
-            )
-
-
 class IterativeGRPO:
     """Runs one ``turnrl iterate`` job described by an ``IterateConfig``.
 
@@ -433,31 +406,31 @@ class IterativeGRPO:
         from_logs: str | Path | None = None,
         quiet: bool = False,
         resume: bool = False,
+        overwrite: bool = False,
     ) -> None:
+        validate(config)
         self.config = config
-        self.run_dir = Path(config.run_dir)
         self.quiet = quiet
-        self.resume = resume
         self.from_logs = Path(from_logs) if from_logs is not None else None
         env = config.env
         self.has_env = bool(env.name)
         if not self.has_env and self.from_logs is None:
             raise ValueError("env.name is empty: give --from-logs, or name an environment")
-        # Validate the logs before anything is written or trained.
+        # Validate the logs and the run directory before anything is written or trained.
         self.conversations = read_chat_logs(self.from_logs) if self.from_logs else None
+        self.run_directory = RunDirectory.open(
+            config,
+            resume=resume,
+            overwrite=overwrite,
+            keep_checkpoints=config.keep_checkpoints,
+            quiet=quiet,
+        )
+        self.run_dir = self.run_directory.path
         self.train_tasks: list[Task] = []
         self.eval_tasks: list[Task] = []
         if self.has_env:
-            self.train_tasks = make_tasks(env.name, env.n_train_tasks, env.seed, **env.task_kwargs)
-            self.eval_tasks = make_tasks(
-                env.name, env.n_eval_tasks, env.seed + 7919, **env.task_kwargs
-            )
-            if config.deploy.tasks_per_iteration > len(self.train_tasks):
-                raise ValueError(
-                    f"deploy.tasks_per_iteration={config.deploy.tasks_per_iteration} exceeds "
-                    f"env.n_train_tasks={len(self.train_tasks)}"
-                )
-        check_settings(config)
+            tasks = task_split(env)
+            self.train_tasks, self.eval_tasks = tasks.train, tasks.eval
         if config.threads > 0:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
@@ -516,22 +489,12 @@ class IterativeGRPO:
     def _warm_start(self, log_records: list[dict[str, Any]] | None) -> None:
         """SFT on demonstrations (or on the logs when there is no env), unless
         ``init_from`` already gave the policy; saves ``warm_start/``."""
-        cfg = self.config.warm_start
-        if cfg.init_from is None and cfg.steps > 0:
-            losses = supervised_warm_start(
-                self.policy,
-                self._warm_start_examples(log_records),
-                steps=cfg.steps,
-                lr=cfg.lr,
-                batch_size=cfg.batch_size,
-                seed=self.config.seed,
-            )
-            atomic_write_json(self.run_dir / "warm_start_losses.json", losses)
-        self.policy.save(self.run_dir / "warm_start")
-
-    def _log(self, message: str) -> None:
-        if not self.quiet:
-            print(message, flush=True)
+        self.policy = self.run_directory.warm_start(
+            self.policy,
+            self.config.warm_start,
+            lambda: self._warm_start_examples(log_records),
+            seed=self.config.seed,
+        )
 
     # --------------------------------------------------------------- the steps
     def evaluate(self) -> dict[str, float]:
@@ -564,7 +527,7 @@ class IterativeGRPO:
             [self.train_tasks[i] for i in picks],
             cfg.deploy,
             max_new_tokens=cfg.policy.max_new_tokens,
-            seed=cfg.seed * 1_000_003 + iteration,
+            seed=derive_seed(cfg.seed, "rollout", iteration),
             prefix=f"i{iteration}-",
         )
         self.conversations_deployed += len(batch.episodes)
@@ -611,7 +574,7 @@ class IterativeGRPO:
                 states=[e.state for e in examples],
             )
             metrics.update({f"qprev_{k}": float(v) for k, v in drift.items() if k != "reliability"})
-        seed = self.config.seed * 1009 + iteration
+        seed = derive_seed(self.config.seed, "q_fit", iteration)
         if cfg.refit or self.q_model is None:
             self.q_model = build_q_model(
                 init=cfg.init,
@@ -656,7 +619,7 @@ class IterativeGRPO:
             cfg,
             max_new_tokens=self.config.policy.max_new_tokens,
             reference=reference,
-            seed=self.config.seed * 1_000_033 + iteration,
+            seed=derive_seed(self.config.seed, "improve", iteration),
             check=self._format_check() if cfg.reject_malformed else None,
             malformed_score=malformed_score,
         )
@@ -712,8 +675,7 @@ class IterativeGRPO:
 
     def _checkpoint(self) -> None:
         """Everything the next iteration needs, written atomically (Q is in iter-NNN/q)."""
-        save_checkpoint(
-            self.run_dir,
+        self.run_directory.save_checkpoint(
             self.iteration,
             self.policy.state_dict(),
             self._optimizer().state_dict(),
@@ -721,40 +683,30 @@ class IterativeGRPO:
                 "sampler": self.sampler.bit_generator.state,
                 "conversations_deployed": self.conversations_deployed,
             },
-            keep_last=self.config.keep_checkpoints,
         )
 
-    def _restore(self) -> bool:
-        """Load the last checkpoint, if any; drop metrics rows of unfinished iterations."""
-        checkpoint = load_latest_checkpoint(self.run_dir)
-        if checkpoint is None:
-            return False
-        self.policy = HFPolicy.from_pretrained(self.run_dir / "warm_start")
-        self.policy.load_state_dict(checkpoint["model"])
-        self._optimizer().load_state_dict(checkpoint["optimizer"])
-        self.sampler.bit_generator.state = checkpoint["extra"]["sampler"]
-        self.conversations_deployed = int(checkpoint["extra"]["conversations_deployed"])
-        self.iteration = int(checkpoint["step"])
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        """Continue after the iteration ``checkpoint`` finished."""
+        self.policy = self.run_directory.load_warm_start()
+        self.policy.load_state_dict(checkpoint.model)
+        self._optimizer().load_state_dict(checkpoint.optimizer)
+        self.sampler.bit_generator.state = checkpoint.extra["sampler"]
+        self.conversations_deployed = int(checkpoint.extra["conversations_deployed"])
+        self.iteration = checkpoint.step
         self.previous_q = QFunction.load(self.run_dir / f"iter-{self.iteration:03d}" / "q")
         self.q_model = self.previous_q.model
-        truncate_jsonl_steps(self.run_dir / "metrics.jsonl", self.iteration)
         # Last: building the models above draws from the global generators.
-        restore_rng_state(checkpoint["rng"])
-        self._log(f"resumed after iteration {self.iteration}")
-        return True
+        checkpoint.restore_rng()
+        self.run_directory.log(f"resumed after iteration {self.iteration}")
 
     def _start(self) -> tuple[list[dict[str, Any]], dict[str, float]] | None:
         """Fresh start: warm start and the step-0 evaluation; returns imported logs."""
         cfg = self.config
-        metrics_path = self.run_dir / "metrics.jsonl"
-        if metrics_path.exists():
-            metrics_path.unlink()
-        if cfg.warm_start.init_from is not None:
-            self.policy = HFPolicy.from_pretrained(cfg.warm_start.init_from)
+        self.policy = initial_policy(self.policy, cfg.warm_start, cfg.policy)
         # Logs are tokenised with the policy's own chat template (weights do not matter).
         log_records = self.import_logs() if self.conversations is not None else None
         self._warm_start(log_records[0] if log_records else None)
-        append_jsonl(metrics_path, {"step": 0, "conversations": 0.0, **self.evaluate()})
+        self.run_directory.append_metrics({"step": 0, "conversations": 0.0, **self.evaluate()})
         return log_records
 
     def run(self, *, stop_after: int | None = None) -> Path:
@@ -764,12 +716,13 @@ class IterativeGRPO:
         ``final_policy`` (simulates a killed run; used to test resuming).
         """
         cfg = self.config
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.run_dir / "config.toml", config_to_toml_text(cfg))
-        metrics_path = self.run_dir / "metrics.jsonl"
+        run = self.run_directory
+        checkpoint = run.start()
         log_records = None
-        if not (self.resume and self._restore()):
+        if checkpoint is None:
             log_records = self._start()
+        else:
+            self._restore(checkpoint)
         iterations = cfg.iterations if self.has_env else 1
         while self.iteration < iterations:
             if stop_after is not None and self.iteration >= stop_after:
@@ -797,14 +750,14 @@ class IterativeGRPO:
                 "seconds_improve": t_improve - t_q,
                 "seconds_eval": time.perf_counter() - t_improve,
             }
-            append_jsonl(metrics_path, row)
+            run.append_metrics(row)
             self._write_iteration(iteration, records, fit)
             self.iteration = iteration
             self._checkpoint()
-            self._log(describe_row(row))
+            run.log(describe_row(row))
         self.policy.save(self.run_dir / "final_policy")
         if not self.has_env and cfg.iterations > 1:
-            self._log("no environment configured: stopped after improving on the logs")
+            run.log("no environment configured: stopped after improving on the logs")
         return self.run_dir
 
 

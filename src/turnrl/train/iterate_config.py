@@ -10,13 +10,22 @@ negotiation demonstrations). Every field carries a docstring, so
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
-from turnrl.train.config import EnvConfig, PolicyConfig, WarmStartConfig
+from turnrl.train.config import (
+    Aggregation,
+    EnvConfig,
+    PolicyConfig,
+    PPOConfig,
+    WarmStartConfig,
+)
 
 
 @dataclass
 class IterateEnvConfig(EnvConfig):
     """The environment policies are deployed in (and evaluated on)."""
+
+    ALLOW_NO_ENV: ClassVar[bool] = True
 
     name: str = "haggle"
     """Registered environment name (see ``turnrl.envs``). Empty (``""``) means no
@@ -66,14 +75,14 @@ class QConfig:
 
     gamma: float = 1.0
     """Discount of the Monte Carlo return ``G_t = sum_j gamma^j r_{t+j}``."""
-    init: str = "fresh"
+    init: Literal["fresh", "policy"] = "fresh"
     """``fresh``: a new tiny Qwen2 backbone; ``policy``: a copy of the deployed policy's
     transformer (a head on the policy backbone, trained separately)."""
     hidden: int = 64
     """Hidden size of a ``fresh`` Q backbone."""
     layers: int = 2
     """Layers of a ``fresh`` Q backbone."""
-    loss: str = "auto"
+    loss: Literal["mse", "bce", "auto"] = "auto"
     """``mse``, ``bce`` (0/1 returns) or ``auto`` (BCE when every return is 0 or 1)."""
     steps: int = 300
     """AdamW steps of each fit."""
@@ -91,9 +100,19 @@ class QConfig:
 
 
 @dataclass
-class ImproveConfig:
-    """Step 3, improve: single-turn GRPO on logged states with Q as the reward model."""
+class ImproveConfig(PPOConfig):
+    """Step 3, improve: single-turn GRPO on logged states with Q as the reward model
+    (the PPO fields as in ``[train]``; one optimiser for the whole run)."""
 
+    epochs: int = 2
+    """PPO epochs over each step's candidates."""
+    minibatch_size: int = 64
+    """Candidates per optimiser step."""
+    kl_coef: float = 0.05
+    """Weight of the KL penalty to the policy deployed this iteration."""
+    aggregation: Aggregation = "token-mean"
+    """Loss aggregation: ``token-mean`` or ``seq-mean-token-mean`` (each candidate is its
+    own one-turn rollout, so ``rollout-mean`` equals ``seq-mean-token-mean``)."""
     steps: int = 8
     """GRPO steps per iteration (each samples fresh candidates from the current policy)."""
     states_per_step: int = 16
@@ -116,25 +135,6 @@ class ImproveConfig:
     malformed_score: float | None = None
     """Score of a rejected candidate; none: the lowest Monte Carlo return-to-go of any
     turn logged in the iteration (the worst outcome seen)."""
-    lr: float = 3e-4
-    """Learning rate of the policy optimiser (one optimiser for the whole run)."""
-    epochs: int = 2
-    """PPO epochs over each step's candidates."""
-    minibatch_size: int = 64
-    """Candidates per optimiser step."""
-    clip_low: float = 0.2
-    """PPO clip width below 1."""
-    clip_high: float = 0.2
-    """PPO clip width above 1."""
-    kl_coef: float = 0.05
-    """Weight of the KL penalty to the policy deployed this iteration."""
-    kl_estimator: str = "k3"
-    """KL estimator: ``k3``, ``k1`` or ``k2``."""
-    aggregation: str = "token-mean"
-    """Loss aggregation: ``token-mean`` or ``seq-mean-token-mean`` (each candidate is its
-    own one-turn rollout, so ``rollout-mean`` equals ``seq-mean-token-mean``)."""
-    max_grad_norm: float = 1.0
-    """Gradient-norm clipping threshold."""
 
 
 @dataclass
@@ -150,6 +150,17 @@ class IterateEvalConfig:
 @dataclass
 class IterateConfig:
     """A complete Iterative GRPO run: deploy, evaluate (fit Q), improve, repeat."""
+
+    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = (
+        "run_dir",
+        "label",
+        "iterations",
+        "threads",
+        "keep_checkpoints",
+        "save_policies",
+    )
+    """Fields a resumed run may change (``--resume``); any other difference from the
+    run's ``config.toml`` is refused."""
 
     run_dir: str = "runs/iterate"
     """Directory for metrics, logged conversations, Q models and policies."""

@@ -1,0 +1,389 @@
+"""``validate(config)``: every config error of a run, found before any work or file.
+
+One walk over the config tree (``RunConfig`` of ``turnrl train``, ``IterateConfig``
+of ``turnrl iterate``, and any section a trainer adds): every field's value is
+checked against its type hint (``Literal`` enums name their allowed values), then
+the checks registered for each section's class run. Registered names are resolved
+against their registries and their option tables against the registered function's
+signature (estimators, rollout strategies, environments and task generators), so a
+misspelt name or option, or a value of the wrong type, is refused with the allowed
+ones named, not found after the warm start.
+
+Every problem names its dotted key (``train.minibatch_size``); all problems of a
+config are reported together in one :class:`ConfigError`.
+
+A new section (the agent loop's ``[agent]``) registers its checks with::
+
+    @register_check(AgentConfig)
+    def _agent(section: AgentConfig, problems: Problems) -> None:
+        problems.at_least("concurrency", section.concurrency, 1)
+
+Checks of a section class also run on its subclasses (``ImproveConfig`` gets the
+``PPOConfig`` checks). Checks registered on the top-level class see the whole config
+and report keys relative to the top (``rollout.tasks_per_step``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from turnrl.options import check_options, fits
+from turnrl.train.config import (
+    CreditConfig,
+    EnvConfig,
+    PolicyConfig,
+    PPOConfig,
+    RolloutConfig,
+    RunConfig,
+    TrainConfig,
+    WarmStartConfig,
+    config_origin,
+)
+from turnrl.train.iterate_config import (
+    DeployConfig,
+    ImproveConfig,
+    IterateConfig,
+    IterateEvalConfig,
+    IterateWarmStartConfig,
+    QConfig,
+)
+
+C = TypeVar("C")
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; ``problems`` holds ``(dotted key, message)`` pairs.
+
+    ``where`` maps a key to where its value came from (``file.toml:12`` or
+    ``override 'train.steps=-1'``), when known; it prefixes the key in the message.
+    """
+
+    def __init__(
+        self, problems: list[tuple[str, str]], where: Mapping[str, str] | None = None
+    ) -> None:
+        self.problems = problems
+        located = where or {}
+        lines = [
+            f"{located[key]}: {key}: {message}" if key in located else f"{key}: {message}"
+            for key, message in problems
+        ]
+        if len(lines) == 1:
+            text = f"config error: {lines[0]}"
+        else:
+            text = f"{len(lines)} config errors:\n" + "\n".join("  " + line for line in lines)
+        super().__init__(text)
+
+
+class Problems:
+    """Collects the problems of one section, keys prefixed with the section's path."""
+
+    def __init__(self, prefix: str = "", found: list[tuple[str, str]] | None = None) -> None:
+        self.prefix = prefix
+        self.found: list[tuple[str, str]] = [] if found is None else found
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def add(self, name: str, message: str) -> None:
+        """Report ``message`` about field ``name`` of this section."""
+        self.found.append((self.key(name), message))
+
+    def at_least(self, name: str, value: float, minimum: float) -> None:
+        """``value >= minimum`` (NaN fails)."""
+        if not value >= minimum:
+            self.add(name, f"must be >= {minimum}, got {value!r}")
+
+    def above(self, name: str, value: float, minimum: float) -> None:
+        """``value > minimum`` (NaN fails)."""
+        if not value > minimum:
+            self.add(name, f"must be > {minimum}, got {value!r}")
+
+    def within(self, name: str, value: float, low: float, high: float) -> None:
+        """``low <= value <= high`` (NaN fails)."""
+        if not low <= value <= high:
+            self.add(name, f"must be in [{low}, {high}], got {value!r}")
+
+    def finite(self, name: str, value: float) -> None:
+        if not math.isfinite(value):
+            self.add(name, f"must be a finite number, got {value!r}")
+
+    def one_of(self, name: str, value: Any, allowed: typing.Iterable[Any]) -> bool:
+        """``value`` is one of ``allowed`` (listed in the message); returns whether."""
+        options = list(allowed)
+        if value in options:
+            return True
+        self.add(name, f"unknown {value!r}; allowed: {', '.join(map(str, options))}")
+        return False
+
+    def options(
+        self, name: str, fn: Callable[..., Any], given: Mapping[str, Any], *, skip: int = 0
+    ) -> None:
+        """The option table ``given`` (field ``name``) fits ``fn``'s keyword options."""
+        for option, message in check_options(fn, given, skip=skip):
+            self.add(f"{name}.{option}", message)
+
+
+Check = Callable[[Any, Problems], None]
+_CHECKS: dict[type, list[Check]] = {}
+
+
+def register_check(cls: type[C]) -> Callable[[Callable[[C, Problems], None]], Check]:
+    """Decorator: run ``fn(section, problems)`` on every config section of class ``cls``
+    (or a subclass) that ``validate`` meets."""
+
+    def decorate(fn: Callable[[C, Problems], None]) -> Check:
+        _CHECKS.setdefault(cls, []).append(fn)
+        return fn
+
+    return decorate
+
+
+def validate(
+    config: Any, *, toml_path: str | Path | None = None, overrides: Sequence[str] = ()
+) -> None:
+    """Raise :class:`ConfigError` listing every problem of ``config`` (nothing is done,
+    nothing is written); return None when it can run.
+
+    ``toml_path`` and ``overrides`` (what ``load_config`` built the config from) only
+    serve the message: each problem is located in the file (line) or the override.
+    First every field is checked against its type; only a well-typed config gets the
+    section checks (they compare and look up values).
+    """
+    problems: list[tuple[str, str]] = []
+    _check_types(config, "", problems)
+    if not problems:
+        _run_checks(config, "", problems)
+    if problems:
+        where = {}
+        for key, _ in problems:
+            origin = config_origin(key, toml_path, overrides)
+            if origin is not None:
+                where[key] = origin
+        raise ConfigError(problems, where)
+
+
+def _sections(section: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+    """``(prefix, section)`` of ``section`` and every config section nested in it."""
+    yield prefix, section
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            yield from _sections(value, f"{prefix}{f.name}.")
+
+
+def _check_types(config: Any, prefix: str, problems: list[tuple[str, str]]) -> None:
+    for path, section in _sections(config, prefix):
+        hints = typing.get_type_hints(type(section))
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                continue
+            why = fits(value, hints[f.name])
+            if why is not None:
+                problems.append((f"{path}{f.name}", why))
+
+
+def _run_checks(config: Any, prefix: str, problems: list[tuple[str, str]]) -> None:
+    for path, section in _sections(config, prefix):
+        for cls in type(section).__mro__:
+            for check in _CHECKS.get(cls, []):
+                check(section, Problems(path, problems))
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@register_check(EnvConfig)
+def _env(env: EnvConfig, p: Problems) -> None:
+    from turnrl.envs import ENVS
+
+    if not env.name and env.ALLOW_NO_ENV:
+        return
+    p.at_least("n_train_tasks", env.n_train_tasks, 1)
+    p.at_least("n_eval_tasks", env.n_eval_tasks, 1)
+    if p.one_of("name", env.name, sorted(ENVS)):
+        spec = ENVS[env.name]
+        p.options("env_kwargs", spec.make_env, env.env_kwargs)
+        p.options("task_kwargs", spec.make_tasks, env.task_kwargs, skip=2)
+
+
+@register_check(PolicyConfig)
+def _policy(policy: PolicyConfig, p: Problems) -> None:
+    from turnrl.policy.pretrained import MODEL_SOURCES
+
+    named = ["tiny", *sorted(MODEL_SOURCES)]
+    if policy.model not in named and not Path(policy.model).expanduser().is_dir():
+        p.add(
+            "model",
+            f"{policy.model!r} is neither a named model ({', '.join(named)}) nor a local "
+            "model directory (models are never downloaded)",
+        )
+    p.at_least("hidden", policy.hidden, 1)
+    p.at_least("layers", policy.layers, 1)
+    p.above("temperature", policy.temperature, 0)
+    p.at_least("max_new_tokens", policy.max_new_tokens, 1)
+    p.at_least("lora_rank", policy.lora_rank, 0)
+    if policy.lora_rank > 0:
+        p.above("lora_alpha", policy.lora_alpha, 0)
+        if not policy.lora_targets:
+            p.add("lora_targets", "must name at least one layer when lora_rank > 0")
+
+
+@register_check(WarmStartConfig)
+def _warm_start(warm: WarmStartConfig, p: Problems) -> None:
+    p.at_least("steps", warm.steps, 0)
+    p.above("lr", warm.lr, 0)
+    p.at_least("batch_size", warm.batch_size, 1)
+    p.within("tool_fraction", warm.tool_fraction, 0.0, 1.0)
+    p.within("easy_tool_fraction", warm.easy_tool_fraction, 0.0, 1.0)
+    if warm.init_from is not None and not Path(warm.init_from).expanduser().is_dir():
+        p.add("init_from", f"{warm.init_from!r} is not a saved policy directory")
+
+
+@register_check(RolloutConfig)
+def _rollout(rollout: RolloutConfig, p: Problems) -> None:
+    from turnrl.rollout import get_strategy
+    from turnrl.rollout.strategies import list_strategies
+
+    p.at_least("group_size", rollout.group_size, 1)
+    p.at_least("tasks_per_step", rollout.tasks_per_step, 1)
+    p.at_least("workers", rollout.workers, 0)
+    if p.one_of("strategy", rollout.strategy, list_strategies()):
+        p.options("params", get_strategy(rollout.strategy), rollout.params, skip=3)
+        if rollout.workers > 0 and rollout.strategy != "independent":
+            p.add("workers", "rollout workers run only the 'independent' strategy")
+
+
+@register_check(CreditConfig)
+def _credit(credit: CreditConfig, p: Problems) -> None:
+    from turnrl.credit import get_estimator, list_estimators
+
+    if p.one_of("estimator", credit.estimator, list_estimators(with_aliases=True)):
+        p.options("params", get_estimator(credit.estimator).fn, credit.params, skip=1)
+
+
+@register_check(PPOConfig)
+def _ppo(ppo: PPOConfig, p: Problems) -> None:
+    p.above("lr", ppo.lr, 0)
+    p.at_least("minibatch_size", ppo.minibatch_size, 1)
+    p.at_least("epochs", ppo.epochs, 1)
+    p.at_least("clip_low", ppo.clip_low, 0)
+    p.at_least("clip_high", ppo.clip_high, 0)
+    p.at_least("kl_coef", ppo.kl_coef, 0)
+    p.finite("kl_coef", ppo.kl_coef)
+    p.at_least("max_grad_norm", ppo.max_grad_norm, 0)
+
+
+@register_check(TrainConfig)
+def _train(train: TrainConfig, p: Problems) -> None:
+    p.at_least("steps", train.steps, 0)
+    p.at_least("eval_every", train.eval_every, 0)
+    p.at_least("eval_temperature", train.eval_temperature, 0)
+    p.at_least("eval_samples", train.eval_samples, 1)
+    p.at_least("log_rollouts_every", train.log_rollouts_every, 0)
+    p.at_least("checkpoint_every", train.checkpoint_every, 0)
+    p.at_least("keep_checkpoints", train.keep_checkpoints, 1)
+    p.at_least("threads", train.threads, 0)
+
+
+@register_check(RunConfig)
+def _run(config: RunConfig, p: Problems) -> None:
+    pool = config.env.n_train_tasks
+    if config.rollout.tasks_per_step > pool >= 1:
+        p.add(
+            "rollout.tasks_per_step",
+            f"{config.rollout.tasks_per_step} distinct tasks per step, but the task pool "
+            f"(env.n_train_tasks) holds {pool}",
+        )
+    if not config.run_dir:
+        p.add("run_dir", "must name a directory")
+
+
+# --------------------------------------------------------------------------- iterate
+
+
+@register_check(IterateWarmStartConfig)
+def _iterate_warm_start(warm: IterateWarmStartConfig, p: Problems) -> None:
+    from turnrl.envs.negotiation import STYLES
+
+    if warm.style is not None:
+        p.one_of("style", warm.style, STYLES)
+    for instruction, style in warm.persona_styles.items():
+        if style not in STYLES:
+            p.add(
+                f"persona_styles[{instruction!r}]",
+                f"unknown style {style!r}; allowed: {', '.join(STYLES)}",
+            )
+
+
+@register_check(DeployConfig)
+def _deploy(deploy: DeployConfig, p: Problems) -> None:
+    p.at_least("tasks_per_iteration", deploy.tasks_per_iteration, 1)
+    p.at_least("conversations_per_task", deploy.conversations_per_task, 1)
+    if not deploy.temperatures:
+        p.add("temperatures", "must list at least one temperature")
+    for i, temperature in enumerate(deploy.temperatures):
+        p.at_least(f"temperatures[{i}]", temperature, 0)
+    if not deploy.personas:
+        p.add("personas", 'must list at least one entry ("" = no persona)')
+
+
+@register_check(QConfig)
+def _q(q: QConfig, p: Problems) -> None:
+    p.within("gamma", q.gamma, 0.0, 1.0)
+    p.at_least("hidden", q.hidden, 1)
+    p.at_least("layers", q.layers, 1)
+    p.at_least("steps", q.steps, 0)
+    p.above("lr", q.lr, 0)
+    p.at_least("batch_size", q.batch_size, 1)
+    if not 0 <= q.holdout_fraction < 1:
+        p.add("holdout_fraction", f"must be in [0, 1), got {q.holdout_fraction!r}")
+    p.at_least("calibration_bins", q.calibration_bins, 1)
+
+
+@register_check(ImproveConfig)
+def _improve(improve: ImproveConfig, p: Problems) -> None:
+    p.at_least("steps", improve.steps, 1)
+    p.at_least("states_per_step", improve.states_per_step, 1)
+    p.at_least("candidates", improve.candidates, 1)
+    p.above("temperature", improve.temperature, 0)
+    p.at_least("std_floor", improve.std_floor, 0)
+    if improve.malformed_score is not None:
+        p.finite("malformed_score", improve.malformed_score)
+
+
+@register_check(IterateEvalConfig)
+def _iterate_eval(evaluation: IterateEvalConfig, p: Problems) -> None:
+    p.at_least("temperature", evaluation.temperature, 0)
+    p.at_least("samples", evaluation.samples, 1)
+
+
+@register_check(IterateConfig)
+def _iterate(config: IterateConfig, p: Problems) -> None:
+    from turnrl.envs.negotiation import SETTINGS
+
+    p.at_least("iterations", config.iterations, 0)
+    p.at_least("threads", config.threads, 0)
+    p.at_least("keep_checkpoints", config.keep_checkpoints, 1)
+    if not config.run_dir:
+        p.add("run_dir", "must name a directory")
+    if not config.env.name:
+        return
+    pool = config.env.n_train_tasks
+    if config.deploy.tasks_per_iteration > pool >= 1:
+        p.add(
+            "deploy.tasks_per_iteration",
+            f"{config.deploy.tasks_per_iteration} distinct tasks per iteration, but the task "
+            f"pool (env.n_train_tasks) holds {pool}",
+        )
+    if config.warm_start.persona_styles and config.env.name not in SETTINGS:
+        p.add(
+            "warm_start.persona_styles",
+            f"needs a negotiation setting ({', '.join(sorted(SETTINGS))}), "
+            f"not env.name = {config.env.name!r}",
+        )
