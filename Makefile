@@ -51,13 +51,15 @@ $(AGL_STAMP): pyproject.toml requirements/integrations-agl.txt
 
 setup-integrations: $(INT_STAMP) $(AGL_STAMP)
 
+# --overwrite: `make demo` replaces its own earlier run (turnrl train refuses a run
+# directory that holds a run unless told to --resume or --overwrite it).
 demo: setup
-	$(VENV)/bin/turnrl train --config examples/calculator.toml
+	$(VENV)/bin/turnrl train --config examples/calculator.toml --overwrite
 	$(VENV)/bin/turnrl audit runs/calculator/rollouts/step-000060.jsonl
 
 # LoRA on SmolLM2-135M-Instruct (real pretrained model, CPU): about 10 minutes.
 demo-smol: $(SMOL_STAMP)
-	$(VENV)/bin/turnrl train --config examples/calculator_smollm2.toml
+	$(VENV)/bin/turnrl train --config examples/calculator_smollm2.toml --overwrite
 
 test: setup setup-integrations
 	$(VENV)/bin/ruff check src tests benchmarks examples

@@ -63,7 +63,7 @@ def run_iterative(setting: str, seed: int, run_dir: Path, overrides: list[str]) 
         ROOT / "examples" / f"iterate_{setting}.toml",
         [*overrides, f"run_dir={run_dir}", f"seed={seed}", "threads=1"],
     )
-    return IterativeGRPO(config, quiet=True).run()
+    return IterativeGRPO(config, quiet=True, overwrite=True).run()  # a rerun starts over
 
 
 def run_online(
@@ -103,7 +103,8 @@ def run_online(
         f"train.seed={seed}",
         "train.threads=1",
     ]
-    return OnlineTrainer(load_config(RunConfig, None, overrides), quiet=True).run()
+    config = load_config(RunConfig, None, overrides)
+    return OnlineTrainer(config, quiet=True, overwrite=True).run()  # a rerun starts over
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -405,7 +406,12 @@ def main() -> None:
                     run_online(setting, seed, run_dir, warm, steps, per_block, args.lr, method)
                 else:
                     # Variants start from the same warm-started weights when they exist.
-                    shared = [f"warm_start.init_from={warm}"] if warm.exists() else []
+                    # (not the arm that trains it: a rerun of that arm trains it again)
+                    shared = (
+                        [f"warm_start.init_from={warm}"]
+                        if warm.exists() and not warm.is_relative_to(run_dir)
+                        else []
+                    )
                     if method.startswith("persona-aware"):
                         shared += PERSONA_WARM
                     run_iterative(

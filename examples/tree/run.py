@@ -52,7 +52,7 @@ def warm_start(root: Path, seed: int, overrides: list[str]) -> Path:
         config = load(
             "independent", [*overrides, f"run_dir={run_dir}", f"train.seed={seed}", "train.steps=0"]
         )
-        OnlineTrainer(config, quiet=True).run()
+        OnlineTrainer(config, quiet=True, overwrite=True).run()  # redo an unfinished one
     return run_dir / "warm_start"
 
 
@@ -72,7 +72,7 @@ def train(strategy: str, seed: int, warm: Path, run_dir: Path, args, overrides) 
             "train.checkpoint_every=0",
         ],
     )
-    trainer = OnlineTrainer(config, quiet=True)
+    trainer = OnlineTrainer(config, quiet=True, overwrite=True)  # redo an unfinished run
     trainer.run(stop_after=0)  # set-up (load the warm start) and the step-0 evaluation
     metrics = run_dir / "metrics.jsonl"
     used = computed = 0.0
