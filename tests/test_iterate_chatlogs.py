@@ -155,3 +155,30 @@ def test_tokenised_records_use_the_rollout_token_layout(tmp_path: Path) -> None:
         *policy.encode_observation(messages[3]),
     ]
     assert policy.decode(second["response_ids"]) == "<accept/>"
+
+
+def test_turns_too_long_for_the_model_are_refused_before_any_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from turnrl.cli import main
+
+    policy = build_tiny_policy(seed=0, hidden=16, layers=1)  # 4096 positions, one per char
+    long = with_(conversation_id="long")
+    long["messages"] = [*GOOD["messages"][:2], {"role": "assistant", "content": "x" * 4200}]
+    path = tmp_path / "logs.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n" + json.dumps(long) + "\n")
+    with pytest.raises(ChatLogError, match=rf"{path}:2: field 'messages': assistant turn 0: "):
+        tokenise_conversations(policy, read_chat_logs(path), source=str(path))
+    # room for the logged response is not enough: new candidates need max_new_tokens
+    fits = tmp_path / "fits.jsonl"
+    fits.write_text(json.dumps(GOOD) + "\n")
+    records = tokenise_conversations(policy, read_chat_logs(fits))
+    room = 4096 - max(len(r["prompt_ids"]) for r in records)
+    tokenise_conversations(policy, read_chat_logs(fits), max_new_tokens=room)
+    with pytest.raises(ChatLogError, match="exceed the model's 4096 positions"):
+        tokenise_conversations(policy, read_chat_logs(fits), max_new_tokens=room + 1)
+    run = tmp_path / "run"
+    argv = ["iterate", "--from-logs", str(path), "--run-dir", str(run), "env.name="]
+    assert main([*argv, "policy.hidden=16", "policy.layers=1"]) == 2
+    assert "exceed the model's 4096 positions" in capsys.readouterr().err
+    assert not run.exists()

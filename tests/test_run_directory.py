@@ -137,18 +137,24 @@ def test_derive_seed_keeps_the_trainers_streams() -> None:
 # --------------------------------------------------------------------------- CLI: no data loss
 
 
+def cli(command: str, recipe: str, run: Path, *args: str, tiny: tuple[str, ...]) -> int:
+    """``turnrl COMMAND`` of a recipe on ``run``: ``args`` are flags and overrides
+    (flags go first: argparse takes no option after the overrides)."""
+    flags = [a for a in args if a.startswith("--")]
+    overrides = [a for a in args if not a.startswith("--")]
+    config = str(REPO / "examples" / recipe)
+    argv = [command, "--config", config, "--quiet", "--run-dir", str(run), *flags]
+    return main([*argv, *tiny, *overrides])
+
+
 def test_train_cli_never_writes_over_an_existing_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "run"
 
     def train(*args: str) -> int:
-        """``turnrl train`` of the tiny recipe; ``args``: flags, then overrides."""
-        recipe = str(REPO / "examples" / "calculator.toml")
-        flags = [a for a in args if a.startswith("--")]
-        overrides = [a for a in args if not a.startswith("--")]
-        argv = ["train", "--config", recipe, "--quiet", "--run-dir", str(run), *flags]
-        return main([*argv, *TINY_TRAIN, *PARITY, "train.steps=2", *overrides])
+        tiny = (*TINY_TRAIN, *PARITY, "train.steps=2")
+        return cli("train", "calculator.toml", run, *args, tiny=tiny)
 
     assert train() == 0
     assert steps(run) == [0, 1, 2]
@@ -180,27 +186,23 @@ def test_train_cli_never_writes_over_an_existing_run(
 
 
 def test_iterate_cli_never_writes_over_an_existing_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_iterate
 ) -> None:
+    from turnrl.train.iterate import IterativeGRPO
+
     run = tmp_path / "run"
-
-    def iterate(*args: str) -> int:
-        recipe = str(REPO / "examples" / "iterate_haggle.toml")
-        flags = [a for a in args if a.startswith("--")]
-        overrides = [a for a in args if not a.startswith("--")]
-        argv = ["iterate", "--config", recipe, "--quiet", "--run-dir", str(run), *flags]
-        return main([*argv, *TINY_ITERATE, "iterations=1", "improve.steps=1", *overrides])
-
-    assert iterate() == 0
+    tiny = ("iterations=1", "improve.steps=1")
+    IterativeGRPO(tiny_iterate(run, *tiny), quiet=True).run()
     before = fingerprint(run)
-    capsys.readouterr()
     for args, message in (
         ((), "holds a run"),
         (("--resume", "seed=4"), "seed (0 -> 4)"),
         (("--resume", "improve.kl_estimator=k9"), "improve.kl_estimator"),
     ):
-        assert iterate(*args) == 2
+        argv = ("iterate", "iterate_haggle.toml", run, *args)
+        assert cli(*argv, tiny=(*TINY_ITERATE, *tiny)) == 2
         assert message in capsys.readouterr().err
         assert fingerprint(run) == before
-    assert iterate("--resume", "iterations=2") == 0  # extending is allowed
+    extended = tiny_iterate(run, "iterations=2", "improve.steps=1")  # may change on resume
+    IterativeGRPO(extended, quiet=True, resume=True).run()
     assert steps(run) == [0, 1, 2]

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from conftest import REPO
 
+from conftest import REPO
 from turnrl.options import TypeMismatch, Unsupported, check_options, coerce
 from turnrl.train.config import RunConfig, TrainConfig, load_config
 from turnrl.train.iterate_config import IterateConfig
@@ -27,7 +27,7 @@ def test_coerce_checks_literals_unions_and_containers() -> None:
     assert coerce(1, float | None) == 1.0 and coerce(None, float | None) is None
     assert coerce([1, 2], tuple[float, ...]) == (1.0, 2.0)
     assert coerce({"x": 1}, dict[str, int]) == {"x": 1}
-    with pytest.raises(TypeMismatch, match="expected an integer, got 1.5"):
+    with pytest.raises(TypeMismatch, match=r"expected an integer, got 1\.5"):
         coerce([1.5], list[int])
     with pytest.raises(Unsupported):
         coerce(1, set[int])

@@ -173,17 +173,25 @@ def conversation_records(conversation: Conversation) -> list[dict[str, Any]]:
 
 
 def tokenise_conversations(
-    policy: Any, conversations: Sequence[Conversation], *, source: str = "<chat logs>"
+    policy: Any,
+    conversations: Sequence[Conversation],
+    *,
+    source: str = "<chat logs>",
+    max_new_tokens: int = 0,
 ) -> list[dict[str, Any]]:
     """Turn records with exact ``prompt_ids``/``response_ids`` under ``policy``'s template.
 
     ``policy`` is an ``HFPolicy``. Responses end with the end-of-turn token (as a
     sampled response that stopped normally does); behaviour log-probs are unknown
     and left out. A message the chat template or tokenizer rejects raises
-    ``ChatLogError`` naming the conversation's line.
+    ``ChatLogError`` naming the conversation's line, and so does a turn too long for
+    the model: its context plus the longer of its logged response and
+    ``max_new_tokens`` (new candidates are sampled from logged contexts) must fit the
+    model's positions.
     """
     from turnrl.train.sft import conversation_examples
 
+    limit = getattr(policy, "max_context", None)
     records: list[dict[str, Any]] = []
     for conversation in conversations:
         try:
@@ -194,6 +202,16 @@ def tokenise_conversations(
             ) from err
         text_records = conversation_records(conversation)
         for record, example in zip(text_records, examples, strict=True):
+            needed = len(example.context) + max(len(example.response), max_new_tokens)
+            if limit is not None and needed > limit:
+                raise ChatLogError(
+                    source,
+                    conversation.line,
+                    "messages",
+                    f"assistant turn {record['turn']}: {len(example.context)} context tokens "
+                    f"+ {max(len(example.response), max_new_tokens)} response tokens exceed "
+                    f"the model's {limit} positions",
+                )
             record["prompt_ids"] = list(example.context)
             record["response_ids"] = list(example.response)
             records.append(record)

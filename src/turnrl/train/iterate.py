@@ -435,6 +435,19 @@ class IterativeGRPO:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
         self.policy = build_policy(config.policy, config.seed)
+        self.logged: list[dict[str, Any]] | None = None
+        """The imported conversations as turn records (``--from-logs``)."""
+        if self.conversations is not None:
+            # Tokenised now, with the policy the run starts from (its chat template; the
+            # weights do not matter), so a conversation the model cannot take is refused
+            # before anything is written.
+            self.policy = initial_policy(self.policy, config.warm_start, config.policy)
+            self.logged = tokenise_conversations(
+                self.policy,
+                self.conversations,
+                source=str(self.from_logs),
+                max_new_tokens=config.policy.max_new_tokens,
+            )
         self.sampler = np.random.default_rng(config.seed)
         self.optimizer: torch.optim.Optimizer | None = None
         self.q_model: QModel | None = None
@@ -539,11 +552,10 @@ class IterativeGRPO:
         return batch.records, metrics
 
     def import_logs(self) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        """The imported conversations, tokenised with the policy's chat template."""
-        assert self.conversations is not None and self.from_logs is not None
-        records = tokenise_conversations(
-            self.policy, self.conversations, source=str(self.from_logs)
-        )
+        """The imported conversations (tokenised with the policy's chat template) as the
+        first iteration's batch, and its metrics."""
+        assert self.conversations is not None and self.logged is not None
+        records = self.logged
         self.conversations_deployed += len(self.conversations)
         outcomes = [c.outcome for c in self.conversations]
         return records, {
@@ -702,9 +714,11 @@ class IterativeGRPO:
     def _start(self) -> tuple[list[dict[str, Any]], dict[str, float]] | None:
         """Fresh start: warm start and the step-0 evaluation; returns imported logs."""
         cfg = self.config
-        self.policy = initial_policy(self.policy, cfg.warm_start, cfg.policy)
-        # Logs are tokenised with the policy's own chat template (weights do not matter).
-        log_records = self.import_logs() if self.conversations is not None else None
+        log_records = None
+        if self.conversations is None:
+            self.policy = initial_policy(self.policy, cfg.warm_start, cfg.policy)
+        else:  # the constructor loaded the initial policy to tokenise the logs
+            log_records = self.import_logs()
         self._warm_start(log_records[0] if log_records else None)
         self.run_directory.append_metrics({"step": 0, "conversations": 0.0, **self.evaluate()})
         return log_records
