@@ -14,7 +14,8 @@ pytest.importorskip("peft")
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.policy.lora import add_lora, is_adapter_dir, is_adapter_model, lora_policy
 from turnrl.train.config import PolicyConfig, RunConfig, load_config
-from turnrl.train.online import TIMING_KEYS, OnlineTrainer, with_lora
+from turnrl.train.online import OnlineTrainer
+from turnrl.train.run import with_lora
 from turnrl.train.sft import conversation_examples, supervised_warm_start
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,41 +148,28 @@ def test_rank_zero_is_full_fine_tuning() -> None:
     assert with_lora(wrapped, PolicyConfig(lora_rank=4)) is wrapped  # never wrapped twice
 
 
-TINY_LORA = [
+LORA = (
     "policy.lora_rank=4",
     "policy.lora_alpha=8.0",
     "warm_start.steps=4",
-    "warm_start.batch_size=4",
     "env.n_train_tasks=8",
     "env.n_eval_tasks=2",
-    "rollout.group_size=2",
-    "rollout.tasks_per_step=2",
-    "policy.max_new_tokens=12",
     "train.steps=2",
-    "train.eval_every=2",
     "train.checkpoint_every=1",
-    "train.minibatch_size=4",
-    "train.threads=1",
+    "train.epochs=1",
     "train.kl_coef=0.05",
     "train.log_rollouts_every=0",
-]
+)
+"""The shared tiny run (conftest), on LoRA adapters with a KL reference."""
 
 
-def _metrics(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
-
-
-def test_lora_run_checkpoints_adapters_and_resumes_exactly(tmp_path: Path) -> None:
-    def config(run: Path) -> RunConfig:
-        return load_config(
-            RunConfig, REPO / "examples" / "calculator.toml", [*TINY_LORA, f"run_dir={run}"]
-        )
-
-    straight = OnlineTrainer(config(tmp_path / "a"), quiet=True).run()
-    OnlineTrainer(config(tmp_path / "b"), quiet=True).run(stop_after=1)
-    resumed = OnlineTrainer(config(tmp_path / "b"), resume=True, quiet=True).run()
-    assert _metrics(resumed) == _metrics(straight)
+def test_lora_run_checkpoints_adapters_and_resumes_exactly(
+    tmp_path: Path, tiny_train, read_metrics
+) -> None:
+    straight = OnlineTrainer(tiny_train(tmp_path / "a", *LORA), quiet=True).run()
+    OnlineTrainer(tiny_train(tmp_path / "b", *LORA), quiet=True).run(stop_after=1)
+    resumed = OnlineTrainer(tiny_train(tmp_path / "b", *LORA), resume=True, quiet=True).run()
+    assert read_metrics(resumed) == read_metrics(straight)
     a = torch.load(straight / "checkpoints" / "step-000002.pt", weights_only=True)["model"]
     b = torch.load(resumed / "checkpoints" / "step-000002.pt", weights_only=True)["model"]
     assert a.keys() == b.keys() and all("lora_" in k for k in a)
