@@ -114,8 +114,32 @@ def test_improvement_raises_if_anything_calls_an_environment() -> None:
 
     with pytest.raises(EnvCallError, match="improvement"):
         _improve(sneaky)
-    stats = _improve(lambda contexts, responses: np.array([len(r) for r in responses], float))
-    assert stats["improve_states"] == 1.0 and "improve_kl_ref" in stats
+    stats = _improve(lambda contexts, responses: np.array([sum(r) for r in responses], float))
+    assert stats["improve_states"] == 1.0
+    # The KL reference is used: 0 before the first step, positive in the second epoch.
+    assert stats["improve_kl_ref"] > 0
+    assert stats["improve_kl_loss"] == pytest.approx(0.1 * stats["improve_kl_ref"], rel=1e-4)
+
+
+def test_improvement_recomputes_log_probs_at_the_candidates_temperature() -> None:
+    policy = build_tiny_policy(seed=0, hidden=16, layers=1)
+    states = [LoggedState("t", policy.encode_initial([{"role": "user", "content": "hi"}]))]
+    cfg = ImproveConfig(
+        steps=1, states_per_step=1, candidates=3, minibatch_size=3, epochs=1, temperature=0.7
+    )
+    stats = improve_policy(
+        policy,
+        torch.optim.AdamW(trainable(policy), lr=1e-3),
+        lambda contexts, responses: np.array([float(len(r)) for r in responses]),
+        states,
+        cfg,
+        max_new_tokens=6,
+        reference=None,
+        seed=0,
+    )
+    # one on-policy optimiser step: candidates were sampled at 0.7 and are scored at 0.7
+    assert stats["improve_ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert abs(stats["improve_approx_kl_old"]) < 1e-6
 
 
 def test_temperature_counts() -> None:
