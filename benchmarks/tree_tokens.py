@@ -86,7 +86,7 @@ def measure(env: str, seeds: list[int], tasks_per_step: int, group: int, warm: i
                 traj_prefix="b-",
             )
             exp = get_strategy(name)(ctx, tasks, size, **params)
-            leaves = len({r["traj_id"] for r in exp.batch.records})
+            leaves = len({r.traj_id for r in exp.batch.records})
             rows[label].append({**exp.extra, "leaves": leaves})
     out = []
     for label, runs in rows.items():

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from turnrl.policy import HFPolicy, build_tiny_policy
+from turnrl.records import record_to_json
 from turnrl.serve import Gateway, GatewayConfig, GatewayError, GatewayServer
 from turnrl.train.agent_programs import (
     AgentConfigError,
@@ -36,6 +37,11 @@ from turnrl.train.agent_runner import (
 from turnrl.types import Task
 
 FIXTURES = Path(__file__).with_name("agent_fixtures.py")
+
+
+def json_records(result) -> list[dict]:
+    """A rollout's turn records as the JSON lines they are written as."""
+    return [record_to_json(r) for r in result.records]
 
 
 def entry(name: str) -> str:
@@ -104,17 +110,19 @@ def test_records_are_what_the_agent_sent_and_got(
     assert len(calls) == 3 * per_rollout
     for result in results:
         sent = [c for c in calls if c["rollout"] == result.rollout_id]
-        assert len(result.records) == per_rollout
-        for turn, (record, call) in enumerate(zip(result.records, sent, strict=True)):
+        assert len(json_records(result)) == per_rollout
+        for turn, (record, call) in enumerate(zip(json_records(result), sent, strict=True)):
             assert record["turn"] == turn
             assert record["traj_id"] == result.rollout_id
             assert record["prompt"] == call["sent"]
             assert record["response"] == call["got"]
-        assert result.records[-1]["done"] is True
-        assert result.records[-1]["reward"] == result.reward == float(len(sent[-1]["got"]) % 2)
+        assert json_records(result)[-1]["done"] is True
+        assert (
+            json_records(result)[-1]["reward"] == result.reward == float(len(sent[-1]["got"]) % 2)
+        )
     if mode == "entrypoint":
         # The second call extends the first: its context starts with the first's tokens.
-        first, second = results[0].records
+        first, second = json_records(results[0])
         assert second["prompt_ids"][: len(first["prompt_ids"])] == first["prompt_ids"]
         assert second["context_rebuilt"] is False
 
@@ -128,7 +136,7 @@ def test_a_posted_reward_finishes_the_rollout(
     results = run(served, make_program(*program), n=2)
     expected = 0.25 if program[0] else 0.75
     assert [(r.failure, r.reward) for r in results] == [(None, expected)] * 2
-    assert [r.records[-1]["reward"] for r in results] == [expected] * 2
+    assert [json_records(r)[-1]["reward"] for r in results] == [expected] * 2
 
 
 BAD_AGENTS = [

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from turnrl.policy import HFPolicy, build_tiny_policy
+from turnrl.records import record_to_json
 from turnrl.serve import GatewayConfig, GatewayServer
 from turnrl.train.agent_programs import AgentConfigError, make_program
 from turnrl.train.agent_runner import AgentRunner, GatewayLink, RolloutResult
@@ -26,6 +27,11 @@ from turnrl.types import Task
 ROOT = Path(__file__).resolve().parents[1]
 AGENTS = ROOT / "examples" / "agents"
 TEACHER = f"{AGENTS / 'calc_teacher.py'}:teach"
+
+
+def json_records(result) -> list[dict]:
+    """A rollout's turn records as the JSON lines they are written as."""
+    return [record_to_json(r) for r in result.records]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +82,7 @@ def test_the_openai_agent_against_the_teacher_records_exact_demonstrations(
     assert any(with_tool) and not all(with_tool)  # the sample has both kinds
     for result, tool in zip(results, with_tool, strict=True):
         task = result.task.payload
-        records = result.records
+        records = json_records(result)
         assert [r["role"] for r in records] == ["agent"] * len(records)
         assert [r["tool_call"] for r in records] == ([True, False] if tool else [False])
         # The agent's own prompt, with the tool described by the gateway.
@@ -98,7 +104,7 @@ def test_the_openai_agent_against_the_teacher_records_exact_demonstrations(
             assert second["prompt"][-1] == {"role": "tool", "content": str(task["answer"])}
     examples = teacher_examples([r for res in results for r in res.records])
     assert len(examples) == sum(1 + t for t in with_tool)
-    assert examples[0].context == results[0].records[0]["prompt_ids"]
+    assert examples[0].context == json_records(results[0])[0]["prompt_ids"]
 
 
 def test_two_roles_are_recorded_as_roles(policy: HFPolicy) -> None:
@@ -108,12 +114,12 @@ def test_two_roles_are_recorded_as_roles(policy: HFPolicy) -> None:
     results, _ = run_with_teacher(policy, f"{agent}:run", f"{agent}:teach", hard + easy)
     assert [r.reward for r in results] == [1.0, 1.0, 1.0]
     for result in results[:2]:  # guess, rejected, tool call, answer
-        roles = [r["role"] for r in result.records]
+        roles = [r["role"] for r in json_records(result)]
         assert roles == ["solver", "checker", "solver", "solver"]
-        assert [r["response"] for r in result.records][1] == "no"
-        assert [r["turn"] for r in result.records] == [0, 1, 2, 3]
-    assert [r["role"] for r in results[2].records] == ["solver", "checker"]
-    assert results[2].records[1]["response"] == "yes"
+        assert [r["response"] for r in json_records(result)][1] == "no"
+        assert [r["turn"] for r in json_records(result)] == [0, 1, 2, 3]
+    assert [r["role"] for r in json_records(results[2])] == ["solver", "checker"]
+    assert json_records(results[2])[1]["response"] == "yes"
 
 
 def test_a_broken_teacher_fails_the_rollout_with_its_message(
@@ -141,8 +147,10 @@ def test_an_openai_agents_sdk_agent_runs_unchanged(policy: HFPolicy) -> None:
     assert [r.reward for r in results] == [1.0] * 4
     for result, task in zip(results, chosen, strict=True):
         tool = uses_tool(task)
-        assert [r["tool_call"] for r in result.records] == ([True, False] if tool else [False])
-        assert result.records[0]["prompt"][0]["content"].startswith("Solve the arithmetic")
+        assert [r["tool_call"] for r in json_records(result)] == (
+            [True, False] if tool else [False]
+        )
+        assert json_records(result)[0]["prompt"][0]["content"].startswith("Solve the arithmetic")
 
 
 @pytest.mark.skipif(
@@ -164,14 +172,14 @@ def test_the_autogen_calc_x_agent_with_the_mcp_calculator(policy: HFPolicy) -> N
     tool_run, direct = results
     # Tool call (the MCP server computes it), then autogen's reflection call without tools.
     answer = str(chosen[0].payload["answer"])
-    assert [r["response"] for r in tool_run.records] == [
+    assert [r["response"] for r in json_records(tool_run)] == [
         f"<call>{chosen[0].payload['expression']}</call>",
         f"### ANSWER: {answer} ###",
     ]
-    assert tool_run.records[1]["prompt"][-1] == {"role": "tool", "content": answer}
+    assert json_records(tool_run)[1]["prompt"][-1] == {"role": "tool", "content": answer}
     assert (
         "calculate: Calculates/evaluates the given expression."
-        in (tool_run.records[0]["prompt"][0]["content"])
+        in (json_records(tool_run)[0]["prompt"][0]["content"])
     )
-    assert tool_run.records[1]["context_rebuilt"] is False
-    assert [r["tool_call"] for r in direct.records] == [False]
+    assert json_records(tool_run)[1]["context_rebuilt"] is False
+    assert [r["tool_call"] for r in json_records(direct)] == [False]

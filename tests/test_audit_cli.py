@@ -123,7 +123,7 @@ def test_cli_credit_clip_factor_and_params(tmp_path: Path) -> None:
         ('{"task_id": "t", "traj_id": "a"}\n', "in.jsonl:1: field 'turn'"),
         (
             '{"task_id": "t", "traj_id": "a", "turn": 0, "reward": NaN}\n',
-            "field 'reward': must be finite",
+            "field 'reward': NaN is not a JSON number",
         ),
         ("", "the file is empty"),
     ],

@@ -11,6 +11,7 @@ from turnrl.table import TurnTable
 from turnrl.train.explore import PersonaEnv, with_instruction
 from turnrl.train.iterate import deploy, deployment_arms
 from turnrl.train.iterate_config import DeployConfig
+from turnrl.types import TurnRecord
 
 torch.set_num_threads(1)
 
@@ -59,22 +60,22 @@ def test_the_policy_sees_the_persona_and_the_logs_do_not() -> None:
         t.task_id: policy.encode_initial(with_instruction(make_env("haggle").reset(t), instruction))
         for t in tasks
     }
-    assert {r["persona"] for r in batch.records} == {0, 1}
+    assert {r.persona for r in batch.records} == {0, 1}
     for record in batch.records:  # every logged state starts with the plain opening
-        opening = plain[record["task_id"]]
-        assert record["prompt_ids"][: len(opening)] == opening
+        opening = plain[record.task_id]
+        assert list(record.prompt_ids[: len(opening)]) == opening
     # the persona conversations were sampled from the instructed openings
     for task_id, opening in instructed.items():
         assert sum(c[: len(opening)] == opening for c in seen) >= 1, task_id
     # each persona conversation's logged turn 0 is exactly the plain opening
-    first = [r for r in batch.records if r["persona"] == 1 and r["turn"] == 0]
-    assert len(first) == 2 and all(r["prompt_ids"] == plain[r["task_id"]] for r in first)
+    first = [r for r in batch.records if r.persona == 1 and r.turn == 0]
+    assert len(first) == 2 and all(list(r.prompt_ids) == plain[r.task_id] for r in first)
     # contexts still grow by appending: turn t+1 extends turn t's context and response
-    by_turn = {(r["traj_id"], r["turn"]): r for r in batch.records}
+    by_turn = {(r.traj_id, r.turn): r for r in batch.records}
     for (traj, turn), record in by_turn.items():
         if (traj, turn + 1) in by_turn:
-            grown = record["prompt_ids"] + record["response_ids"]
-            assert by_turn[traj, turn + 1]["prompt_ids"][: len(grown)] == grown
+            grown = record.prompt_ids + record.response_ids
+            assert by_turn[traj, turn + 1].prompt_ids[: len(grown)] == grown
     assert TurnTable.from_records(batch.records, source="deploy").n_rows == len(batch.records)
 
 
@@ -137,7 +138,7 @@ def test_hide_personas_refuses_contexts_built_another_way() -> None:
     env = PersonaEnv(make_env("haggle"), "Open high.")
     env.reset(task)
     episode = Episode(task, "x", env, [])
-    record = {"traj_id": "x", "turn": 0, "prompt_ids": [1, 2, 3]}
+    record = TurnRecord(task_id=task.task_id, traj_id="x", turn=0, prompt_ids=[1, 2, 3])
     with pytest.raises(ValueError, match="x turn 0: prompt_ids do not start"):
         hide_personas(policy, RolloutBatch(records=[record], episodes=[episode]), 1)
 

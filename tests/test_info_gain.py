@@ -8,6 +8,7 @@ import torch
 from turnrl.policy import build_tiny_policy
 from turnrl.train.info_gain import add_information_gain, mean_answer_logprob
 from turnrl.train.sft import encode_response
+from turnrl.types import TurnRecord
 
 torch.set_num_threads(1)
 
@@ -18,18 +19,19 @@ def test_information_gain_is_the_difference_of_answer_logprobs() -> None:
     call = encode_response(policy, "<call>12*34</call>")
     after = start + call + policy.encode_observation({"role": "tool", "content": "408"})
     records = [
-        {"task_id": "t", "traj_id": "a", "turn": 0, "prompt_ids": start},
-        {"task_id": "t", "traj_id": "a", "turn": 1, "prompt_ids": after},
-        {"task_id": "t", "traj_id": "b", "turn": 0, "prompt_ids": start},  # one turn: no IG
-        {"task_id": "u", "traj_id": "c", "turn": 0, "prompt_ids": start},  # no reference
-        {"task_id": "u", "traj_id": "c", "turn": 1, "prompt_ids": after},
+        TurnRecord(task_id="t", traj_id="a", turn=0, prompt_ids=start),
+        TurnRecord(task_id="t", traj_id="a", turn=1, prompt_ids=after),
+        TurnRecord(task_id="t", traj_id="b", turn=0, prompt_ids=start),  # one turn: no IG
+        TurnRecord(task_id="u", traj_id="c", turn=0, prompt_ids=start),  # no reference
+        TurnRecord(task_id="u", traj_id="c", turn=1, prompt_ids=after),
     ]
     references = {"t": "<answer>408</answer>", "u": None}
-    assert add_information_gain(policy, records[::-1], references.get) == 1
+    scored = add_information_gain(policy, records[::-1], references.get)[::-1]
     answer = encode_response(policy, references["t"])
     before_lp, after_lp = mean_answer_logprob(policy, [start, after], [answer, answer])
-    assert records[0]["info_gain"] == pytest.approx(after_lp - before_lp, abs=1e-6)
-    assert all("info_gain" not in r for r in records[1:])
+    assert scored[0].info_gain == pytest.approx(after_lp - before_lp, abs=1e-6)
+    assert all(r.info_gain is None for r in scored[1:])
+    assert scored[1:] == records[1:]  # the others come back as they were
     # direct computation of the mean log-prob for one context
     logp, mask = policy.response_logprobs([start], [answer])
     assert before_lp == pytest.approx(float(logp.sum() / mask.sum()), abs=1e-6)

@@ -48,33 +48,33 @@ ROLLOUT = {
 
 def test_rollout_to_records_fields() -> None:
     records = rollout_to_records(ROLLOUT)
-    assert [(r["task_id"], r["traj_id"], r["turn"], r["reward"]) for r in records] == [
+    assert [(r.task_id, r.traj_id, r.turn, r.reward) for r in records] == [
         ("q", "ro-1", 0, 0.0),
         ("q", "ro-1", 1, 1.0),
     ]
-    assert records[1]["prompt_ids"] == [1, 2, 5, 6, 9]
-    assert records[1]["logprobs"] == [-0.5]
-    assert records[1]["done"] and not records[0]["done"]
-    assert records[0]["role"] == "solver"
+    assert records[1].prompt_ids == (1, 2, 5, 6, 9)
+    assert records[1].logprobs == (-0.5,)
+    assert records[1].done and not records[0].done
+    assert records[0].role == "solver"
     table = TurnTable.from_records(records)
     assert table.node_names[table.node_code[0]] == default_node_id("q", [1, 2], None)
 
 
 def test_final_reward_rule_and_missing_reward() -> None:
     no_final = {**ROLLOUT, "final_reward": None}
-    assert rollout_to_records(no_final)[-1]["reward"] == 1.0  # last triplet reward that is set
+    assert rollout_to_records(no_final)[-1].reward == 1.0  # last triplet reward that is set
     bare = {**no_final, "triplets": [triplet([1], [2])]}
     with pytest.raises(TurnRecordError, match="final_reward"):
         rollout_to_records(bare)
-    assert rollout_to_records(bare, fillna=0.0)[0]["reward"] == 0.0
+    assert rollout_to_records(bare, fillna=0.0)[0].reward == 0.0
     with pytest.raises(TurnRecordError, match="data_id"):
         rollout_to_records({**ROLLOUT, "metadata": {}})
 
 
 def test_triplet_rewards_mode() -> None:
     rollout = {**ROLLOUT, "triplets": [triplet([1], [2], 0.25), triplet([1, 2, 3], [4], 1.0)]}
-    assert [r["reward"] for r in rollout_to_records(rollout, rewards="triplet")] == [0.25, 1.0]
-    assert [r["reward"] for r in rollout_to_records(rollout)] == [0.0, 1.0]
+    assert [r.reward for r in rollout_to_records(rollout, rewards="triplet")] == [0.25, 1.0]
+    assert [r.reward for r in rollout_to_records(rollout)] == [0.0, 1.0]
 
 
 def test_default_grouping_is_grpo_mixed_on_the_example_logs() -> None:
@@ -85,8 +85,8 @@ def test_default_grouping_is_grpo_mixed_on_the_example_logs() -> None:
     lengths = sorted(int(n) for n in table.traj_length)
     assert lengths == [1, 1, 2, 2, 3, 3, 4, 4]  # different numbers of turns per rollout
     final = {r["rollout_id"]: r["final_reward"] for r in rollouts}
-    scores = np.array([final[r["traj_id"]] for r in records])
-    tasks = np.array([r["task_id"] for r in records])
+    scores = np.array([final[r.traj_id] for r in records])
+    tasks = np.array([r.task_id for r in records])
     want = np.zeros(len(records))
     for task in set(tasks):
         rows = tasks == task
@@ -162,7 +162,7 @@ def test_real_rollout_round_trips(agl, where: str) -> None:
     )
     records = rollout_to_records(rollout)
     TurnTable.from_records(records)  # valid turn records
-    assert {r["task_id"] for r in records} == {"q-9"}
+    assert {r.task_id for r in records} == {"q-9"}
     back = records_to_rollout(records)
     assert isinstance(back, RolloutLegacy)
     assert back.task == task
@@ -212,10 +212,10 @@ def test_spans_through_agent_lightnings_trace_adapter(agl) -> None:
     )
     spans = [llm_span(1, [1, 2], [5, 2]), llm_span(2, [1, 2, 5, 2, 7], [6, 2]), reward]
     records = spans_to_records(spans, task_id="q-3", rollout_id="ro-3")
-    assert [r["prompt_ids"] for r in records] == [[1, 2], [1, 2, 5, 2, 7]]
-    assert [r["response_ids"] for r in records] == [[5, 2], [6, 2]]
-    assert [r["reward"] for r in records] == [0.0, 1.0]
-    assert records[1]["agl_response_id"] == "resp-2"
+    assert [r.prompt_ids for r in records] == [(1, 2), (1, 2, 5, 2, 7)]
+    assert [r.response_ids for r in records] == [(5, 2), (6, 2)]
+    assert [r.reward for r in records] == [0.0, 1.0]
+    assert records[1].agl.response_id == "resp-2"
 
 
 # ------------------------------------------------------- the store (0.3.0) and its spans
@@ -296,12 +296,12 @@ def test_store_rollout_with_its_spans(agl) -> None:
 
     rollout, spans = store_rollout(ids=True)
     records = spans_to_records(spans, rollout=rollout)
-    assert [(r["task_id"], r["traj_id"], r["turn"]) for r in records] == [
+    assert [(r.task_id, r.traj_id, r.turn) for r in records] == [
         ("d-1", rollout.rollout_id, 0),
         ("d-1", rollout.rollout_id, 1),
     ]
-    assert [r["prompt_ids"] for r in records] == [[1, 2, 1], [1, 2, 2]]
-    assert [r["reward"] for r in records] == [0.0, 1.0]
+    assert [r.prompt_ids for r in records] == [(1, 2, 1), (1, 2, 2)]
+    assert [r.reward for r in records] == [0.0, 1.0]
     other = [s.model_copy(update={"attempt_id": "at-other"}) for s in spans]
     with pytest.raises(ValueError, match="at-other"):
         spans_to_records(other, rollout=rollout)
@@ -316,8 +316,8 @@ def test_spans_without_token_ids_warn_once(agl, monkeypatch, caplog) -> None:
         records = module.spans_to_records(spans, rollout=rollout)
         again = module.spans_to_records(spans, rollout=rollout)
     assert records == again
-    assert all(r["prompt_ids"] is None and r["response_ids"] is None for r in records)
-    assert records[0]["prompt"] == [{"role": "user", "content": "question 1"}]
+    assert all(r.prompt_ids is None and r.response_ids is None for r in records)
+    assert records[0].prompt == ({"role": "user", "content": "question 1"},)
     warned = [r.getMessage() for r in caplog.records if r.name == module.__name__]
     assert len(warned) == 1  # once, however many rollouts follow
     assert "2 of 2 triplets carry no prompt/response token ids" in warned[0]

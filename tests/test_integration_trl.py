@@ -6,6 +6,7 @@ is not installed. One training step on the tiny offline model, on CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import ClassVar
 
@@ -28,17 +29,17 @@ from turnrl.integrations.trl import (  # noqa: E402
 )
 from turnrl.policy import HFPolicy, build_tiny_model, build_tiny_tokenizer  # noqa: E402
 from turnrl.table import TurnTable  # noqa: E402
-from turnrl.types import Env, StepResult, Task  # noqa: E402
+from turnrl.types import Env, StepResult, Task, TurnRecord  # noqa: E402
 
 torch.set_num_threads(1)
 
 
 def test_episode_completion_concatenates_turns_with_env_mask() -> None:
     records = [
-        {"task_id": "t", "traj_id": "a", "turn": 0, "prompt_ids": [1, 2], "response_ids": [5, 6],
-         "logprobs": [-0.1, -0.2], "reward": 0.0, "state_key": "s0"},
-        {"task_id": "t", "traj_id": "a", "turn": 1, "prompt_ids": [1, 2, 5, 6, 8, 9],
-         "response_ids": [7], "logprobs": [-0.3], "reward": 1.0, "state_key": "s1"},
+        TurnRecord(task_id="t", traj_id="a", turn=0, prompt_ids=[1, 2], response_ids=[5, 6],
+                   logprobs=[-0.1, -0.2], reward=0.0, state_key="s0"),
+        TurnRecord(task_id="t", traj_id="a", turn=1, prompt_ids=[1, 2, 5, 6, 8, 9],
+                   response_ids=[7], logprobs=[-0.3], reward=1.0, state_key="s1"),
     ]  # fmt: skip
     out = episode_completion(records)
     assert out["prompt_ids"] == [1, 2]
@@ -47,7 +48,7 @@ def test_episode_completion_concatenates_turns_with_env_mask() -> None:
     assert out["logprobs"] == [-0.1, -0.2, 0.0, 0.0, -0.3]
     assert out["turnrl_turn_rewards"] == [0.0, 1.0]
     assert out["turnrl_outcome"] == 1.0
-    records[1]["prompt_ids"] = [1, 3, 5, 6]
+    records[1] = dataclasses.replace(records[1], prompt_ids=[1, 3, 5, 6])
     with pytest.raises(ValueError, match="does not extend"):
         episode_completion(records)
 

@@ -133,11 +133,11 @@ def test_records_one_per_assistant_message(tmp_path: Path) -> None:
     (conversation,) = read_chat_logs(write(tmp_path, GOOD))
     assert conversation.task_id == "c1" and conversation.line == 1
     first, second = conversation_records(conversation)
-    assert first["prompt"] == GOOD["messages"][:2] and first["response"] == "<offer>90</offer>"
-    assert (first["turn"], first["reward"], first["done"]) == (0, 0.0, False)
-    assert second["prompt"] == GOOD["messages"][:4] and second["response"] == "<accept/>"
-    assert (second["turn"], second["reward"], second["done"]) == (1, 0.25, True)
-    assert first["traj_id"] == second["traj_id"] == "c1"
+    assert first.prompt == tuple(GOOD["messages"][:2]) and first.response == "<offer>90</offer>"
+    assert (first.turn, first.reward, first.done) == (0, 0.0, False)
+    assert second.prompt == tuple(GOOD["messages"][:4]) and second.response == "<accept/>"
+    assert (second.turn, second.reward, second.done) == (1, 0.25, True)
+    assert first.traj_id == second.traj_id == "c1"
 
 
 def test_tokenised_records_use_the_rollout_token_layout(tmp_path: Path) -> None:
@@ -145,16 +145,16 @@ def test_tokenised_records_use_the_rollout_token_layout(tmp_path: Path) -> None:
     conversations = read_chat_logs(write(tmp_path, with_(task_id="lamp")))
     first, second = tokenise_conversations(policy, conversations)
     messages = GOOD["messages"]
-    assert first["task_id"] == "lamp"
-    assert first["prompt_ids"] == policy.encode_initial(messages[:2])
+    assert first.task_id == "lamp"
+    assert list(first.prompt_ids) == policy.encode_initial(messages[:2])
     response = policy.tokenizer(messages[2]["content"], add_special_tokens=False)["input_ids"]
-    assert first["response_ids"] == [*response, policy.eos_token_id]
-    assert second["prompt_ids"] == [
-        *first["prompt_ids"],
-        *first["response_ids"],
+    assert list(first.response_ids) == [*response, policy.eos_token_id]
+    assert list(second.prompt_ids) == [
+        *first.prompt_ids,
+        *first.response_ids,
         *policy.encode_observation(messages[3]),
     ]
-    assert policy.decode(second["response_ids"]) == "<accept/>"
+    assert policy.decode(second.response_ids) == "<accept/>"
 
 
 def test_turns_too_long_for_the_model_are_refused_before_any_file(
@@ -173,7 +173,7 @@ def test_turns_too_long_for_the_model_are_refused_before_any_file(
     fits = tmp_path / "fits.jsonl"
     fits.write_text(json.dumps(GOOD) + "\n")
     records = tokenise_conversations(policy, read_chat_logs(fits))
-    room = 4096 - max(len(r["prompt_ids"]) for r in records)
+    room = 4096 - max(len(r.prompt_ids) for r in records)
     tokenise_conversations(policy, read_chat_logs(fits), max_new_tokens=room)
     with pytest.raises(ChatLogError, match="exceed the model's 4096 positions"):
         tokenise_conversations(policy, read_chat_logs(fits), max_new_tokens=room + 1)

@@ -405,10 +405,10 @@ def test_each_rejected_candidate_and_only_it_gets_the_malformed_score(
     probe_before, steps, probe_after = verdicts[:3], verdicts[3:9], verdicts[9:]
     policy = build_tiny_policy(seed=0, hidden=16, layers=1)
     for row, (text, rejected) in zip(rows, steps, strict=True):
-        ids = row["response_ids"]
+        ids = list(row.response_ids)
         body = ids[:-1] if ids and ids[-1] == policy.eos_token_id else ids
         assert policy.decode(body) == text  # the check saw this row's response
-        assert row["q"] == (-1.0 if rejected else float(sum(ids)))
+        assert row.q == (-1.0 if rejected else float(sum(ids)))
     assert stats["improve_malformed"] == 0.5  # steps: 1 of 3, then 2 of 3
     assert stats["improve_probe_malformed_before"] == sum(r for _, r in probe_before) / 3 == 2 / 3
     assert stats["improve_probe_malformed_after"] == sum(r for _, r in probe_after) / 3 == 1 / 3

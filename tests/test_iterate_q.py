@@ -26,19 +26,20 @@ from turnrl.train.qmodel import (
     spearman,
     split_by_group,
 )
+from turnrl.types import TurnRecord
 
 torch.set_num_threads(1)
 
 
-def record(traj: str, turn: int, reward: float, *, response=(5, 3)) -> dict:
-    return {
-        "task_id": "t",
-        "traj_id": traj,
-        "turn": turn,
-        "reward": reward,
-        "prompt_ids": [1, 2, turn],
-        "response_ids": list(response),
-    }
+def record(traj: str, turn: int, reward: float, *, response=(5, 3)) -> TurnRecord:
+    return TurnRecord(
+        task_id="t",
+        traj_id=traj,
+        turn=turn,
+        reward=reward,
+        prompt_ids=(1, 2, turn),
+        response_ids=tuple(response),
+    )
 
 
 # --------------------------------------------------------------------------- MC returns
@@ -75,7 +76,7 @@ def test_q_examples_align_with_returns_and_skip_empty_responses() -> None:
 
 
 def test_q_examples_need_token_ids() -> None:
-    bad = [{"task_id": "t", "traj_id": "x", "turn": 0, "reward": 1.0, "response": "hi"}]
+    bad = [TurnRecord(task_id="t", traj_id="x", turn=0, reward=1.0, response="hi")]
     with pytest.raises(ValueError, match="prompt_ids and response_ids"):
         q_examples(bad)
 

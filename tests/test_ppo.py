@@ -48,7 +48,7 @@ def sampled_batch(
     ]
     table = TurnTable.from_records(records)
     adv = np.linspace(-1.0, 1.0, ROWS) if advantages is None else advantages
-    return build_update_batch(records, table, adv, clip_factor, "token-mean")
+    return build_update_batch(table.records, table, adv, clip_factor, "token-mean")
 
 
 class GradientRecorder(torch.optim.Optimizer):
@@ -197,10 +197,11 @@ def test_update_batch_leaves_out_copies_and_empty_responses() -> None:
         row("b", 1, []),  # nothing sampled
     ]
     table = TurnTable.from_records(records)
-    batch = build_update_batch(records, table, np.array([1.0, 2.0, 3.0, 4.0]), None, "token-mean")
+    typed = table.records  # the records as the table checked them (TurnRecord)
+    batch = build_update_batch(typed, table, np.array([1.0, 2.0, 3.0, 4.0]), None, "token-mean")
     assert batch.responses == [[5, 6], [7]]
     assert batch.contexts == [[1, 0], [1, 1]]
     assert batch.adv_B.tolist() == [1.0, 3.0]
     torch.testing.assert_close(batch.weight_B_T, torch.tensor([[1 / 3, 1 / 3], [1 / 3, 0.0]]))
     with pytest.raises(ValueError, match="no record to update on"):
-        build_update_batch(records[1:2] + records[3:], table, np.zeros(2), None, "token-mean")
+        build_update_batch(typed[1:2] + typed[3:], table, np.zeros(2), None, "token-mean")

@@ -3,6 +3,7 @@ worker killed mid-batch loses nothing (local Ray with 2 CPUs; skipped without Ra
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -71,15 +72,13 @@ def assert_same_batch(got: RolloutBatch, want: RolloutBatch, *, exact: bool) -> 
     ]
     assert len(got.records) == len(want.records)
     for a, b in zip(got.records, want.records, strict=True):
-        a = {k: v for k, v in a.items() if k != "policy_version"}
-        b = {k: v for k, v in b.items() if k != "policy_version"}
+        a = dataclasses.replace(a, policy_version=None)
+        b = dataclasses.replace(b, policy_version=None)
         if exact:
             assert a == b
         else:
-            assert {k: v for k, v in a.items() if k != "logprobs"} == {
-                k: v for k, v in b.items() if k != "logprobs"
-            }
-            assert a["logprobs"] == pytest.approx(b["logprobs"], rel=1e-4, abs=1e-4)
+            assert dataclasses.replace(a, logprobs=None) == dataclasses.replace(b, logprobs=None)
+            assert a.logprobs == pytest.approx(b.logprobs, rel=1e-4, abs=1e-4)
     assert got.sampled_tokens == want.sampled_tokens
 
 
@@ -96,8 +95,8 @@ def test_per_episode_seeds_do_not_depend_on_batch_mates() -> None:
     def responses(batch: RolloutBatch) -> dict[str, list[list[int]]]:
         out: dict[str, list[list[int]]] = {}
         for record in batch.records:
-            if record["traj_id"] in wanted:
-                out.setdefault(record["traj_id"], []).append(record["response_ids"])
+            if record.traj_id in wanted:
+                out.setdefault(record.traj_id, []).append(record.response_ids)
         return out
 
     assert len(wanted) == 3 and responses(some) == responses(full)
@@ -144,8 +143,9 @@ class InProcessPool:
 
     def run_episodes(self, policy, make_env, tasks, **kwargs) -> RolloutBatch:
         batch = run_episodes(self.policy, make_env, tasks, per_episode_seeds=True, **kwargs)
-        for record in batch.records:
-            record["policy_version"] = self.pushes[-1]
+        batch.records = [
+            dataclasses.replace(r, policy_version=self.pushes[-1]) for r in batch.records
+        ]
         return batch
 
 
@@ -237,7 +237,7 @@ def test_pool_equals_the_in_process_runner(pool: RayRolloutPool) -> None:
     pool.push_weights(policy.state_dict(), version)
     got = pool.run(tasks(), seed=5, **ROLLOUT)
     assert_same_batch(got, in_process(policy, seed=5), exact=False)
-    assert {r["policy_version"] for r in got.records} == {version}
+    assert {r.policy_version for r in got.records} == {version}
     assert got.extra["policy_version"] == version and got.extra["worker_restarts"] == 0
 
 
@@ -251,7 +251,7 @@ def test_pushed_weights_are_used_and_versions_increase(pool: RayRolloutPool) -> 
     pool.push_weights(policy.state_dict(), version)
     got = pool.run(tasks(), seed=6, **ROLLOUT)
     assert_same_batch(got, in_process(policy, seed=6), exact=False)
-    assert {r["policy_version"] for r in got.records} == {version}
+    assert {r.policy_version for r in got.records} == {version}
     with pytest.raises(ValueError, match="must be greater"):
         pool.push_weights(policy.state_dict(), version)
 
@@ -271,7 +271,7 @@ def test_a_worker_killed_mid_batch_loses_nothing(pool: RayRolloutPool, arm: Path
     finally:
         pool.episodes_per_call = None
     assert_same_batch(clean, in_process(policy, seed=7), exact=False)
-    trajs = [r["traj_id"] for r in crashed.records if r["turn"] == 0]
+    trajs = [r.traj_id for r in crashed.records if r.turn == 0]
     assert len(trajs) == len(set(trajs)) == 6  # every episode once
 
 

@@ -11,7 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from turnrl import TurnRecordError, TurnTable
+from turnrl.records import record_to_json
 from turnrl.table import default_node_id
+from turnrl.types import TurnRecord
 
 
 def rec(traj: str, turn: int, **kw) -> dict:
@@ -67,11 +69,23 @@ def test_node_id_depends_on_task_and_prefers_ids() -> None:
     assert explicit.node_code.tolist() == [0, 0]
 
 
-def test_records_are_kept_unchanged_for_write_back() -> None:
-    given_records = [rec("a", 0, extra={"k": 1})]
+def test_records_are_typed_and_unknown_keys_kept_for_write_back() -> None:
+    given_records = [rec("a", 0, extra={"k": 1}, zeta=[1, None])]
     table = TurnTable.from_records(given_records)
-    assert table.records == given_records
-    assert "reward" not in table.records[0]
+    record = table.records[0]
+    assert isinstance(record, TurnRecord) and record.reward == 0.0 and record.role == "agent"
+    assert record.extra == {"extra": {"k": 1}, "zeta": [1, None]}
+    # written back: DESIGN fields with their defaults, then the unknown keys in order
+    assert record_to_json(record) == {
+        "task_id": "t",
+        "traj_id": "a",
+        "turn": 0,
+        "role": "agent",
+        "reward": 0.0,
+        "done": False,
+        "extra": {"k": 1},
+        "zeta": [1, None],
+    }
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from turnrl import TurnTable
 from turnrl.envs import make_env, make_tasks
 from turnrl.policy import build_tiny_policy
 from turnrl.rollout import run_episodes
-from turnrl.types import Sample
+from turnrl.types import Sample, TurnRecord
 
 torch.set_num_threads(1)
 
@@ -71,36 +71,35 @@ def test_contexts_grow_by_appending_exact_tokens() -> None:
     assert policy.calls == [8, 8]  # one batched call per turn, all episodes together
     table = TurnTable.from_records(batch.records)  # records are valid turn records
     assert table.n_trajectories == 8 and table.n_rows == 16
-    by_traj: dict[str, list[dict]] = {}
+    by_traj: dict[str, list[TurnRecord]] = {}
     for record in batch.records:
-        by_traj.setdefault(record["traj_id"], []).append(record)
+        by_traj.setdefault(record.traj_id, []).append(record)
     for turns in by_traj.values():
         first, second = turns
         # turn 1's context = turn 0's context + sampled ids + the observation's ids, exactly
-        assert second["prompt_ids"][: len(first["prompt_ids"])] == first["prompt_ids"]
-        tail = second["prompt_ids"][len(first["prompt_ids"]) :]
-        assert tail[: len(first["response_ids"])] == first["response_ids"]
+        assert second.prompt_ids[: len(first.prompt_ids)] == first.prompt_ids
+        tail = second.prompt_ids[len(first.prompt_ids) :]
+        assert tail[: len(first.response_ids)] == first.response_ids
         # ...and equals the chat template's rendering of the whole conversation
         rendered = policy.inner.tokenizer.apply_chat_template(
             _conversation(policy, first, second), add_generation_prompt=True, tokenize=False
         )
-        assert (
-            policy.inner.tokenizer(rendered, add_special_tokens=False)["input_ids"]
-            == second["prompt_ids"]
+        assert policy.inner.tokenizer(rendered, add_special_tokens=False)["input_ids"] == list(
+            second.prompt_ids
         )
-        assert second["reward"] == 1.0 and second["done"] and first["tool_call"]
+        assert second.reward == 1.0 and second.done and first.tool_call
     assert all(e.correct and e.opened_with_tool for e in batch.episodes)
 
 
 def _conversation(policy, first, second):
-    text = policy.decode(first["prompt_ids"])
+    text = policy.decode(first.prompt_ids)
     question = text.split("u:")[1].split("<|im_end|>")[0]
     system = text.split("s:")[1].split("<|im_end|>")[0]
-    tool = policy.decode(second["prompt_ids"]).rsplit("t:", 1)[1].split("<|im_end|>")[0]
+    tool = policy.decode(second.prompt_ids).rsplit("t:", 1)[1].split("<|im_end|>")[0]
     return [
         {"role": "system", "content": system},
         {"role": "user", "content": question},
-        {"role": "assistant", "content": first["response"]},
+        {"role": "assistant", "content": first.response},
         {"role": "tool", "content": tool},
     ]
 
@@ -122,14 +121,14 @@ def test_malformed_and_truncated_responses_are_observations_not_crashes() -> Non
         temperature=1.0,
         seed=0,
     )
-    first = [r for r in batch.records if r["turn"] == 0]
-    assert all(r["stop_reason"] == "length" and r["malformed"] for r in first)
-    second = [r for r in batch.records if r["turn"] == 1]
+    first = [r for r in batch.records if r.turn == 0]
+    assert all(r.stop_reason == "length" and r.malformed for r in first)
+    second = [r for r in batch.records if r.turn == 1]
     for a, b in zip(first, second, strict=True):
         # the unsampled end-of-turn token closes the truncated turn inside the next context
-        start = len(a["prompt_ids"]) + len(a["response_ids"])
-        assert b["prompt_ids"][start] == policy.eos_token_id
-        assert policy.eos_token_id not in a["response_ids"]
+        start = len(a.prompt_ids) + len(a.response_ids)
+        assert b.prompt_ids[start] == policy.eos_token_id
+        assert policy.eos_token_id not in a.response_ids
     assert all(e.malformed == 1 and e.truncated_responses == 1 for e in batch.episodes)
 
 
@@ -161,12 +160,12 @@ def test_real_tiny_policy_records_match_sampling_logprobs() -> None:
         temperature=1.0,
         seed=5,
     )
-    contexts = [r["prompt_ids"] for r in batch.records]
-    responses = [r["response_ids"] for r in batch.records]
+    contexts = [r.prompt_ids for r in batch.records]
+    responses = [r.response_ids for r in batch.records]
     logp, _ = policy.response_logprobs(contexts, responses)
     for i, record in enumerate(batch.records):
-        n = len(record["response_ids"])
-        assert torch.allclose(logp[i, :n], torch.tensor(record["logprobs"]), atol=1e-5)
+        n = len(record.response_ids)
+        assert torch.allclose(logp[i, :n], torch.tensor(record.logprobs), atol=1e-5)
 
 
 def test_truncation_zero_reward_ends_the_episode_at_a_cut_response() -> None:
@@ -185,9 +184,9 @@ def test_truncation_zero_reward_ends_the_episode_at_a_cut_response() -> None:
         temperature=1.0,
         seed=0,
     )
-    assert [r["turn"] for r in batch.records] == [0, 0, 0, 0]  # no retry turn
-    assert all(r["stop_reason"] == "length" and r["done"] for r in batch.records)
-    assert all(r["reward"] == -0.1 and not r["malformed"] for r in batch.records)
+    assert [r.turn for r in batch.records] == [0, 0, 0, 0]  # no retry turn
+    assert all(r.stop_reason == "length" and r.done for r in batch.records)
+    assert all(r.reward == -0.1 and not r.malformed for r in batch.records)
     assert all(e.correct is False and e.outcome == -0.1 for e in batch.episodes)
     assert all(e.truncated_responses == 1 and e.turn == 1 for e in batch.episodes)
     assert all(e.opened_with_tool is False for e in batch.episodes)

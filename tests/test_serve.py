@@ -37,6 +37,7 @@ from turnrl import TurnTable
 from turnrl.cli import build_parser
 from turnrl.envs.safe_math import calculate
 from turnrl.policy import HFPolicy, build_tiny_policy
+from turnrl.records import record_to_json
 from turnrl.serve import (
     Gateway,
     GatewayConfig,
@@ -204,7 +205,7 @@ def test_real_tiny_policy_end_to_end(tiny: HFPolicy) -> None:
             else:
                 messages.append({"role": "user", "content": "Go on."})
         post_reward(client, -1.0)
-        records = gateway.finished_records()
+        records = [record_to_json(r) for r in gateway.finished_records()]  # as JSON lines
         assert [r["turn"] for r in records] == [0, 1, 2]
         assert_exact_prefixes(records, tiny.eos_token_id)
         for record in records:
@@ -247,7 +248,7 @@ def test_concurrent_rollouts_are_kept_apart(served: tuple[Gateway, GatewayServer
         assert records[0]["response"] == f"Let me<call>{expression}</call>"
         assert records[1]["response"] == f"<answer>{calculate(expression)}</answer>"
         assert_exact_prefixes(records, gateway.policy.eos_token_id)
-    finished = [r for r in gateway.finished_records() if r["traj_id"] in problems]
+    finished = [r for r in gateway.finished_records() if r.traj_id in problems]
     table = TurnTable.from_records(finished)
     assert len(set(table.traj_code.tolist())) == 8
     assert table.reward.sum() == 8.0

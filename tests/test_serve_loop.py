@@ -100,7 +100,7 @@ def test_open_rollout_gives_a_scoped_endpoint_and_a_finished_rollout(
     assert isinstance(finished, FinishedRollout)
     assert (finished.rollout_id, finished.task_id, finished.reward) == ("run-1", "calc-2*3", 1.0)
     assert (finished.policy_versions, finished.mixed_versions) == ((0,), False)
-    assert [(r["turn"], r["role"], r["reward"], r["done"]) for r in finished.records] == [
+    assert [(r.turn, r.role, r.reward, r.done) for r in finished.records] == [
         (0, "agent", 0.0, False),
         (1, "agent", 1.0, True),
     ]
@@ -326,8 +326,8 @@ def test_greedy_turns_are_recorded_out_of_training(tiny: HFPolicy) -> None:
     with Gateway(tiny) as gateway:
         body = gateway.complete(request, "greedy-1")
         (record,) = gateway.records()
-    assert record["temperature"] == 0.0 and record["train"] is False
-    assert record["logprobs"] == [0.0] * len(record["response_ids"])
+    assert record.temperature == 0.0 and record.train is False
+    assert record.logprobs == (0.0,) * len(record.response_ids)
     # The HTTP answer reports the model's own (untempered) log-probs, as OpenAI does.
     http_logprobs = [t["logprob"] for t in body["choices"][0]["logprobs"]["content"]]
     assert all(lp < 0 for lp in http_logprobs)
@@ -354,7 +354,7 @@ def test_agent_lightning_routes_finish_a_rollout(served: tuple[Gateway, GatewayS
     assert answer.status_code == 200, answer.text
     assert answer.json()["rollout"]["finished"] is True
     (finished,) = gateway.pop_finished_rollouts()
-    assert (finished.task_id, finished.reward, finished.records[0]["role"]) == (
+    assert (finished.task_id, finished.reward, finished.records[0].role) == (
         "calc-5*5",
         1.0,
         "auto",

@@ -22,7 +22,7 @@ from turnrl.rollout.scorers import (
 from turnrl.rollout.tokens import PrefixReuse, token_metrics, trie_size
 from turnrl.rollout.tree import Branch, branch, physical_env_steps, step_branches
 from turnrl.table import TurnTable
-from turnrl.types import Task
+from turnrl.types import Task, TurnRecord
 
 torch.set_num_threads(1)
 
@@ -45,11 +45,11 @@ def test_trie_size_and_token_metrics_on_a_hand_built_tree() -> None:
     a = {"task_id": "t", "traj_id": "a"}
     b = {"task_id": "t", "traj_id": "b"}
     records = [
-        {**a, "turn": 0, "prompt_ids": [1, 2], "response_ids": [3]},
-        {**a, "turn": 1, "prompt_ids": [1, 2, 3, 9], "response_ids": [4]},
-        {**b, "turn": 0, "prompt_ids": [1, 2], "response_ids": [3], "copy_of": "a"},
-        {**b, "turn": 1, "prompt_ids": [1, 2, 3, 9], "response_ids": [5]},
-        {"task_id": "u", "traj_id": "c", "turn": 0, "prompt_ids": [1, 2], "response_ids": [6]},
+        TurnRecord(**a, turn=0, prompt_ids=[1, 2], response_ids=[3]),
+        TurnRecord(**a, turn=1, prompt_ids=[1, 2, 3, 9], response_ids=[4]),
+        TurnRecord(**b, turn=0, prompt_ids=[1, 2], response_ids=[3], copy_of="a"),
+        TurnRecord(**b, turn=1, prompt_ids=[1, 2, 3, 9], response_ids=[5]),
+        TurnRecord(task_id="u", traj_id="c", turn=0, prompt_ids=[1, 2], response_ids=[6]),
     ]
     metrics = token_metrics(records, computed=8)
     # a = [1,2,3,9,4], b = [1,2,3,9,5] share 4 tokens; task u is its own tree.
@@ -72,14 +72,14 @@ def test_a_branch_copies_its_path_and_siblings_share_a_node() -> None:
     assert child.episode.env.state_key() == "lake:5"  # a hole: the child is done
     assert child.episode.done and not child.episode.correct
     records = parent.records + child.records
-    assert [r.get("copy_of") for r in child.records] == ["p", None]
+    assert [r.copy_of for r in child.records] == ["p", None]
     assert physical_env_steps(records) == 3 == len(batch.records)
     table = TurnTable.from_records(records)  # every path is a valid trajectory
     node = table.node_code
     assert node[0] == node[2]  # the shared turn 0 and its copy: one decision point
     assert node[1] == node[3]  # the two turn-1 responses: siblings of one state
     assert node[0] != node[1]
-    assert records[1]["response"] != records[3]["response"]
+    assert records[1].response != records[3].response
 
 
 def lake_tree(policy, ctx, n: int, budget: int) -> Tree:
@@ -105,10 +105,10 @@ def test_score_round_prunes_below_median_minus_alpha_and_expands_the_best() -> N
     assert [b.pruned for b in tree.branches] == [False, False, False, True, False, False]
     pruned = tree.branches[3]
     assert pruned.episode.end == "pruned" and pruned.episode.correct is False
-    assert pruned.records[-1]["pruned"] is True
+    assert pruned.records[-1].pruned is True
     # children of t.0 and t.1 (the top 2), copies of their parents' paths
-    assert [r["copy_of"] for r in tree.branches[4].records] == ["t.0"]
-    assert [r["copy_of"] for r in tree.branches[5].records] == ["t.1"]
+    assert [r.copy_of for r in tree.branches[4].records] == ["t.0"]
+    assert [r.copy_of for r in tree.branches[5].records] == ["t.1"]
     assert tree.expansions == 2
     boundary = lake_tree(policy, ctx, 4, budget=8)
     score_round(boundary, fixed([3, 2, 1, 1.0]), policy, lake_env, top_k=0, children=2, alpha=0.5)
@@ -121,7 +121,7 @@ def test_score_round_respects_the_leaf_budget() -> None:
     tree = lake_tree(policy, ctx, 4, budget=5)
     score_round(tree, fixed([3, 2, 1, 1]), policy, lake_env, top_k=2, children=2, alpha=0.5)
     assert len(tree.branches) == 5 and tree.expansions == 1
-    assert tree.branches[4].records[0]["copy_of"] == "t.0"  # the best one was expanded
+    assert tree.branches[4].records[0].copy_of == "t.0"  # the best one was expanded
     wide = lake_tree(policy, ctx, 2, budget=8)
     score_round(wide, fixed([1, 1]), policy, lake_env, top_k=1, children=4, alpha=0.5)
     assert len(wide.branches) == 5  # one parent becomes 4 children: +3 leaves
@@ -130,7 +130,9 @@ def test_score_round_respects_the_leaf_budget() -> None:
 def test_repeats_prune_rule() -> None:
     def with_responses(texts):
         b = Branch(start_episode(ScriptedPolicy(moves("up")), lake_env, LAKE, "x"))
-        b.records = [{"response": t} for t in texts]
+        b.records = [
+            TurnRecord(task_id="t", traj_id="x", turn=k, response=t) for k, t in enumerate(texts)
+        ]
         return b
 
     assert repeated(with_responses(["<answer>up</answer>"] * 6), 6)
@@ -140,7 +142,7 @@ def test_repeats_prune_rule() -> None:
     assert not repeated(with_responses(["up"] * 9), 0)  # 0 disables the rule
     b = with_responses(["up"])
     prune(b)
-    assert b.pruned and not b.active and b.records[-1]["pruned"]
+    assert b.pruned and not b.active and b.records[-1].pruned
 
 
 def random_mover(seed: int):
@@ -167,12 +169,12 @@ def test_patr_trees_are_valid_budgeted_and_copies_match_originals(seed: int) -> 
         per_task[e.task.task_id] = per_task.get(e.task.task_id, 0) + 1
     assert all(4 <= n <= 6 for n in per_task.values())
     assert table.n_trajectories == len(exp.batch.episodes) == exp.extra["leaves"]
-    originals = {(r["traj_id"], r["turn"]): r for r in records if not r.get("copy_of")}
+    originals = {(r.traj_id, r.turn): r for r in records if not r.copy_of}
     for r in records:
-        if r.get("copy_of"):
-            source = originals[(r["copy_of"], r["turn"])]
-            assert r["prompt_ids"] == source["prompt_ids"]
-            assert r["response_ids"] == source["response_ids"]
+        if r.copy_of:
+            source = originals[(r.copy_of, r.turn)]
+            assert r.prompt_ids == source.prompt_ids
+            assert r.response_ids == source.response_ids
     # every physical step is one sampled response: copies are free
     assert physical_env_steps(records) == sum(len(c) for c in policy.contexts)
     assert exp.extra["rollout_env_steps"] == physical_env_steps(records)
@@ -182,13 +184,12 @@ def test_patr_trees_are_valid_budgeted_and_copies_match_originals(seed: int) -> 
             assert e.correct is False
     outcome = {}
     for r in records:
-        outcome[r["traj_id"]] = outcome.get(r["traj_id"], 0.0) + r["reward"]
+        outcome[r.traj_id] = outcome.get(r.traj_id, 0.0) + r.reward
     for r in records:
-        if r.get("pruned"):
-            peers = [
-                outcome[e.traj_id] for e in exp.batch.episodes if e.task.task_id == r["task_id"]
-            ]
-            assert r["advantage"] <= 0 or outcome[r["traj_id"]] > np.mean(peers)
+        if r.pruned:
+            peers = [outcome[e.traj_id] for e in exp.batch.episodes if e.task.task_id == r.task_id]
+            advantage = learn.advantage[(r.traj_id, r.turn)]
+            assert advantage <= 0 or outcome[r.traj_id] > np.mean(peers)
 
 
 def test_patr_prunes_a_branch_that_repeats_itself() -> None:
@@ -212,18 +213,18 @@ def test_atgrpo_candidates_share_a_node_and_the_best_one_advances() -> None:
     exp = get_strategy("atgrpo")(ctx, [LAKE], 3, max_turns=3)
     records = exp.batch.records
     table = TurnTable.from_records(records)
-    main = [r for r in records if r["traj_id"] == "s1-lake#0"]
+    main = [r for r in records if r.traj_id == "s1-lake#0"]
     # "right" is always closest to the goal (the heuristic breaks the 0-reward ties)
-    assert [r["response"] for r in main] == ["<answer>right</answer>"] * 3
+    assert [r.response for r in main] == ["<answer>right</answer>"] * 3
     assert len(policy.contexts) == 3 and all(len(c) == 3 for c in policy.contexts)
-    trained = [i for i, r in enumerate(records) if r.get("train", True)]
+    trained = [i for i, r in enumerate(records) if r.train]
     assert len(trained) == 9  # 3 candidates x 3 turns
     for turn in range(3):
-        rows = [i for i in trained if records[i]["turn"] == turn]
+        rows = [i for i in trained if records[i].turn == turn]
         assert len(rows) == 3 and len({int(table.node_code[i]) for i in rows}) == 1
-    untrained = [r for r in records if r.get("train") is False]
-    assert all(r["copy_of"] == "s1-lake#0" for r in untrained)
-    assert len({r["node_id"] for r in untrained}) == len(untrained)
+    untrained = [r for r in records if r.train is False]
+    assert all(r.copy_of == "s1-lake#0" for r in untrained)
+    assert len({r.node_id for r in untrained}) == len(untrained)
     assert exp.extra["rollout_env_steps"] == 9
 
 

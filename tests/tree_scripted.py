@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -12,7 +11,7 @@ from turnrl.credit import compute_credit
 from turnrl.policy import build_tiny_policy
 from turnrl.rollout import StrategyContext
 from turnrl.table import TurnTable
-from turnrl.types import Sample
+from turnrl.types import Sample, TurnRecord
 
 Script = Callable[[str, int, int], str]
 """``script(context_text, call_number, row_in_call) -> response text``."""
@@ -61,13 +60,15 @@ class SpyLearn:
         self.estimator = estimator
         self.params = params
         self.after = after
-        self.calls: list[list[dict[str, Any]]] = []
+        self.calls: list[list[TurnRecord]] = []
+        self.advantage: dict[tuple[str, int], float] = {}
+        """Advantage of each row credit was computed on, by ``(traj_id, turn)`` (last call)."""
 
-    def __call__(self, records: list[dict[str, Any]]) -> dict[str, float]:
+    def __call__(self, records: list[TurnRecord]) -> dict[str, float]:
         table = TurnTable.from_records(records, source="spy")
         credit = compute_credit(table, self.estimator, **self.params)
         for record, advantage in zip(records, credit.advantages, strict=True):
-            record["advantage"] = float(advantage)
+            self.advantage[(record.traj_id, record.turn)] = float(advantage)
         self.calls.append(records)
         if self.after is not None:
             self.after()
@@ -76,14 +77,18 @@ class SpyLearn:
             "adv_abs_mean": float(np.abs(credit.advantages).mean()),
         }
 
-    def trained(self, call: int) -> list[dict[str, Any]]:
+    def trained(self, call: int) -> list[TurnRecord]:
         """Rows of one call that the trainer updates on (see :func:`is_trained`)."""
         return [r for r in self.calls[call] if is_trained(r)]
 
+    def advantages(self, rows: list[TurnRecord]) -> list[float]:
+        """The advantage credit gave each of ``rows``."""
+        return [self.advantage[(r.traj_id, r.turn)] for r in rows]
 
-def is_trained(record: dict[str, Any]) -> bool:
+
+def is_trained(record: TurnRecord) -> bool:
     """Whether the trainer updates on a row: response tokens and ``train`` not false."""
-    return bool(record["response_ids"]) and record.get("train", True)
+    return bool(record.response_ids) and record.train
 
 
 def context(policy, make_env, learn, *, seed: int = 0, max_new_tokens: int = 24) -> StrategyContext:

@@ -11,16 +11,11 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-from turnrl.errors import TurnRecordError
+from turnrl.errors import TurnRecordError, UsageError
 
 EXIT_BAD_INPUT = 2
-
-
-class UsageError(ValueError):
-    """Bad command-line input (exit code 2)."""
 
 
 def parse_param(text: str) -> tuple[str, Any]:
@@ -46,24 +41,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_credit(args: argparse.Namespace) -> int:
     from turnrl.credit import compute_credit
-    from turnrl.io import atomic_write_text
-    from turnrl.records import dumps_record
+    from turnrl.records import copy_with_columns
     from turnrl.table import TurnTable
 
     params = dict(parse_param(p) for p in args.param)
     table = TurnTable.from_jsonl(args.input)
     credit = compute_credit(table, args.estimator, **params)
+    columns = {"advantage": credit.advantages.tolist()}
+    if credit.clip_factor is not None:
+        columns["clip_factor"] = credit.clip_factor.tolist()
     assert table.records is not None
-    lines = []
-    for i, record in enumerate(table.records):
-        out = dict(record)
-        out["advantage"] = float(credit.advantages[i])
-        if credit.clip_factor is not None:
-            out["clip_factor"] = float(credit.clip_factor[i])
-        lines.append(dumps_record(out) + "\n")
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.output, "".join(lines))
-    print(f"wrote {len(lines)} records with '{args.estimator}' advantages to {args.output}")
+    rewrite = [any(name in r.extra for name in columns) for r in table.records]
+    count = copy_with_columns(args.input, args.output, columns, rewrite=rewrite)
+    print(f"wrote {count} records with '{args.estimator}' advantages to {args.output}")
     return 0
 
 

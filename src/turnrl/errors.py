@@ -1,15 +1,29 @@
-"""Errors that point at the exact place of bad input (file, line, field)."""
+"""The project's own error types: bad input, named where it is.
+
+Every error a user can fix by changing what they gave turnrl (a file, a line of it,
+a config key, a command-line option, an output path) is a :class:`TurnrlError`.
+``turnrl.cli.main`` turns exactly these into one line on stderr and exit code 2;
+anything else is a bug and keeps its traceback.
+
+The subclasses also derive from ``ValueError`` (``OutputError`` from ``OSError``)
+so code written against the standard exceptions keeps working.
+"""
 
 from __future__ import annotations
 
 
-class TurnRecordError(ValueError):
-    """A turn record (or a set of them) is invalid.
+class TurnrlError(Exception):
+    """Bad input a user can fix; the message says what and where (exit code 2)."""
+
+
+class InputError(TurnrlError, ValueError):
+    """Bad data in an input (a file, or in-memory records).
 
     The message always names where: ``SOURCE:LINE: field 'NAME': what is wrong``.
     ``source`` is a file path or ``"<records>"`` for in-memory input, ``line`` is
     1-based (the JSONL line, or the position in the iterable), ``field`` may be
-    ``None`` when the problem is the whole line (e.g. malformed JSON).
+    ``None`` when the problem is the whole line (e.g. malformed JSON); nested
+    fields are written as paths (``prompt[2].content``).
     """
 
     def __init__(self, source: str, line: int | None, field: str | None, problem: str) -> None:
@@ -20,3 +34,22 @@ class TurnRecordError(ValueError):
         where = source if line is None else f"{source}:{line}"
         what = f"field '{field}': " if field else ""
         super().__init__(f"{where}: {what}{problem}")
+
+    def __reduce__(self):  # keep the four fields when pickled (Ray, multiprocessing)
+        return (type(self), (self.source, self.line, self.field, self.problem))
+
+
+class TurnRecordError(InputError):
+    """A turn record (or a set of them) is invalid."""
+
+
+class UsageError(TurnrlError, ValueError):
+    """A bad command-line option or argument; the message names the option."""
+
+
+class ConfigError(TurnrlError, ValueError):
+    """A bad configuration value; the message names the dotted key."""
+
+
+class OutputError(TurnrlError, OSError):
+    """An output path turnrl cannot or will not write (the message names it)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from turnrl.errors import TurnRecordError
-from turnrl.records import iter_jsonl, validate_records
+from turnrl.records import iter_records, validate_records
+from turnrl.types import TurnRecord
 
 
 def default_node_id(task_id: str, prompt_ids: Sequence[int] | None, prompt: Any) -> str | None:
@@ -103,44 +104,45 @@ class TurnTable:
     line: np.ndarray
     """1-based source line (JSONL line or position in the input) of each row."""
     source: str = "<records>"
-    records: list[dict[str, Any]] | None = field(default=None, repr=False)
-    """The input records as given (validated, not modified), when built from records."""
+    records: list[TurnRecord] | None = field(default=None, repr=False)
+    """The checked input records, in row order, when built from records."""
 
     # ------------------------------------------------------------------ build
     @classmethod
-    def from_records(cls, records: Iterable[dict[str, Any]], *, source: str = "<records>"):
-        """Validate and load in-memory records (dicts in the turn-record format)."""
+    def from_records(
+        cls, records: Iterable[TurnRecord | Mapping[str, Any]], *, source: str = "<records>"
+    ) -> TurnTable:
+        """Check and load in-memory records: ``TurnRecord`` objects, or dicts in the
+        JSON turn-record format (parsed as a line of a file would be)."""
         return cls._from_validated(validate_records(records, source=source), source)
 
     @classmethod
     def from_jsonl(cls, path: str | Path) -> TurnTable:
         """Read a JSONL file of turn records, validating every line."""
-        return cls._from_validated(iter_jsonl(path), str(path))
+        return cls._from_validated(iter_records(path), str(path))
 
     @classmethod
-    def _from_validated(cls, numbered: Iterable[tuple[int, dict[str, Any]]], source: str):
+    def _from_validated(cls, numbered: Iterable[tuple[int, TurnRecord]], source: str):
         tasks, trajs, roles, states, nodes = (_Factoriser() for _ in range(5))
         columns: dict[str, list[Any]] = {k: [] for k in ("task", "traj", "turn", "role", "reward")}
         columns.update({k: [] for k in ("done", "state", "node", "ig", "q", "line")})
-        records: list[dict[str, Any]] = []
+        records: list[TurnRecord] = []
         for number, record in numbered:
             records.append(record)
-            task_id = record["task_id"]
-            columns["task"].append(tasks.code(task_id))
-            columns["traj"].append(trajs.code(record["traj_id"]))
-            columns["turn"].append(record["turn"])
-            columns["role"].append(roles.code(record.get("role") or "agent"))
-            columns["reward"].append(float(record.get("reward", 0.0)))
-            columns["done"].append(bool(record.get("done", False)))
-            columns["state"].append(states.code(record.get("state_key")))
-            node = record.get("node_id") or default_node_id(
-                task_id, record.get("prompt_ids"), record.get("prompt")
+            columns["task"].append(tasks.code(record.task_id))
+            columns["traj"].append(trajs.code(record.traj_id))
+            columns["turn"].append(record.turn)
+            columns["role"].append(roles.code(record.role))
+            columns["reward"].append(record.reward)
+            columns["done"].append(record.done)
+            columns["state"].append(states.code(record.state_key))
+            node = record.node_id or default_node_id(
+                record.task_id, record.prompt_ids, record.prompt
             )
             # No context at all: the row is its own decision point.
             columns["node"].append(nodes.code(node if node is not None else ("row", number)))
-            for column, name in (("ig", "info_gain"), ("q", "q")):
-                value = record.get(name)
-                columns[column].append(np.nan if value is None else float(value))
+            columns["ig"].append(np.nan if record.info_gain is None else record.info_gain)
+            columns["q"].append(np.nan if record.q is None else record.q)
             columns["line"].append(number)
         if not records:
             raise TurnRecordError(source, None, None, "no turn records")

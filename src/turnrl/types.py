@@ -9,13 +9,14 @@ Conventions:
 * A chat message is a plain ``dict`` with ``"role"`` and ``"content"`` (OpenAI chat
   format), so logs written by turnrl and by other frameworks look the same.
 * Token ids are plain ``list[int]``; log-probs are ``list[float]`` aligned with the
-  response ids (one per sampled token).
+  response ids (one per sampled token). A :class:`TurnRecord` holds them as tuples
+  (it is frozen: nobody downstream can change what was sampled).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -168,3 +169,123 @@ class Policy(Protocol):
         draws from its own generator, so its samples do not depend on the batch).
         """
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class AglData:
+    """What an Agent Lightning triplet carried that a turn record has no field for.
+
+    Kept so that ``records_to_rollout`` gives the rollout back unchanged (JSON keys
+    ``agl_reward``, ``agl_final_reward``, ``agl_response_id``, ``agl_task``,
+    ``agl_metadata``; see :mod:`turnrl.integrations.agentlightning`). ``None`` is a
+    real value for the two rewards (a triplet without a reward): both are always
+    written; the other three only when set.
+    """
+
+    reward: float | None = None
+    """The triplet's own reward (``agl_reward``)."""
+    final_reward: float | None = None
+    """The rollout's ``final_reward`` (``agl_final_reward``), on every turn."""
+    response_id: str | None = None
+    """The LLM response id of the triplet's metadata (``agl_response_id``)."""
+    task: Mapping[str, Any] | None = None
+    """The rollout's task, as a JSON object (``agl_task``)."""
+    metadata: Mapping[str, Any] | None = None
+    """The rollout's metadata (``agl_metadata``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnRecord:
+    """One agent turn: the interchange format of ``docs/turn-records.md``, typed.
+
+    Rollouts, the gateway, chat-log imports and adapters produce these; credit,
+    the trainers and the logs consume them. Frozen: a step's consumers (credit,
+    the update, the rollout log) all see the record the producer wrote; results
+    computed from it (advantages, returns) travel as arrays beside the
+    ``TurnTable`` and are added to a log line only when it is written
+    (``turnrl.records.dumps_record(record, advantage=...)``).
+
+    In JSON every field has the key of its name, except :attr:`agl` (three
+    ``agl_*`` keys) and :attr:`extra` (its own keys, at the top level). Optional
+    fields that are ``None`` (``train`` when true, ``pruned`` when false) are left
+    out of the line. Read and validate with ``turnrl.records.parse_record``.
+    """
+
+    # ---- the fields of DESIGN.md
+    task_id: str
+    """The question / episode seed the rollout started from."""
+    traj_id: str
+    """One rollout; belongs to exactly one task."""
+    turn: int
+    """Position of this turn in its trajectory (0, 1, ... without gaps)."""
+    role: str = "agent"
+    """Which agent produced the response."""
+    prompt: str | tuple[Mapping[str, Any], ...] | None = None
+    """The exact context the policy saw: text, or chat messages."""
+    response: str | None = None
+    """What the policy produced (text)."""
+    prompt_ids: tuple[int, ...] | None = None
+    """Exact context tokens (preferred over ``prompt`` for the default node id)."""
+    response_ids: tuple[int, ...] | None = None
+    """Exact response tokens."""
+    logprobs: tuple[float, ...] | None = None
+    """Behaviour log-prob of each response token (same length as ``response_ids``)."""
+    reward: float = 0.0
+    """Immediate reward received after this turn."""
+    done: bool = False
+    """The episode ended after this turn."""
+    state_key: str | None = None
+    """Environment state id (GiGPO ``state`` groups)."""
+    node_id: str | None = None
+    """Decision point; ``None``: a hash of ``task_id`` and the exact context."""
+    info_gain: float | None = None
+    """Information gain of this turn (A2TGPO, IGPO)."""
+    q: float | None = None
+    """Learned Q score of this response (Iterative GRPO)."""
+
+    # ---- rollouts (the runner, the gateway, Ray workers)
+    tags: tuple[str, ...] | None = None
+    """The task's tags (for reporting)."""
+    tool_call: bool | None = None
+    """The response called a tool."""
+    malformed: bool | None = None
+    """The environment could not parse the response."""
+    stop_reason: str | None = None
+    """``"stop"`` (end-of-turn token sampled) or ``"length"`` (cut at the token limit)."""
+    finish_reason: str | None = None
+    """The OpenAI ``finish_reason`` the gateway returned (``stop``, ``length``, ``tool_calls``)."""
+    context_rebuilt: bool | None = None
+    """The gateway re-rendered the context instead of extending the previous one."""
+    temperature: float | None = None
+    """Sampling temperature of the response (gateway, Iterative GRPO deployment)."""
+    policy_version: int | None = None
+    """Version of the weights that sampled the response (Ray rollout workers)."""
+
+    # ---- tree rollouts (``turnrl.rollout.tree``)
+    train: bool = True
+    """False: the row shapes credit (returns, structure) but is not updated on."""
+    copy_of: str | None = None
+    """This row repeats the row at the same turn of that trajectory (no new step)."""
+    pruned: bool = False
+    """PATR pruned the branch after this turn."""
+
+    # ---- Iterative GRPO (deployment, chat logs)
+    persona: int | None = None
+    """Index of the exploration persona in ``deploy.personas`` that produced the turn."""
+    source_line: int | None = None
+    """1-based line of the chat-log file the turn was imported from."""
+
+    # ---- adapters
+    agl: AglData | None = None
+    """Agent Lightning pass-through data (``agl_*`` keys)."""
+
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Every other JSON key of the line, in order, passed through unchanged."""
+
+    def __post_init__(self) -> None:
+        # Lists given for the sequence fields are stored as tuples, so a record
+        # built in code is as immutable as one read from a file.
+        for name in ("prompt", "prompt_ids", "response_ids", "logprobs", "tags"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))

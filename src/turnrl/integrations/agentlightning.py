@@ -40,7 +40,6 @@ estimator can replace it (see ``docs/integrations-agentlightning.md``).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -48,6 +47,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from turnrl.errors import TurnRecordError
+from turnrl.io import iter_jsonl
+from turnrl.records import check_record
+from turnrl.types import AglData, TurnRecord
 
 RewardSource = Literal["final", "triplet"]
 
@@ -188,11 +190,8 @@ def rollout_to_records(
         raise TurnRecordError(where, None, "triplets", "no triplets (nothing to train on)")
     final = _final_reward(rollout, triplets, fillna)
     raw_final = _get(rollout, "final_reward")
-    passed_on: dict[str, Any] = {}
-    if _get(rollout, "task") is not None:
-        passed_on["agl_task"] = _plain(_get(rollout, "task"))
-    if _get(rollout, "metadata") is not None:
-        passed_on["agl_metadata"] = dict(_get(rollout, "metadata"))
+    agl_task = None if _get(rollout, "task") is None else _plain(_get(rollout, "task"))
+    agl_metadata = _get(rollout, "metadata")
     out = []
     missing_ids = 0
     for k, triplet in enumerate(triplets):
@@ -204,55 +203,48 @@ def rollout_to_records(
         else:
             reward = 0.0 if raw_reward is None else float(raw_reward)
         response_ids = _token_ids(response, f"{where}, triplet {k} response")
-        record: dict[str, Any] = {
-            "task_id": str(task),
-            "traj_id": str(rollout_id),
-            "turn": k,
-            "role": str(metadata.get("agent_name") or "agent"),
-            "prompt_ids": _token_ids(prompt, f"{where}, triplet {k} prompt"),
-            "response_ids": response_ids,
-            "reward": reward,
-            "done": k == len(triplets) - 1,
-            "agl_reward": raw_reward,
-            "agl_final_reward": raw_final,
-            **passed_on,
-        }
-        missing_ids += record["prompt_ids"] is None or response_ids is None
+        prompt_ids = _token_ids(prompt, f"{where}, triplet {k} prompt")
+        missing_ids += prompt_ids is None or response_ids is None
         chat = _chat_prompt(prompt)
-        if chat is not None:
-            record["prompt"] = chat
-        logprobs = _logprobs(response, None if response_ids is None else len(response_ids))
-        if logprobs is not None:
-            record["logprobs"] = logprobs
-        if metadata.get("response_id") is not None:
-            record["agl_response_id"] = str(metadata["response_id"])
-        out.append(record)
+        response_id = metadata.get("response_id")
+        record = TurnRecord(
+            task_id=str(task),
+            traj_id=str(rollout_id),
+            turn=k,
+            role=str(metadata.get("agent_name") or "agent"),
+            prompt=None if chat is None else tuple(chat),
+            prompt_ids=None if prompt_ids is None else tuple(prompt_ids),
+            response_ids=None if response_ids is None else tuple(response_ids),
+            logprobs=_logprobs(response, None if response_ids is None else len(response_ids)),
+            reward=reward,
+            done=k == len(triplets) - 1,
+            agl=AglData(
+                reward=raw_reward,
+                final_reward=raw_final,
+                response_id=None if response_id is None else str(response_id),
+                task=agl_task,
+                metadata=None if agl_metadata is None else dict(agl_metadata),
+            ),
+        )
+        out.append(check_record(record, source=where, line=k + 1))
     if missing_ids:
         _warn_missing_token_ids(where, missing_ids, len(triplets))
     return out
 
 
-def rollouts_to_records(rollouts: Iterable[Any], **options: Any) -> list[dict[str, Any]]:
+def rollouts_to_records(rollouts: Iterable[Any], **options: Any) -> list[TurnRecord]:
     """``rollout_to_records`` over many rollouts, concatenated."""
     return [record for rollout in rollouts for record in rollout_to_records(rollout, **options)]
 
 
 def read_rollouts_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Rollout dumps, one JSON object per line (``RolloutLegacy.model_dump()``)."""
+    """Rollout dumps, one JSON object per line (``RolloutLegacy.model_dump()``), read by
+    the strict reader of :mod:`turnrl.io`."""
     out = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TurnRecordError(
-                    str(path), number, None, f"malformed JSON ({exc.msg})"
-                ) from exc
-            if not isinstance(obj, dict):
-                raise TurnRecordError(str(path), number, None, "a rollout must be a JSON object")
-            out.append(obj)
+    for number, obj in iter_jsonl(path, error=TurnRecordError):
+        if not isinstance(obj, dict):
+            raise TurnRecordError(str(path), number, None, "a rollout must be a JSON object")
+        out.append(obj)
     return out
 
 
@@ -301,7 +293,7 @@ def spans_to_records(
     return rollout_to_records(converted, task_id=task_id, **options)
 
 
-def records_to_rollout(records: Sequence[Mapping[str, Any]]) -> Any:
+def records_to_rollout(records: Sequence[TurnRecord]) -> Any:
     """Rebuild the ``agentlightning.RolloutLegacy`` of one trajectory's records.
 
     Uses the pass-through fields ``agl_reward``/``agl_final_reward``, ``agl_task``
@@ -312,34 +304,33 @@ def records_to_rollout(records: Sequence[Mapping[str, Any]]) -> Any:
 
     if not records:
         raise ValueError("no records")
-    ordered = sorted(records, key=lambda r: r["turn"])
-    traj_ids = {r["traj_id"] for r in ordered}
+    ordered = sorted(records, key=lambda r: r.turn)
+    traj_ids = {r.traj_id for r in ordered}
     if len(traj_ids) != 1:
         raise ValueError(f"records of one rollout expected, got trajectories {sorted(traj_ids)}")
     triplets = []
     for record in ordered:
-        prompt: dict[str, Any] = {"token_ids": list(record.get("prompt_ids") or [])}
-        if record.get("prompt") is not None:
-            prompt["raw_content"] = record["prompt"]
-        response: dict[str, Any] = {"token_ids": list(record.get("response_ids") or [])}
-        if record.get("logprobs") is not None:
-            response["logprobs"] = [{"logprob": v} for v in record["logprobs"]]
-        metadata: dict[str, Any] = {"agent_name": record.get("role", "agent")}
-        if record.get("agl_response_id") is not None:
-            metadata["response_id"] = record["agl_response_id"]
-        reward = record["agl_reward"] if "agl_reward" in record else record.get("reward")
+        prompt: dict[str, Any] = {"token_ids": list(record.prompt_ids or [])}
+        if record.prompt is not None:
+            chat = record.prompt
+            prompt["raw_content"] = chat if isinstance(chat, str) else [dict(m) for m in chat]
+        response: dict[str, Any] = {"token_ids": list(record.response_ids or [])}
+        if record.logprobs is not None:
+            response["logprobs"] = [{"logprob": v} for v in record.logprobs]
+        metadata: dict[str, Any] = {"agent_name": record.role}
+        if record.agl is not None and record.agl.response_id is not None:
+            metadata["response_id"] = record.agl.response_id
+        reward = record.agl.reward if record.agl is not None else record.reward
         triplets.append(Triplet(prompt=prompt, response=response, reward=reward, metadata=metadata))
     last = ordered[-1]
-    final = (
-        last["agl_final_reward"]
-        if "agl_final_reward" in last
-        else sum(float(r.get("reward", 0.0)) for r in ordered)
-    )
-    task = last.get("agl_task")
+    agl = last.agl
+    final = agl.final_reward if agl is not None else sum(r.reward for r in ordered)
+    task = None if agl is None else agl.task
+    metadata = None if agl is None else agl.metadata
     return RolloutLegacy(
-        rollout_id=last["traj_id"],
+        rollout_id=last.traj_id,
         task=None if task is None else Task.model_validate(task),
         final_reward=final,
         triplets=triplets,
-        metadata=last.get("agl_metadata", {"data_id": last["task_id"]}),
+        metadata=dict(metadata) if metadata is not None else {"data_id": last.task_id},
     )

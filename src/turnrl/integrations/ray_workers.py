@@ -43,6 +43,7 @@ first step and after every update (version = updates applied so far).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -148,8 +149,7 @@ class RolloutWorker:
             seed=seed,
             max_turns=max_turns,
         )
-        for record in batch.records:
-            record["policy_version"] = self.version
+        batch.records = [dataclasses.replace(r, policy_version=self.version) for r in batch.records]
         after = getattr(self.policy, "tokens_computed", None)
         if before is not None and after is not None:
             batch.extra["tokens_computed"] = after - before
@@ -432,7 +432,7 @@ def _check_chunk(
         raise RuntimeError(f"worker sampled with weights version {version}, expected {expected}")
     turns: dict[str, list[int]] = {traj: [] for traj in planned}
     for record in part.records:
-        turns[record["traj_id"]].append(record["turn"])
+        turns[record.traj_id].append(record.turn)
     for episode in part.episodes:
         if not episode.done or turns[episode.traj_id] != list(range(episode.turn)):
             raise RuntimeError(f"worker returned an unfinished episode {episode.traj_id!r}")
@@ -445,7 +445,7 @@ def _merge(parts: Sequence[RolloutBatch], plan: Sequence[PlannedEpisode]) -> Rol
     ``extra["tokens_computed"]`` when every worker counts it."""
     index = {traj: k for k, _, traj in plan}
     records = [r for part in parts for r in part.records]
-    records.sort(key=lambda r: (r["turn"], index[r["traj_id"]]))
+    records.sort(key=lambda r: (r.turn, index[r.traj_id]))
     computed = [p.extra.get("tokens_computed") for p in parts]
     extra = {} if None in computed else {"tokens_computed": sum(computed)}
     return RolloutBatch(

@@ -49,7 +49,7 @@ from turnrl.integrations.tokens import (
 )
 from turnrl.policy import HFPolicy
 from turnrl.rollout.runner import run_episodes
-from turnrl.types import Env, Task
+from turnrl.types import Env, Task, TurnRecord
 
 EXTRA_FIELDS = ("turnrl_task_id", "turnrl_turn_rewards", "turnrl_state_keys", "turnrl_outcome")
 
@@ -61,39 +61,40 @@ def task_dataset(tasks: Sequence[Task]) -> Any:
     return Dataset.from_dict({"prompt": [task.task_id for task in tasks]})
 
 
-def episode_completion(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def episode_completion(records: Sequence[TurnRecord]) -> dict[str, Any]:
     """One episode's turn records -> TRL's ``prompt_ids``/``completion_ids``/``env_mask``.
 
     The completion is everything after the initial prompt: each turn's response
     (mask 1) and, between turns, the tokens the runner appended to the context
     (mask 0). Log-probs are the sampled ones (0 on observation tokens).
     """
-    ordered = sorted(records, key=lambda r: r["turn"])
-    prompt = list(ordered[0]["prompt_ids"])
+    ordered = sorted(records, key=lambda r: r.turn)
+    prompt = list(ordered[0].prompt_ids or ())
     completion: list[int] = []
     mask: list[int] = []
     logprobs: list[float] = []
     for record in ordered:
-        context = record["prompt_ids"]
+        context = record.prompt_ids or ()
+        response = list(record.response_ids or ())
         seen = len(prompt) + len(completion)
         if list(context[:seen]) != prompt + completion:
             raise ValueError(
-                f"trajectory {record['traj_id']!r}, turn {record['turn']}: its prompt does not "
+                f"trajectory {record.traj_id!r}, turn {record.turn}: its prompt does not "
                 "extend the previous turn's context (contexts must grow by appending tokens)"
             )
         observation = list(context[seen:])
-        completion += observation + list(record["response_ids"])
-        mask += [0] * len(observation) + [1] * len(record["response_ids"])
-        logprobs += [0.0] * len(observation) + list(record["logprobs"])
+        completion += observation + response
+        mask += [0] * len(observation) + [1] * len(response)
+        logprobs += [0.0] * len(observation) + list(record.logprobs or ())
     return {
         "prompt_ids": prompt,
         "completion_ids": completion,
         "env_mask": mask,
         "logprobs": logprobs,
-        "turnrl_task_id": ordered[0]["task_id"],
-        "turnrl_turn_rewards": [float(r["reward"]) for r in ordered],
-        "turnrl_state_keys": [r.get("state_key") for r in ordered],
-        "turnrl_outcome": float(sum(r["reward"] for r in ordered)),
+        "turnrl_task_id": ordered[0].task_id,
+        "turnrl_turn_rewards": [r.reward for r in ordered],
+        "turnrl_state_keys": [r.state_key for r in ordered],
+        "turnrl_outcome": float(sum(r.reward for r in ordered)),
     }
 
 
@@ -143,9 +144,9 @@ def make_rollout_func(
             )
         finally:
             model.train(training)
-        per_traj: dict[str, list[dict[str, Any]]] = {}
+        per_traj: dict[str, list[TurnRecord]] = {}
         for record in batch.records:
-            per_traj.setdefault(record["traj_id"], []).append(record)
+            per_traj.setdefault(record.traj_id, []).append(record)
         episodes = [episode_completion(per_traj[e.traj_id]) for e in batch.episodes]
         return {key: [e[key] for e in episodes] for key in episodes[0]}
 

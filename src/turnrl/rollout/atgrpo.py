@@ -31,8 +31,8 @@ Departures from the paper:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 from turnrl.rollout.runner import RolloutBatch, start_episode
 from turnrl.rollout.scorers import make_scorer
@@ -48,7 +48,7 @@ from turnrl.rollout.tree import (
     step_branches,
     tree_experience,
 )
-from turnrl.types import Task
+from turnrl.types import Task, TurnRecord
 
 
 def choose(rewards: Sequence[float], ties: Sequence[float]) -> int:
@@ -79,7 +79,7 @@ def atgrpo(
         Branch(start_episode(policy, ctx.make_env, t, f"{ctx.traj_prefix}{t.task_id}#{i}"))
         for i, t in enumerate(tasks)
     ]
-    side: list[dict[str, Any]] = []
+    side: list[TurnRecord] = []
     while True:
         groups = {
             m.traj_id: [
@@ -103,9 +103,10 @@ def atgrpo(
             if any(len(c.records) == len(main.records) for c in group):
                 main.episode.done, main.episode.end = True, group[0].episode.end  # not sampled
                 continue
-            best = choose([c.records[-1]["reward"] for c in group], scorer(group, policy))
+            best = choose([c.records[-1].reward for c in group], scorer(group, policy))
             chosen = group[best]
-            chosen.episode.traj_id = chosen.records[-1]["traj_id"] = main.traj_id
+            chosen.episode.traj_id = main.traj_id
+            chosen.records[-1] = dataclasses.replace(chosen.records[-1], traj_id=main.traj_id)
             for j, candidate in enumerate(group):
                 if j != best:
                     prefix = exclude(copy_rows(main.records, candidate.traj_id))

@@ -34,6 +34,7 @@ Departures from the paper:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -78,7 +79,7 @@ def repeated(b: Branch, repeats: int) -> bool:
     """Whether the branch's last ``repeats`` responses are the same action."""
     if repeats <= 0 or len(b.records) < repeats:
         return False
-    last = {_action(r.get("response") or "") for r in b.records[-repeats:]}
+    last = {_action(r.response or "") for r in b.records[-repeats:]}
     return len(last) == 1
 
 
@@ -87,7 +88,7 @@ def prune(b: Branch) -> None:
     b.pruned = True
     b.episode.done, b.episode.end, b.episode.correct = True, "pruned", False
     if b.records:
-        b.records[-1]["pruned"] = True
+        b.records[-1] = dataclasses.replace(b.records[-1], pruned=True)
 
 
 def score_round(

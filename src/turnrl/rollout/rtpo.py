@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 from turnrl.rollout.runner import Episode, RolloutBatch, continue_episodes, start_episode
 from turnrl.rollout.strategies import StepExperience, StrategyContext, register_strategy
@@ -64,7 +63,7 @@ from turnrl.rollout.tree import (
     step_branches,
     tree_experience,
 )
-from turnrl.types import Task
+from turnrl.types import Task, TurnRecord
 
 
 @dataclasses.dataclass
@@ -98,7 +97,7 @@ def run_trunks(
             break
     for t in trunks:
         del t.before[len(t.branch.records) :]  # states that were not followed by a turn
-        exclude(t.branch.records)
+        t.branch.records = exclude(t.branch.records)
     return trunks
 
 
@@ -110,11 +109,11 @@ def siblings_at(
     policy: PrefixReuse,
     seed: int,
     max_turns: int,
-) -> tuple[list[dict[str, Any]], list[Episode], RolloutBatch]:
+) -> tuple[list[TurnRecord], list[Episode], RolloutBatch]:
     """Sample ``siblings`` responses at turn ``k`` of every trunk that has one, continue
     each to the end; return their records (trunk prefix copied in), episodes, costs."""
     episodes: list[Episode] = []
-    prefixes: dict[str, list[dict[str, Any]]] = {}
+    prefixes: dict[str, list[TurnRecord]] = {}
     for trunk in trunks:
         if len(trunk.before) <= k:
             continue
@@ -130,26 +129,25 @@ def siblings_at(
         seed=seed,
         max_turns=max_turns,
     )
-    later = [r for r in batch.records if r["turn"] > k]
-    exclude(later)
+    batch.records = [exclude([r])[0] if r.turn > k else r for r in batch.records]
     records = [r for traj in prefixes.values() for r in traj] + batch.records
     return records, episodes, batch
 
 
-def has_signal(records: Sequence[dict[str, Any]]) -> bool:
+def has_signal(records: Sequence[TurnRecord]) -> bool:
     """Whether some sibling group (trained rows of one task sharing one context) has
     returns that differ. When none does, every RTPO advantage is zero and the update is
     skipped: an optimiser step on a zero gradient still moves Adam's parameters (its
     momentum), and many such steps degrade the policy."""
-    trained = {r["traj_id"]: r for r in records if r.get("train", True)}
+    trained = {r.traj_id: r for r in records if r.train}
     returns = dict.fromkeys(trained, 0.0)
     for r in records:
-        own = trained.get(r["traj_id"])
-        if own is not None and r["turn"] >= own["turn"]:
-            returns[r["traj_id"]] += float(r.get("reward", 0.0))
+        own = trained.get(r.traj_id)
+        if own is not None and r.turn >= own.turn:
+            returns[r.traj_id] += r.reward
     groups: dict[tuple, set[float]] = {}
     for traj_id, r in trained.items():
-        key = (r["task_id"], tuple(r["prompt_ids"]))
+        key = (r.task_id, r.prompt_ids)
         groups.setdefault(key, set()).add(round(returns[traj_id], 9))
     return any(len(values) > 1 for values in groups.values())
 
@@ -194,9 +192,7 @@ def rtpo(
         records += rows
         episodes += sibling_episodes
         if skip_ties and not has_signal(rows):
-            skipped += 1
-            for r in rows:
-                r["advantage"] = 0.0
+            skipped += 1  # not learned on: the log writes advantage 0 for these rows
             continue
         learned = learn_on(ctx, rows)
         if learned is not None:

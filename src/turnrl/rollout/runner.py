@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnrl.types import Env, Policy, Task
+from turnrl.types import Env, Policy, Task, TurnRecord
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Episode:
 class RolloutBatch:
     """Turn records of a batch of episodes, plus per-episode summaries and costs."""
 
-    records: list[dict[str, Any]]
+    records: list[TurnRecord]
     episodes: list[Episode]
     sampled_tokens: int = 0
     context_tokens: int = 0
@@ -86,11 +86,6 @@ def plan_episodes(
         for slot, task in enumerate(tasks)
         for g in range(group_size)
     ]
-
-
-def episode_records_fields(episode: Episode) -> dict[str, Any]:
-    """Fields every record of an episode shares."""
-    return {"task_id": episode.task.task_id, "traj_id": episode.traj_id, "role": "agent"}
 
 
 def start_episode(
@@ -178,7 +173,7 @@ def step_episodes(
     temperature: float,
     seed: int,
     max_turns: int = 32,
-) -> list[dict[str, Any]]:
+) -> list[TurnRecord]:
     """Advance every live episode by ONE turn, in one batched ``policy.sample`` call.
 
     Episodes at ``max_turns`` or without room for a response are marked done
@@ -217,27 +212,28 @@ def step_episodes(
         env = episode.env
         result = env.step_truncated(sample.text) if truncated else env.step(sample.text)
         info = result.info
-        record = {
-            **episode_records_fields(episode),
-            "turn": episode.turn,
-            "prompt_ids": list(episode.context),
-            "response_ids": list(sample.response_ids),
-            "logprobs": [float(x) for x in sample.logprobs],
-            "response": sample.text,
-            "reward": float(result.reward),
-            "done": bool(result.done),
-            "state_key": state_key,
-            "tags": list(episode.task.tags),
-            "tool_call": bool(info.get("tool_call", False)),
-            "malformed": bool(info.get("malformed", False)),
-            "stop_reason": sample.stop_reason,
-        }
+        record = TurnRecord(
+            task_id=episode.task.task_id,
+            traj_id=episode.traj_id,
+            turn=episode.turn,
+            prompt_ids=tuple(episode.context),
+            response_ids=tuple(sample.response_ids),
+            logprobs=tuple(float(x) for x in sample.logprobs),
+            response=sample.text,
+            reward=float(result.reward),
+            done=bool(result.done),
+            state_key=state_key,
+            tags=tuple(episode.task.tags),
+            tool_call=bool(info.get("tool_call", False)),
+            malformed=bool(info.get("malformed", False)),
+            stop_reason=sample.stop_reason,
+        )
         records.append(record)
         episode.outcome += float(result.reward)
-        episode.tool_calls += int(record["tool_call"])
+        episode.tool_calls += int(bool(record.tool_call))
         if episode.turn == 0:
-            episode.opened_with_tool = record["tool_call"]
-        episode.malformed += int(record["malformed"])
+            episode.opened_with_tool = bool(record.tool_call)
+        episode.malformed += int(record.malformed)
         episode.truncated_responses += int(truncated)
         episode.turn += 1
         if result.done:

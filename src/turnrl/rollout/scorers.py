@@ -84,7 +84,7 @@ def frozenlake_progress(branch: Branch) -> float:
 @register_heuristic(CalculatorEnv)
 def calculator_progress(branch: Branch) -> float:
     """Reward so far, +0.5 when a tool result is in the context, -0.5 per malformed turn."""
-    has_result = any(r.get("tool_call") and not r.get("malformed") for r in branch.records)
+    has_result = any(r.tool_call and not r.malformed for r in branch.records)
     return branch.episode.outcome + 0.5 * has_result - _malformed_penalty(branch)
 
 
@@ -113,7 +113,7 @@ def judge(branches: Sequence[Branch], policy: Policy) -> list[float]:
     """Mean behaviour log-prob of the branch's sampled tokens (0 before any turn)."""
     out = []
     for b in branches:
-        logprobs = [x for r in b.records for x in r.get("logprobs") or ()]
+        logprobs = [x for r in b.records for x in r.logprobs or ()]
         out.append(float(np.mean(logprobs)) if logprobs else 0.0)
     return out
 

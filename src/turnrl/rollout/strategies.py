@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from turnrl.rollout.runner import RolloutBatch, run_episodes
 from turnrl.rollout.tokens import PrefixReuse, token_metrics
-from turnrl.types import Env, Policy, Task
+from turnrl.types import Env, Policy, Task, TurnRecord
 
 
 @dataclass
@@ -27,7 +27,7 @@ class StrategyContext:
     make_env: Callable[[], Env]
     max_new_tokens: int
     temperature: float
-    learn: Callable[[list[dict[str, Any]]], dict[str, float]]
+    learn: Callable[[list[TurnRecord]], dict[str, float]]
     """Compute credit on these turn records and update the policy; returns statistics."""
     seed: int
     traj_prefix: str

@@ -24,20 +24,20 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from turnrl.policy.prefix_cache import PrefixCache
-from turnrl.types import Policy, Sample
+from turnrl.types import Policy, Sample, TurnRecord
 
 
-def final_sequences(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, list[int]]]:
+def final_sequences(records: Iterable[TurnRecord]) -> dict[str, dict[str, list[int]]]:
     """Per task, per trajectory: the full token sequence (last turn's prompt + response)."""
-    last: dict[str, dict[str, Any]] = {}
+    last: dict[str, TurnRecord] = {}
     for record in records:
-        best = last.get(record["traj_id"])
-        if best is None or record["turn"] > best["turn"]:
-            last[record["traj_id"]] = record
+        best = last.get(record.traj_id)
+        if best is None or record.turn > best.turn:
+            last[record.traj_id] = record
     trees: dict[str, dict[str, list[int]]] = {}
     for traj_id, record in last.items():
-        sequence = [*record["prompt_ids"], *record["response_ids"]]
-        trees.setdefault(record["task_id"], {})[traj_id] = sequence
+        sequence = [*(record.prompt_ids or ()), *(record.response_ids or ())]
+        trees.setdefault(record.task_id, {})[traj_id] = sequence
     return trees
 
 
@@ -56,7 +56,7 @@ def trie_size(sequences: Iterable[Sequence[int]]) -> int:
     return size
 
 
-def token_metrics(records: Sequence[dict[str, Any]], computed: int | None) -> dict[str, float]:
+def token_metrics(records: Sequence[TurnRecord], computed: int | None) -> dict[str, float]:
     """``tokens_all``, ``tokens_unique`` and (when known) ``tokens_computed`` and the
     ratios ``computed_over_unique`` and ``unique_over_all`` of one step's records."""
     trees = final_sequences(records)

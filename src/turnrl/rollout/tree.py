@@ -8,8 +8,8 @@ written once per path through it: the first path holds the original row, the
 others hold copies marked ``copy_of = <traj_id of the original>``. Copies
 have the same context, hence the same default ``node_id``.
 
-Two optional record fields carry the rest (both pass through records
-validation untouched; absent means the ordinary case):
+Two fields of :class:`~turnrl.types.TurnRecord` carry the rest (left out of
+the JSON line in the ordinary case):
 
 * ``copy_of`` (str): this row repeats the row at the same turn of that
   trajectory; it is not a new environment step.
@@ -31,12 +31,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from turnrl.rollout.runner import Episode, RolloutBatch, step_episodes
 from turnrl.rollout.strategies import StepExperience, StrategyContext
 from turnrl.rollout.tokens import token_metrics
-from turnrl.types import Env, Policy
+from turnrl.types import Env, Policy, TurnRecord
 
 
 @dataclass
@@ -44,7 +43,7 @@ class Branch:
     """One path of a tree in progress: its episode and its records from the root."""
 
     episode: Episode
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[TurnRecord] = field(default_factory=list)
     pruned: bool = False
     score: float | None = None
     """Last process score (PATR), for inspection."""
@@ -67,22 +66,21 @@ def clone_episode(episode: Episode, make_env: Callable[[], Env], traj_id: str) -
     return dataclasses.replace(episode, traj_id=traj_id, env=env, context=list(episode.context))
 
 
-def copy_rows(records: Iterable[dict[str, Any]], traj_id: str) -> list[dict[str, Any]]:
+def copy_rows(records: Iterable[TurnRecord], traj_id: str) -> list[TurnRecord]:
     """Copies of ``records`` under ``traj_id``, each marked ``copy_of`` its original's
     trajectory (a copy of a copy points to the original)."""
-    return [{**r, "traj_id": traj_id, "copy_of": r.get("copy_of") or r["traj_id"]} for r in records]
+    return [
+        dataclasses.replace(r, traj_id=traj_id, copy_of=r.copy_of or r.traj_id) for r in records
+    ]
 
 
-def exclude(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mark rows as not trained and give each a node of its own (in no baseline) and
-    advantage 0 (overwritten if credit is computed on them)."""
-    out = []
-    for r in records:
-        r["train"] = False
-        r["node_id"] = f"solo:{r['traj_id']}:{r['turn']}"
-        r["advantage"] = 0.0
-        out.append(r)
-    return out
+def exclude(records: Iterable[TurnRecord]) -> list[TurnRecord]:
+    """The rows marked not trained, each with a node of its own (in no baseline).
+
+    A row that is never learned on has no advantage; the rollout log writes 0."""
+    return [
+        dataclasses.replace(r, train=False, node_id=f"solo:{r.traj_id}:{r.turn}") for r in records
+    ]
 
 
 def branch(parent: Branch, make_env: Callable[[], Env], traj_id: str) -> Branch:
@@ -114,7 +112,7 @@ def step_branches(
     )
     stepped = []
     for record in records:
-        owner = by_traj[record["traj_id"]]
+        owner = by_traj[record.traj_id]
         owner.records.append(record)
         stepped.append(owner)
     return stepped
@@ -132,12 +130,12 @@ class Seeds:
         return self.base + self.calls
 
 
-def trainable(records: Iterable[dict[str, Any]]) -> int:
+def trainable(records: Iterable[TurnRecord]) -> int:
     """Number of rows that will be updated on (``train`` not false, with response tokens)."""
-    return sum(1 for r in records if r.get("train", True) and r.get("response_ids"))
+    return sum(1 for r in records if r.train and r.response_ids)
 
 
-def learn_on(ctx: StrategyContext, records: list[dict[str, Any]]) -> dict[str, float] | None:
+def learn_on(ctx: StrategyContext, records: list[TurnRecord]) -> dict[str, float] | None:
     """Credit on all ``records``, update only on rows whose ``train`` is not false.
 
     Rows with ``train = False`` still count in the credit table (returns,
@@ -150,13 +148,13 @@ def learn_on(ctx: StrategyContext, records: list[dict[str, Any]]) -> dict[str, f
     return ctx.learn(records)
 
 
-def physical_env_steps(records: Iterable[dict[str, Any]]) -> int:
+def physical_env_steps(records: Iterable[TurnRecord]) -> int:
     """Environment steps actually taken: rows that are not copies."""
-    return sum(1 for r in records if not r.get("copy_of"))
+    return sum(1 for r in records if not r.copy_of)
 
 
 def tree_experience(
-    records: list[dict[str, Any]],
+    records: list[TurnRecord],
     episodes: list[Episode],
     work: RolloutBatch,
     tokens_computed: int | None,

@@ -55,6 +55,7 @@ change only under it); sampling goes through a
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -63,6 +64,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from turnrl.envs.tools import get_format
+from turnrl.records import record_to_json
 from turnrl.serve.batcher import MicroBatcher, Sampled
 from turnrl.serve.errors import GatewayError, bad_request
 from turnrl.serve.protocol import ChatRequest, ToolSpec, is_finite_number, tools_key
@@ -76,7 +78,7 @@ from turnrl.serve.rollouts import (
     RolloutTable,
 )
 from turnrl.serve.toolcalls import parse_reply, to_policy_message, to_policy_messages
-from turnrl.types import Message, Policy
+from turnrl.types import Message, Policy, TurnRecord
 
 T = TypeVar("T")
 
@@ -467,8 +469,7 @@ class Gateway:
                 "task_id",
             )
         state.task_id, state.task_id_explicit = task_id, True
-        for record in state.records:
-            record["task_id"] = task_id
+        state.records = [dataclasses.replace(r, task_id=task_id) for r in state.records]
 
     def _policy_call(self, fn: Callable[..., T], *args: Any) -> T:
         """Call a tokenizer-side policy method under the policy lock."""
@@ -556,9 +557,11 @@ class Gateway:
             finish = "tool_calls"
         else:
             finish = "length" if sample.stop_reason == "length" else "stop"
-        record = self._record(state, request.role, turn, prompt, prompt_ids, sampled, temperature)
-        record.update(
-            finish_reason=finish, tool_call=bool(reply.tool_calls), context_rebuilt=rebuilt
+        record = dataclasses.replace(
+            self._record(state, request.role, turn, prompt, prompt_ids, sampled, temperature),
+            finish_reason=finish,
+            tool_call=bool(reply.tool_calls),
+            context_rebuilt=rebuilt,
         )
         logprobs = self._logprobs(sampled) if request.logprobs else None
         body = completion_body(
@@ -601,29 +604,25 @@ class Gateway:
         prompt_ids: list[int],
         sampled: Sampled,
         temperature: float,
-    ) -> dict[str, Any]:
+    ) -> TurnRecord:
         sample = sampled.sample
         greedy = temperature == 0
-        record: dict[str, Any] = {
-            "task_id": state.task_id,
-            "traj_id": state.rollout_id,
-            "turn": turn,
-            "role": role,
-            "prompt": copy.deepcopy(prompt),
-            "response": sample.text,
-            "prompt_ids": list(prompt_ids),
-            "response_ids": list(sample.response_ids),
+        return TurnRecord(
+            task_id=state.task_id,
+            traj_id=state.rollout_id,
+            turn=turn,
+            role=role,
+            prompt=tuple(copy.deepcopy(prompt)),
+            response=sample.text,
+            prompt_ids=tuple(prompt_ids),
+            response_ids=tuple(sample.response_ids),
             # Greedy: the choice had probability 1; there is no distribution to train on.
-            "logprobs": [0.0 if greedy else float(x) for x in sample.logprobs],
-            "reward": 0.0,
-            "done": False,
-            "stop_reason": sample.stop_reason,
-            "temperature": float(temperature),
-            "policy_version": sampled.policy_version,
-        }
-        if greedy:
-            record["train"] = False
-        return record
+            logprobs=tuple(0.0 if greedy else float(x) for x in sample.logprobs),
+            stop_reason=sample.stop_reason,
+            temperature=float(temperature),
+            policy_version=sampled.policy_version,
+            train=not greedy,
+        )
 
     def _logprobs(self, sampled: Sampled) -> dict[str, Any]:
         """OpenAI logprobs of the response, without a final end-of-turn token (for
@@ -668,11 +667,10 @@ class Gateway:
             if task_id is not None:
                 self._set_task(state, task_id)
             if state.records:
-                state.records[-1]["reward"] = value
-                state.records[-1]["done"] = True
+                state.records[-1] = dataclasses.replace(state.records[-1], reward=value, done=True)
             state.finished, state.reward = True, value
             table.counts["finished"] += 1
-            finished = copy.deepcopy(state.records)
+            finished = [record_to_json(r) for r in state.records]
             summary = {**state.summary(), "reward": value}
             self._forget_old_finished()
         if self._records_file is not None:
@@ -697,27 +695,22 @@ class Gateway:
         """Summary and records of one open rollout (404 if unknown, 409 if closed)."""
         with self._rollouts.cond:
             state = self._rollouts.get(rollout_id)
-            return {**state.summary(), "records": copy.deepcopy(state.records)}
+            return {**state.summary(), "records": [record_to_json(r) for r in state.records]}
 
     def rollouts(self) -> list[dict[str, Any]]:
         """Summaries of the open rollouts, in the order they were opened."""
         with self._rollouts.cond:
             return [state.summary() for state in self._rollouts.open.values()]
 
-    def records(self) -> list[dict[str, Any]]:
-        """Copies of all turn records so far (unfinished rollouts included)."""
+    def records(self) -> list[TurnRecord]:
+        """All turn records so far (unfinished rollouts included)."""
         with self._rollouts.cond:
-            return [copy.deepcopy(r) for s in self._rollouts.open.values() for r in s.records]
+            return [r for s in self._rollouts.open.values() for r in s.records]
 
-    def finished_records(self) -> list[dict[str, Any]]:
-        """Copies of the records of finished rollouts (ready for ``TurnTable.from_records``)."""
+    def finished_records(self) -> list[TurnRecord]:
+        """The records of finished rollouts (ready for ``TurnTable.from_records``)."""
         with self._rollouts.cond:
-            return [
-                copy.deepcopy(r)
-                for s in self._rollouts.open.values()
-                if s.finished
-                for r in s.records
-            ]
+            return [r for s in self._rollouts.open.values() if s.finished for r in s.records]
 
     def pop_finished_rollouts(self) -> list[FinishedRollout]:
         """The finished rollouts, which are then forgotten (their ids stay used)."""
@@ -737,7 +730,7 @@ class Gateway:
                 for s in done
             ]
 
-    def pop_finished(self) -> list[dict[str, Any]]:
+    def pop_finished(self) -> list[TurnRecord]:
         """Records of finished rollouts, which are then forgotten (frees memory in
         long runs); :meth:`pop_finished_rollouts` keeps them per rollout."""
         return [r for rollout in self.pop_finished_rollouts() for r in rollout.records]

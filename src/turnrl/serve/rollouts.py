@@ -25,7 +25,7 @@ from typing import Any
 
 from turnrl.serve.errors import GatewayError
 from turnrl.serve.protocol import ChatRequest, ToolSpec
-from turnrl.types import Message
+from turnrl.types import Message, TurnRecord
 
 CLOSED_IDS_KEPT = 65_536
 """Closed rollout ids remembered (oldest forgotten first), to refuse late calls."""
@@ -62,7 +62,7 @@ class Rollout:
     opened_at: float
     pinned: bool = False
     """Opened explicitly (``open_rollout``): kept even while it has no turn."""
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[TurnRecord] = field(default_factory=list)
     conversations: dict[str, Conversation] = field(default_factory=dict)
     in_flight: tuple[str, ChatRequest] | None = None
     """Role and request being answered (a rollout answers one request at a time)."""
@@ -74,7 +74,7 @@ class Rollout:
 
     def policy_versions(self) -> tuple[int, ...]:
         """Distinct versions of the weights its turns were sampled with, sorted."""
-        return tuple(sorted({int(r["policy_version"]) for r in self.records}))
+        return tuple(sorted({int(r.policy_version or 0) for r in self.records}))
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -95,7 +95,7 @@ class FinishedRollout:
     rollout_id: str
     task_id: str
     reward: float
-    records: tuple[dict[str, Any], ...]
+    records: tuple[TurnRecord, ...]
     """Its turn records, in order (the reward is on the last one, with ``done``)."""
     policy_versions: tuple[int, ...]
     """Sorted distinct ``policy_version`` of its turns (empty when it has none)."""

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from turnrl.io import atomic_write_text
 from turnrl.train.agent_programs import LLM, AgentFailed, AgentProgram, reward_of
-from turnrl.types import Task
+from turnrl.types import Task, TurnRecord
 
 
 class Endpoint(Protocol):
@@ -57,7 +57,7 @@ class RolloutLink(Protocol):
         """Drop a failed rollout; later calls on it are refused."""
         ...
 
-    def collect(self) -> dict[str, tuple[dict[str, Any], ...]]:
+    def collect(self) -> dict[str, tuple[TurnRecord, ...]]:
         """The records of every rollout finished since the last collect, by rollout id
         (the gateway then forgets them)."""
         ...
@@ -83,7 +83,7 @@ class RolloutResult:
 
     rollout_id: str
     task: Task
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[TurnRecord] = field(default_factory=list)
     reward: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     failure: AgentFailure | None = None
@@ -153,7 +153,7 @@ class AgentRunner:
         finished = self.link.collect()
         for result in results:
             if result.failure is None:
-                result.records = [dict(r) for r in finished[result.rollout_id]]
+                result.records = list(finished[result.rollout_id])
         return results
 
     def llm(self, rollout_id: str, task: Task, clients: tuple[Any, Any] | None = None) -> LLM:
@@ -269,6 +269,6 @@ class GatewayLink:
     def close(self, rollout_id: str, reason: str) -> None:
         self.gateway.discard(rollout_id, reason)
 
-    def collect(self) -> dict[str, tuple[dict[str, Any], ...]]:
+    def collect(self) -> dict[str, tuple[TurnRecord, ...]]:
         self.gateway.pop_closed()  # counted in the gateway's stats; the runner has its own list
         return {r.rollout_id: r.records for r in self.gateway.pop_finished_rollouts()}

@@ -31,7 +31,7 @@ from turnrl.serve.protocol import ChatMessage, ChatRequest, ToolSpec, parse_mess
 from turnrl.serve.toolcalls import message_text
 from turnrl.train.agent_programs import load_callable
 from turnrl.train.sft import TurnExample
-from turnrl.types import Policy, Sample
+from turnrl.types import Policy, Sample, TurnRecord
 
 Teacher = Callable[[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]], dict[str, Any]]
 
@@ -147,6 +147,6 @@ def teacher_error(problem: str) -> GatewayError:
     return GatewayError(500, f"warm_start.teacher {problem}", code="teacher_error")
 
 
-def teacher_examples(records: Sequence[dict[str, Any]]) -> list[TurnExample]:
+def teacher_examples(records: Sequence[TurnRecord]) -> list[TurnExample]:
     """One SFT example per teacher turn: its exact context ids and response ids."""
-    return [TurnExample(list(r["prompt_ids"]), list(r["response_ids"])) for r in records]
+    return [TurnExample(list(r.prompt_ids or ()), list(r.response_ids or ())) for r in records]

@@ -27,6 +27,7 @@ logged states look to the policy and to Q like states it produced itself.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.errors import TurnRecordError
-from turnrl.types import Message
+from turnrl.types import Message, TurnRecord
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -149,7 +150,7 @@ def read_chat_logs(path: str | Path) -> list[Conversation]:
     return conversations
 
 
-def conversation_records(conversation: Conversation) -> list[dict[str, Any]]:
+def conversation_records(conversation: Conversation) -> list[TurnRecord]:
     """Turn records (text only: ``prompt`` messages and ``response``) of one conversation."""
     messages = conversation.messages
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
@@ -157,17 +158,16 @@ def conversation_records(conversation: Conversation) -> list[dict[str, Any]]:
     for turn, index in enumerate(turns):
         last = turn == len(turns) - 1
         records.append(
-            {
-                "task_id": conversation.task_id,
-                "traj_id": conversation.conversation_id,
-                "turn": turn,
-                "role": "agent",
-                "prompt": [dict(m) for m in messages[:index]],
-                "response": messages[index]["content"],
-                "reward": conversation.outcome if last else 0.0,
-                "done": last,
-                "source_line": conversation.line,
-            }
+            TurnRecord(
+                task_id=conversation.task_id,
+                traj_id=conversation.conversation_id,
+                turn=turn,
+                prompt=tuple(dict(m) for m in messages[:index]),
+                response=messages[index]["content"],
+                reward=conversation.outcome if last else 0.0,
+                done=last,
+                source_line=conversation.line,
+            )
         )
     return records
 
@@ -178,7 +178,7 @@ def tokenise_conversations(
     *,
     source: str = "<chat logs>",
     max_new_tokens: int = 0,
-) -> list[dict[str, Any]]:
+) -> list[TurnRecord]:
     """Turn records with exact ``prompt_ids``/``response_ids`` under ``policy``'s template.
 
     ``policy`` is an ``HFPolicy``. Responses end with the end-of-turn token (as a
@@ -192,7 +192,7 @@ def tokenise_conversations(
     from turnrl.train.sft import conversation_examples
 
     limit = getattr(policy, "max_context", None)
-    records: list[dict[str, Any]] = []
+    records: list[TurnRecord] = []
     for conversation in conversations:
         try:
             examples = conversation_examples(policy, conversation.messages)
@@ -208,11 +208,15 @@ def tokenise_conversations(
                     source,
                     conversation.line,
                     "messages",
-                    f"assistant turn {record['turn']}: {len(example.context)} context tokens "
+                    f"assistant turn {record.turn}: {len(example.context)} context tokens "
                     f"+ {max(len(example.response), max_new_tokens)} response tokens exceed "
                     f"the model's {limit} positions",
                 )
-            record["prompt_ids"] = list(example.context)
-            record["response_ids"] = list(example.response)
-            records.append(record)
+            records.append(
+                dataclasses.replace(
+                    record,
+                    prompt_ids=tuple(example.context),
+                    response_ids=tuple(example.response),
+                )
+            )
     return records

@@ -24,6 +24,7 @@ its persona variants (the paper's deployments mix them the same way).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -110,15 +111,17 @@ def hide_personas(policy: Policy, batch: RolloutBatch, persona: int) -> None:
                 policy.encode_initial(episode.env.instructed_messages),
                 policy.encode_initial(episode.env.plain_messages),
             )
+    rewritten = []
     for record in batch.records:
-        record["persona"] = persona
-        if record["traj_id"] not in openings:
-            continue
-        instructed, plain = openings[record["traj_id"]]
-        ids = record["prompt_ids"]
-        if ids[: len(instructed)] != instructed:
-            raise ValueError(
-                f"record {record['traj_id']} turn {record['turn']}: prompt_ids do not start "
-                "with the episode's instructed opening"
-            )
-        record["prompt_ids"] = plain + ids[len(instructed) :]
+        record = dataclasses.replace(record, persona=persona)
+        if record.traj_id in openings:
+            instructed, plain = openings[record.traj_id]
+            ids = record.prompt_ids or ()
+            if list(ids[: len(instructed)]) != instructed:
+                raise ValueError(
+                    f"record {record.traj_id} turn {record.turn}: prompt_ids do not start "
+                    "with the episode's instructed opening"
+                )
+            record = dataclasses.replace(record, prompt_ids=(*plain, *ids[len(instructed) :]))
+        rewritten.append(record)
+    batch.records = rewritten

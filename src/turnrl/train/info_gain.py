@@ -14,14 +14,15 @@ probability-difference mode of IGPO is not implemented.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from turnrl.policy import HFPolicy
 from turnrl.train.sft import encode_response
+from turnrl.types import TurnRecord
 
 
 @torch.no_grad()
@@ -40,34 +41,35 @@ def mean_answer_logprob(
 
 def add_information_gain(
     policy: HFPolicy,
-    records: list[dict[str, Any]],
+    records: list[TurnRecord],
     reference_of: Callable[[str], str | None],
-) -> int:
-    """Set ``info_gain`` on every record that has a successor turn; returns how many.
+) -> list[TurnRecord]:
+    """``records`` (same order) with ``info_gain`` set on every turn that has a successor.
 
     ``reference_of(task_id)`` gives the reference answer text (``None``: skip the
-    trajectory). Records need ``prompt_ids``.
+    trajectory). Records need ``prompt_ids``. The other records come back as given.
     """
-    by_traj: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for record in records:
-        by_traj[record["traj_id"]].append(record)
+    by_traj: dict[str, list[int]] = defaultdict(list)
+    for index, record in enumerate(records):
+        by_traj[record.traj_id].append(index)
     contexts: list[list[int]] = []
     answers: list[list[int]] = []
-    pairs: list[tuple[dict[str, Any], int, int]] = []
+    pairs: list[tuple[int, int, int]] = []
     for turns in by_traj.values():
-        turns.sort(key=lambda r: r["turn"])
-        reference = reference_of(turns[0]["task_id"])
+        turns.sort(key=lambda i: records[i].turn)
+        reference = reference_of(records[turns[0]].task_id)
         if reference is None or len(turns) < 2:
             continue
         answer = encode_response(policy, reference)
         first = len(contexts)
-        for record in turns:
-            contexts.append(record["prompt_ids"])
+        for index in turns:
+            contexts.append(list(records[index].prompt_ids or ()))
             answers.append(answer)
-        pairs += [(r, first + i, first + i + 1) for i, r in enumerate(turns[:-1])]
+        pairs += [(index, first + i, first + i + 1) for i, index in enumerate(turns[:-1])]
+    out = list(records)
     if not pairs:
-        return 0
+        return out
     scores = mean_answer_logprob(policy, contexts, answers)
-    for record, before, after in pairs:
-        record["info_gain"] = scores[after] - scores[before]
-    return len(pairs)
+    for index, before, after in pairs:
+        out[index] = dataclasses.replace(out[index], info_gain=scores[after] - scores[before])
+    return out

@@ -48,6 +48,7 @@ uninterrupted one would.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ from turnrl.train.run import (
 )
 from turnrl.train.sft import TurnExample, conversation_examples, demonstration_examples
 from turnrl.train.validate import validate
-from turnrl.types import Env, Sample, Task
+from turnrl.types import Env, Sample, Task, TurnRecord
 
 Scorer = Callable[[list[list[int]], list[list[int]]], np.ndarray]
 """Scores candidate responses: ``(contexts, responses) -> Q per row``."""
@@ -220,8 +221,9 @@ def deploy(
             traj_prefix=f"{prefix}t{j}-",
         )
         hide_personas(policy, batch, persona)
-        for record in batch.records:
-            record["temperature"] = float(temperature)
+        batch.records = [
+            dataclasses.replace(r, temperature=float(temperature)) for r in batch.records
+        ]
         batches.append(batch)
     return merge_batches(batches)
 
@@ -237,9 +239,9 @@ class LoggedState:
     prompt_ids: list[int]
 
 
-def logged_states(records: Sequence[dict[str, Any]]) -> list[LoggedState]:
+def logged_states(records: Sequence[TurnRecord]) -> list[LoggedState]:
     """One state per logged turn (duplicates kept: they weigh as often as visited)."""
-    return [LoggedState(str(r["task_id"]), list(r["prompt_ids"])) for r in records]
+    return [LoggedState(r.task_id, list(r.prompt_ids or ())) for r in records]
 
 
 PROBE_STATES = 32
@@ -349,15 +351,15 @@ def improve_policy(
                 rejected.append(float(bad.mean()))
             q_spreads.append(float(q_values.reshape(-1, cfg.candidates).std(axis=1).mean()))
             records = [
-                {
-                    "task_id": state.task_id,
-                    "traj_id": f"cand{step}-{k}",
-                    "turn": 0,
-                    "prompt_ids": state.prompt_ids,
-                    "response_ids": response,
-                    "logprobs": [float(x) for x in sample.logprobs],
-                    "q": float(value),
-                }
+                TurnRecord(
+                    task_id=state.task_id,
+                    traj_id=f"cand{step}-{k}",
+                    turn=0,
+                    prompt_ids=tuple(state.prompt_ids),
+                    response_ids=tuple(response),
+                    logprobs=tuple(float(x) for x in sample.logprobs),
+                    q=float(value),
+                )
                 for k, (state, response, sample, value) in enumerate(
                     zip(chosen, responses, samples, q_values, strict=True)
                 )
@@ -435,7 +437,7 @@ class IterativeGRPO:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
         self.policy = build_policy(config.policy, config.seed)
-        self.logged: list[dict[str, Any]] | None = None
+        self.logged: list[TurnRecord] | None = None
         """The imported conversations as turn records (``--from-logs``)."""
         if self.conversations is not None:
             # Tokenised now, with the policy the run starts from (its chat template; the
@@ -468,7 +470,7 @@ class IterativeGRPO:
             kwargs["style"] = style
         return kwargs
 
-    def _warm_start_examples(self, log_records: list[dict[str, Any]] | None) -> list[TurnExample]:
+    def _warm_start_examples(self, log_records: list[TurnRecord] | None) -> list[TurnExample]:
         cfg = self.config
         if self.has_env:
             return (
@@ -484,7 +486,9 @@ class IterativeGRPO:
                 + self._persona_examples()
             )
         assert log_records is not None
-        return [TurnExample(r["prompt_ids"], r["response_ids"]) for r in log_records]
+        return [
+            TurnExample(list(r.prompt_ids or ()), list(r.response_ids or ())) for r in log_records
+        ]
 
     def _persona_examples(self) -> list[TurnExample]:
         """Demonstrations of ``warm_start.persona_styles``, instruction in the system message."""
@@ -499,7 +503,7 @@ class IterativeGRPO:
                 )
         return examples
 
-    def _warm_start(self, log_records: list[dict[str, Any]] | None) -> None:
+    def _warm_start(self, log_records: list[TurnRecord] | None) -> None:
         """SFT on demonstrations (or on the logs when there is no env), unless
         ``init_from`` already gave the policy; saves ``warm_start/``."""
         self.policy = self.run_directory.warm_start(
@@ -528,7 +532,7 @@ class IterativeGRPO:
         )
         return episode_metrics(batch.episodes, prefix="eval_")
 
-    def collect(self, iteration: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    def collect(self, iteration: int) -> tuple[list[TurnRecord], dict[str, float]]:
         """The iteration's logged turns and deployment metrics."""
         cfg = self.config
         picks = self.sampler.choice(
@@ -551,7 +555,7 @@ class IterativeGRPO:
         }
         return batch.records, metrics
 
-    def import_logs(self) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    def import_logs(self) -> tuple[list[TurnRecord], dict[str, float]]:
         """The imported conversations (tokenised with the policy's chat template) as the
         first iteration's batch, and its metrics."""
         assert self.conversations is not None and self.logged is not None
@@ -565,7 +569,7 @@ class IterativeGRPO:
             "logged_conversations": float(len(self.conversations)),
         }
 
-    def fit_q(self, records: list[dict[str, Any]], iteration: int) -> tuple[QFit, dict[str, float]]:
+    def fit_q(self, records: list[TurnRecord], iteration: int) -> tuple[QFit, dict[str, float]]:
         """Fit Q^pi to the logged returns; also score them with the previous Q."""
         cfg = self.config.q
         examples = q_examples(records, cfg.gamma)
@@ -613,7 +617,7 @@ class IterativeGRPO:
         return fit, metrics
 
     def improve(
-        self, records: list[dict[str, Any]], q: QFunction, iteration: int
+        self, records: list[TurnRecord], q: QFunction, iteration: int
     ) -> dict[str, float]:
         """Single-turn GRPO against ``q`` on the logged states, KL to the deployed policy."""
         cfg = self.config.improve
@@ -627,7 +631,7 @@ class IterativeGRPO:
             self.policy,
             optimizer,
             lambda contexts, responses: q.predict(contexts, responses),
-            logged_states([r for r in records if r.get("prompt_ids")]),
+            logged_states([r for r in records if r.prompt_ids]),
             cfg,
             max_new_tokens=self.config.policy.max_new_tokens,
             reference=reference,
@@ -663,12 +667,12 @@ class IterativeGRPO:
         return check
 
     # -------------------------------------------------------------------- run
-    def _write_iteration(self, iteration: int, records: list[dict[str, Any]], fit: QFit) -> None:
+    def _write_iteration(self, iteration: int, records: list[TurnRecord], fit: QFit) -> None:
         out = self.run_dir / f"iter-{iteration:03d}"
         out.mkdir(parents=True, exist_ok=True)
         returns = mc_returns(records, self.config.q.gamma)
         lines = [
-            dumps_record({**r, "mc_return": float(g)}) + "\n"
+            dumps_record(r, mc_return=float(g)) + "\n"
             for r, g in zip(records, returns, strict=True)
         ]
         atomic_write_text(out / "deploy.jsonl", "".join(lines))
@@ -711,7 +715,7 @@ class IterativeGRPO:
         checkpoint.restore_rng()
         self.run_directory.log(f"resumed after iteration {self.iteration}")
 
-    def _start(self) -> tuple[list[dict[str, Any]], dict[str, float]] | None:
+    def _start(self) -> tuple[list[TurnRecord], dict[str, float]] | None:
         """Fresh start: warm start and the step-0 evaluation; returns imported logs."""
         cfg = self.config
         log_records = None

@@ -49,7 +49,7 @@ from turnrl.train.run import (
 )
 from turnrl.train.sft import demonstration_examples
 from turnrl.train.validate import validate
-from turnrl.types import Task
+from turnrl.types import Task, TurnRecord
 
 __all__ = ["TIMING_KEYS", "OnlineTrainer", "build_policy", "with_lora"]
 
@@ -120,6 +120,9 @@ class OnlineTrainer:
         the weights before the first step and after every update."""
         self.policy_version = 0
         """Updates applied so far: the version of the weights pushed to ``pool``."""
+        self.learned: dict[tuple[str, int], tuple[TurnRecord, float]] = {}
+        """This step's rows that credit was computed on, by ``(traj_id, turn)``: the record
+        credit saw (with ``info_gain`` when computed) and its advantage, for the log."""
 
     # ------------------------------------------------------------------ set-up
     def _make_env(self):
@@ -225,18 +228,18 @@ class OnlineTrainer:
             seed=derive_seed(self.config.train.seed, "update", self.step),
         )
 
-    def learn(self, records: list[dict[str, Any]]) -> dict[str, float]:
+    def learn(self, records: list[TurnRecord]) -> dict[str, float]:
         """Credit on ``records`` (one row per turn), then a PPO-clip update on them."""
         cfg = self.config
         t0 = time.perf_counter()
         if "info_gain" in get_estimator(cfg.credit.estimator).needs:
             self.policy.model.eval()
-            add_information_gain(self.policy, records, self._reference_response)
+            records = add_information_gain(self.policy, records, self._reference_response)
         table = TurnTable.from_records(records, source=f"step {self.step}")
         credit = compute_credit(table, cfg.credit.estimator, **cfg.credit.params)
         seconds_credit = time.perf_counter() - t0
         for record, advantage in zip(records, credit.advantages, strict=True):
-            record["advantage"] = float(advantage)
+            self.learned[(record.traj_id, record.turn)] = (record, float(advantage))
         t0 = time.perf_counter()
         update = build_update_batch(
             records, table, credit.advantages, credit.clip_factor, cfg.train.aggregation
@@ -257,6 +260,7 @@ class OnlineTrainer:
         cfg = self.config
         started = time.perf_counter()
         self.step += 1
+        self.learned = {}
         picks = self.sampler.choice(
             len(self.train_tasks), cfg.rollout.tasks_per_step, replace=False
         )
@@ -282,7 +286,7 @@ class OnlineTrainer:
         if due(self.step, cfg.train.log_rollouts_every):
             path = self.run_dir / "rollouts" / f"step-{self.step:06d}.jsonl"
             path.parent.mkdir(exist_ok=True)
-            atomic_write_text(path, "".join(dumps_record(r) + "\n" for r in batch.records))
+            atomic_write_text(path, rollout_log(batch.records, self.learned))
         self.env_steps += physical_env_steps(batch.records)
         self.tokens += batch.sampled_tokens
         learned = _mean_stats(experience.learn_stats)
@@ -320,6 +324,22 @@ class OnlineTrainer:
                     self._checkpoint()
                 bar.update(task, advance=1, description=_describe(row))
         return self.run_dir
+
+
+def rollout_log(
+    records: list[TurnRecord], learned: dict[tuple[str, int], tuple[TurnRecord, float]]
+) -> str:
+    """JSONL text of a step's records, each with the ``advantage`` it was trained with.
+
+    Rows credit was computed on are written as credit saw them (``info_gain``
+    included); rows no ``learn`` call saw (tree rows that are never updated on,
+    RTPO positions skipped for ties) get advantage 0.
+    """
+    lines = []
+    for record in records:
+        seen, advantage = learned.get((record.traj_id, record.turn), (record, 0.0))
+        lines.append(dumps_record(seen, advantage=advantage) + "\n")
+    return "".join(lines)
 
 
 def _mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:

@@ -21,7 +21,6 @@ What the update gets right, and tests pin (tests/test_ppo.py):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +29,7 @@ from turnrl.policy import HFPolicy
 from turnrl.table import TurnTable
 from turnrl.train.config import PPOConfig
 from turnrl.train.loss import aggregation_weights, ppo_clip_loss
+from turnrl.types import TurnRecord
 
 __all__ = ["PPOConfig", "UpdateBatch", "build_update_batch", "pad_rows", "ppo_update"]
 
@@ -59,7 +59,7 @@ class UpdateBatch:
 
 
 def build_update_batch(
-    records: list[dict[str, Any]],
+    records: list[TurnRecord],
     table: TurnTable,
     advantages: np.ndarray,
     clip_factor: np.ndarray | None,
@@ -72,17 +72,17 @@ def build_update_batch(
     and trajectory structure, but are updated on once, through the original), are
     left out; ``advantages`` and ``clip_factor`` are per record, as ``table``.
     """
-    keep = [i for i, r in enumerate(records) if r["response_ids"] and r.get("train", True)]
+    keep = [i for i, r in enumerate(records) if r.response_ids and r.train]
     if not keep:
         raise ValueError("no record to update on (every row is train=false or has no response)")
-    responses = [records[i]["response_ids"] for i in keep]
+    responses = [list(records[i].response_ids or ()) for i in keep]
     width = max(len(r) for r in responses)
     mask = pad_rows([[1.0] * len(r) for r in responses], width)
     rollout = torch.as_tensor(table.traj_code[keep])
     return UpdateBatch(
-        contexts=[records[i]["prompt_ids"] for i in keep],
+        contexts=[list(records[i].prompt_ids or ()) for i in keep],
         responses=responses,
-        old_logp_B_T=pad_rows([records[i]["logprobs"] for i in keep], width),
+        old_logp_B_T=pad_rows([list(records[i].logprobs or ()) for i in keep], width),
         mask_B_T=mask,
         adv_B=torch.as_tensor(advantages[keep], dtype=torch.float32),
         clip_factor_B=None

@@ -44,6 +44,7 @@ from torch import nn
 from turnrl.credit.returns import return_to_go
 from turnrl.io import atomic_open, atomic_write_text
 from turnrl.table import TurnTable, default_node_id
+from turnrl.types import TurnRecord
 
 LOSSES = ("mse", "bce")
 
@@ -63,7 +64,7 @@ class QExample:
     state: str = ""
 
 
-def mc_returns(records: Sequence[dict[str, Any]], gamma: float = 1.0) -> np.ndarray:
+def mc_returns(records: Sequence[TurnRecord], gamma: float = 1.0) -> np.ndarray:
     """Monte Carlo return ``G_t = sum_{j>=t} gamma^(j-t) r_j`` of every record's turn.
 
     ``records`` are turn records (validated by ``TurnTable``: each trajectory's
@@ -75,7 +76,7 @@ def mc_returns(records: Sequence[dict[str, Any]], gamma: float = 1.0) -> np.ndar
     return return_to_go(table, gamma)
 
 
-def q_examples(records: Sequence[dict[str, Any]], gamma: float = 1.0) -> list[QExample]:
+def q_examples(records: Sequence[TurnRecord], gamma: float = 1.0) -> list[QExample]:
     """Training examples for Q from turn records with ``prompt_ids`` and ``response_ids``.
 
     Rows without response tokens are skipped (nothing to score).
@@ -83,19 +84,19 @@ def q_examples(records: Sequence[dict[str, Any]], gamma: float = 1.0) -> list[QE
     returns = mc_returns(records, gamma)
     out = []
     for record, value in zip(records, returns, strict=True):
-        if record.get("prompt_ids") is None or record.get("response_ids") is None:
+        if record.prompt_ids is None or record.response_ids is None:
             raise ValueError(
-                f"record {record.get('traj_id')!r} turn {record.get('turn')}: "
+                f"record {record.traj_id!r} turn {record.turn}: "
                 "Q needs prompt_ids and response_ids (tokenise the log first)"
             )
-        if record["response_ids"]:
+        if record.response_ids:
             out.append(
                 QExample(
-                    list(record["prompt_ids"]),
-                    list(record["response_ids"]),
+                    list(record.prompt_ids),
+                    list(record.response_ids),
                     float(value),
-                    str(record["traj_id"]),
-                    str(default_node_id(record["task_id"], record["prompt_ids"], None)),
+                    record.traj_id,
+                    str(default_node_id(record.task_id, record.prompt_ids, None)),
                 )
             )
     return out
