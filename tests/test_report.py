@@ -202,8 +202,12 @@ def test_heldout_console_table_is_what_train_prints(tmp_path: Path) -> None:
     lines = [line.split() for line in console.export_text().splitlines()]
     assert ["│", "success", "│", "0.100", "│", "0.500", "│"] in lines
     assert ["│", "tool_rate_hard", "│", "0.000", "│", "1.000", "│"] in lines
-    with pytest.raises(ValueError, match="fewer than two evaluation rows"):
-        heldout_console_table(_make_run(tmp_path, "none", _eval_rows({0: (0.1, 0.0, 0.0)})))
+    console.print(heldout_console_table(_make_run(tmp_path, "ws", _eval_rows({0: (0.1, 0, 0)}))))
+    assert ["│", "success", "│", "0.100", "│", "0.100", "│"] in [
+        line.split() for line in console.export_text().splitlines()
+    ]  # warm start only (train.steps = 0): one evaluation, on both sides
+    with pytest.raises(ValueError, match="no evaluation rows"):
+        heldout_console_table(_make_run(tmp_path, "none", [{"step": 1, "success": 0.5}]))
 
 
 def test_headline_metric_order() -> None:

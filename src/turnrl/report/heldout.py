@@ -86,14 +86,17 @@ def _steps_text(steps: list[float]) -> str:
 
 
 def heldout_table(groups: dict[str, list[RunData]]) -> HeldOutTable | None:
-    """The before/after table of labelled runs; None when no run has two evaluations."""
+    """The before/after table of labelled runs; None when no run has an evaluation.
+
+    A run with a single evaluation (e.g. ``train.steps = 0``) shows it on both sides.
+    """
     labels: list[str] = []
     steps: dict[str, tuple[str, str]] = {}
     before: dict[str, dict[str, Cell]] = {}
     after: dict[str, dict[str, Cell]] = {}
     keys: set[str] = set()
     for label, runs in groups.items():
-        pairs = [(rows[0], rows[-1]) for rows in map(evaluation_rows, runs) if len(rows) >= 2]
+        pairs = [(rows[0], rows[-1]) for rows in map(evaluation_rows, runs) if rows]
         if not pairs:
             continue
         labels.append(label)
@@ -128,7 +131,7 @@ def heldout_console_table(run_dir: str | Path) -> Any:
     run = load_run(run_dir)
     table_data = heldout_table({run.label: [run]})
     if table_data is None:
-        raise ValueError(f"{run_dir}: fewer than two evaluation rows in metrics.jsonl")
+        raise ValueError(f"{run_dir}: no evaluation rows in metrics.jsonl")
     first, last = table_data.steps[run.label]
     table = Table(title=f"Held-out evaluation ({Path(run_dir).name})")
     table.add_column("metric")

@@ -65,7 +65,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], *, table_id: st
 def _heldout_section(table: HeldOutTable | None) -> str:
     """The before/after table: per label, first and last evaluation side by side."""
     if table is None:
-        return "<p>No held-out evaluations logged (fewer than two per run).</p>"
+        return "<p>No held-out evaluations logged.</p>"
     header = "".join(f'<th colspan="2">{html.escape(label)}</th>' for label in table.labels)
     sub = "".join(
         f"<th>warm start (step {html.escape(table.steps[label][0])})</th>"
