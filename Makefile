@@ -13,7 +13,7 @@ AGL_VENV := .venv-agl
 INT_STAMP := $(INT_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations.txt | cksum | cut -d' ' -f1)
 AGL_STAMP := $(AGL_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations-agl.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup setup-integrations test-integrations demo demo-smol test test-slow lint bench bench-rollout bench-gateway grouping lookup-study clean
+.PHONY: setup setup-integrations browser test-integrations demo demo-smol test test-slow lint bench bench-rollout bench-gateway grouping lookup-study clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,7 +61,17 @@ demo: setup
 demo-smol: $(SMOL_STAMP)
 	$(VENV)/bin/turnrl train --config examples/calculator_smollm2.toml --overwrite
 
-test: setup setup-integrations
+# A headless browser for the report's screenshot test (tests/test_report_browser.py,
+# skipped without one): Debian's chromium, installed when we are root with apt-get;
+# anywhere else the test says why it skips.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+	|| { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+		|| echo "browser: apt-get could not install chromium; the report's browser test will skip"; \
+	else echo "browser: no chromium and no root apt-get; the report's browser test will skip"; fi; }
+
+test: setup setup-integrations browser
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-integrations

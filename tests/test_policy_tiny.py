@@ -184,3 +184,20 @@ def test_characters_outside_the_alphabet(standard_load) -> None:
     a, b = policy.tokenizer.convert_tokens_to_ids(["a", "b"])
     assert policy.tokenizer("aé\tb", add_special_tokens=False)["input_ids"] == [a, 1, 1, b]
     assert auto("aé\tb", add_special_tokens=False)["input_ids"] == [a, b]
+
+
+def test_save_and_load_print_no_transformers_progress_bars(tmp_path, capfd) -> None:
+    """A run's output is turnrl's own: no "Writing model shards" / "Loading weights" bars."""
+    from transformers.utils import logging as hf_logging
+
+    from turnrl.policy import build_tiny_policy
+
+    assert hf_logging.is_progress_bar_enabled()
+    build_tiny_policy(seed=0).save(tmp_path)
+    HFPolicy.from_pretrained(tmp_path)
+    out, err = capfd.readouterr()
+    assert "shards" not in out + err and "Loading weights" not in out + err
+    assert hf_logging.is_progress_bar_enabled()  # restored for everyone else
+    model = build_tiny_model(build_tiny_tokenizer())
+    model.save_pretrained(tmp_path / "plain")  # transformers itself still shows its bar
+    assert "Writing model shards" in "".join(capfd.readouterr())

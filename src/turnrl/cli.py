@@ -84,10 +84,9 @@ def _load_run_config(cls: type, args: argparse.Namespace) -> Any:
 def cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from turnrl.report import write_report
+    from turnrl.report import heldout_console_table, write_report
     from turnrl.train.config import RunConfig
     from turnrl.train.run import RunDirectory
-    from turnrl.train.summary import before_after_table
 
     config = _load_run_config(RunConfig, args)
     # The guard, before Ray workers or models are started (the trainer checks again).
@@ -107,7 +106,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_dir = trainer.run()
     report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
     console = Console()
-    console.print(before_after_table(run_dir))
+    console.print(heldout_console_table(run_dir))
     console.print(f"report: {report}")
     return 0
 
@@ -150,7 +149,7 @@ def _add_run_options(p: argparse.ArgumentParser, resume_help: str) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from turnrl.report import write_report
 
-    out = write_report(args.run_dirs, args.output, title=args.title)
+    out = write_report(args.run_dirs, args.output, title=args.title, smoothing=args.smoothing)
     print(f"report: {out}")
     return 0
 
@@ -206,6 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+", help="run directories (runs sharing a label = seeds)")
     p.add_argument("-o", "--output", default="report.html", help="output HTML file")
     p.add_argument("--title", default="turnrl report")
+    p.add_argument(
+        "--smoothing",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="moving-average window of per-step metrics (default: a twelfth of the run; 1: none)",
+    )
     p.set_defaults(handler=cmd_report)
 
     for register in _EXTRA_COMMANDS:

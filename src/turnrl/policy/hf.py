@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,22 @@ from turnrl.policy.tree_layout import TreeLogprobs, tree_logprobs
 from turnrl.types import Message, Sample
 
 __all__ = ["HFPolicy", "load_tokenizer"]
+
+
+@contextmanager
+def transformers_progress_off() -> Iterator[None]:
+    """Silence transformers' own progress bars ("Writing model shards", "Loading
+    weights") while the block runs: a run shows turnrl's progress, not theirs in the
+    middle of it. The previous setting is restored afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 class HFPolicy:
@@ -80,22 +97,26 @@ class HFPolicy:
         unless ``local_files_only=False``). A directory saved from a LoRA policy
         loads as base model + adapters (see :mod:`turnrl.policy.lora`)."""
         tokenizer = load_tokenizer(path, local_files_only=local_files_only)
-        if lora.is_adapter_dir(path):
-            model = lora.load_adapter_model(path, dtype=dtype, local_files_only=local_files_only)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path), dtype=dtype, local_files_only=local_files_only
-            )
+        with transformers_progress_off():
+            if lora.is_adapter_dir(path):
+                model = lora.load_adapter_model(
+                    path, dtype=dtype, local_files_only=local_files_only
+                )
+            else:
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(path), dtype=dtype, local_files_only=local_files_only
+                )
         return cls(model.to(device).eval(), tokenizer, end_of_turn=end_of_turn)
 
     def save(self, directory: str | Path) -> None:
         """Save model (or only its LoRA adapters) and tokenizer (with its chat
         template) for ``from_pretrained``."""
-        if lora.is_adapter_model(self.model):
-            lora.save_adapter_model(self.model, directory)
-        else:
-            self.model.save_pretrained(str(directory))
-        self.tokenizer.save_pretrained(str(directory))
+        with transformers_progress_off():
+            if lora.is_adapter_model(self.model):
+                lora.save_adapter_model(self.model, directory)
+            else:
+                self.model.save_pretrained(str(directory))
+            self.tokenizer.save_pretrained(str(directory))
 
     def clone_frozen(self) -> HFPolicy:
         """An independent copy with gradients off and eval mode (e.g. a KL reference);
