@@ -283,5 +283,19 @@ def test_medium_tasks_are_additive_and_stay_single_digit() -> None:
     only_two = calculator_tasks(30, seed=2, hard_fraction=0.0, medium_fraction=1.0,
                                 medium_operations=(2, 2))  # fmt: skip
     assert {len(t.payload["tool_steps"]) for t in only_two} == {2}
+    small = calculator_tasks(
+        60, seed=3, hard_fraction=0.0, medium_fraction=1.0, medium_max=4, medium_stepwise=False
+    )
+    for task in small:
+        numbers = task.payload["expression"].replace("-", "+").split("+")
+        assert all(0 <= int(x) <= 4 for x in numbers) and 0 <= int(task.payload["answer"]) <= 4
+        assert task.payload["tool_steps"] == [task.payload["expression"]]
+        assert [m["content"] for m in demonstration(task, use_tool=True)[2:]] == [
+            f"<call>{task.payload['expression']}</call>",
+            task.payload["answer"],
+            f"<answer>{task.payload['answer']}</answer>",
+        ]
+    with pytest.raises(ValueError, match="medium_max=10"):
+        calculator_tasks(10, seed=0, medium_fraction=0.5, medium_max=10)
     with pytest.raises(ValueError, match=r"medium_fraction=0\.8"):
         calculator_tasks(10, seed=0, hard_fraction=0.5, medium_fraction=0.8)

@@ -2,20 +2,24 @@
 
 For each seed's persona-aware warm start (written by ``run.py``), the mean value on
 the 64 held-out personas of the experiment, with and without the instruction,
-greedy and at temperature 1 (4 conversations per persona):
+greedy and at temperature 1 (4 conversations per persona); then the value of the
+scripted demonstration styles themselves on the same personas (no model):
 
     python examples/iterative_grpo/persona_following.py haggle split_money
+    python examples/iterative_grpo/persona_following.py haggle split_money --styles-only
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from turnrl.envs import make_env, make_tasks
+from turnrl.envs.negotiation import STYLES, play
 from turnrl.policy import HFPolicy
 from turnrl.rollout import run_episodes
 from turnrl.train.explore import persona_env_factory
@@ -40,13 +44,32 @@ def mean_value(policy: HFPolicy, setting: str, instruction: str, temperature: fl
     return float(np.mean([e.outcome for e in batch.episodes]))
 
 
+def style_value(setting: str, style: str) -> float:
+    """Mean value of the scripted ``style`` agent on the held-out personas."""
+    agent = importlib.import_module(f"turnrl.envs.negotiation.{setting}").agent
+    values = []
+    for task in make_tasks(setting, 64, EVAL_SEED):
+        _, last = play(make_env(setting, max_turns=6), task, agent(task, 6, style))
+        values.append(last.reward)
+    return float(np.mean(values))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("settings", nargs="+")
     parser.add_argument("--out", default=str(ROOT / "runs" / "iterative_grpo"))
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--styles-only", action="store_true", help="only the scripted styles")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    print("| setting | " + " | ".join(f"scripted {style}" for style in STYLES) + " |")
+    print("|---|" + "---|" * len(STYLES))
+    for setting in args.settings:
+        cells = [f"{style_value(setting, style):.3f}" for style in STYLES]
+        print(f"| {setting} | " + " | ".join(cells) + " |", flush=True)
+    if args.styles_only:
+        return
+    print()
     print("| setting | seed | plain, greedy | plain, T=1 | persona, greedy | persona, T=1 |")
     print("|---|---|---|---|---|---|")
     for setting in args.settings:

@@ -203,6 +203,37 @@ def method_table(setting: str, compare: dict[str, list[Path]], seeds: int) -> li
     return lines
 
 
+def final_table(setting: str, compare: dict[str, list[Path]], seeds: int) -> list[str]:
+    """The doc's results table: each method after its last block, with every seed's
+    greedy eval value at the start and at the end."""
+    lines = [
+        f"### {setting}: after the last block of deployed conversations",
+        "",
+        "| method | conversations | eval value | eval deal rate | deployed value (last block) "
+        "| eval malformed turns | per seed, eval value start -> end |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for method, dirs in compare.items():
+        runs = [rows(d) for d in dirs]
+        ends = [run[-1] for run in runs]
+        per_seed = ", ".join(
+            f"{run[0].get('eval_return', float('nan')):.2f} -> "
+            f"{run[-1].get('eval_return', float('nan')):.2f}"
+            for run in runs
+        )
+        lines.append(
+            f"| {method} | {', '.join(str(int(e['step'])) for e in ends)} | "
+            + " | ".join(
+                cell([e.get(k, float("nan")) for e in ends])
+                for k in ("eval_return", "eval_success", "deployed_return", "eval_malformed_rate")
+            )
+            + f" | {per_seed} |"
+        )
+    lines.append("")
+    lines.append(f"(mean ± std over {seeds} seeds; seeds in order 0, 1, ...)")
+    return lines
+
+
 Q_KEYS = (
     ("q_heldout_loss", "held-out MSE"),
     ("q_heldout_baseline_loss", "constant-mean MSE"),
@@ -448,6 +479,7 @@ def main() -> None:
         runs = [d for ds in iterative_runs.values() for d in ds]
         write_report(runs, out / f"report-{setting}-q.html", title=f"{setting}: Q and improvement")
         plot_methods(setting, compare)
+        summary += [*final_table(setting, compare, seeds), ""]
         summary += [*method_table(setting, compare, seeds), ""]
         for method, method_runs in iterative_runs.items():
             summary += [*q_table(f"{setting}, {method}", method_runs), ""]

@@ -155,11 +155,18 @@ def plot(out: Path, data: dict) -> Path:
     return path
 
 
+COLLAPSE_MALFORMED = 0.4
+"""A run collapsed when its last evaluation has success 0 and more than this share of
+malformed moves."""
+
+
 def summary(out: Path, seeds: int) -> str:
+    """Every number docs/tree-rollouts.md quotes about a study, with per-seed columns."""
     lines = [
-        "| strategy | eval success: start | end (mean ± std) | mean over evals | env steps "
-        "| tokens computed | unique tokens | updates | minutes |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| strategy | eval success: start | end (mean ± std) | end per seed | mean over evals "
+        "| env steps | steps per leaf | tokens computed | unique tokens | updates | skipped "
+        "| pruned leaves | collapsed | minutes |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for strategy, runs in curves(out, seeds).items():
         start = [r[3][0] for r in runs]
@@ -167,15 +174,33 @@ def summary(out: Path, seeds: int) -> str:
         average = [np.mean(r[3][1:]) for r in runs]
         raw = [rows(out / strategy / f"seed{seed}") for seed in range(seeds)]
         updates = [sum(r.get("updates", 1.0) for r in run[1:]) for run in raw]
+        skipped = [sum(r.get("updates_skipped", 0.0) for r in run[1:]) for run in raw]
+        leaves = [sum(r.get("leaves", r.get("episodes", 0.0)) for r in run[1:]) for run in raw]
+        pruned = [sum(r.get("pruned_leaves", 0.0) for r in run[1:]) for run in raw]
         minutes = [run[-1]["seconds_total"] / 60 for run in raw]
+        collapsed = sum(
+            run[-1]["eval_success"] == 0 and run[-1]["eval_malformed_rate"] > COLLAPSE_MALFORMED
+            for run in ([r for r in seed_rows if "eval_success" in r] for seed_rows in raw)
+        )
+        steps = [r[0][-1] for r in runs]
         lines.append(
             f"| {strategy} | {np.mean(start):.3f} | {np.mean(end):.3f} ± {np.std(end):.3f} "
+            f"| {', '.join(f'{v:.2f}' for v in end)} "
             f"| {np.mean(average):.3f} ± {np.std(average):.3f} "
-            f"| {np.mean([r[0][-1] for r in runs]):,.0f} "
+            f"| {np.mean(steps):,.0f} | {np.sum(steps) / np.sum(leaves):.2f} "
             f"| {np.mean([r[1][-1] for r in runs]):,.0f} "
             f"| {np.mean([r[2][-1] for r in runs]):,.0f} "
-            f"| {np.mean(updates):.0f} | {np.mean(minutes):.1f} |"
+            f"| {np.mean(updates):.0f} | {np.mean(skipped):.0f} "
+            f"| {np.sum(pruned) / max(np.sum(leaves), 1):.1%} | {collapsed} of {seeds} "
+            f"| {np.mean(minutes):.1f} |"
         )
+    lines += [
+        "",
+        "Means over seeds unless a column says otherwise; env steps are steps actually taken "
+        "(copies of shared prefixes are not steps); skipped: RTPO turn positions where every "
+        "sibling group tied; collapsed: last evaluation with success 0 and more than "
+        f"{COLLAPSE_MALFORMED:.0%} malformed moves.",
+    ]
     return "\n".join(lines)
 
 

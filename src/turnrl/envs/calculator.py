@@ -4,10 +4,11 @@ Easy tasks (single-digit ``+``/``-``) are answerable directly; hard tasks
 (3-digit ``*``) are hopeless to guess, so the agent should call the calculator.
 A policy that stops calling tools shows up as a drop in accuracy on the "hard"
 tag while "easy" stays flat. Medium tasks (``medium_fraction``, none by default)
-sit in between: a chain of 2 to 4 single-digit operands whose running value stays
-in ``[0, 9]`` (``Compute 7+2-4.``), which a small model can often answer
-directly, and whose demonstrated tool path makes one call per operation (1-3
-calls, ``payload["tool_steps"]``), so using the tool is reliable but costs turns.
+sit in between: a chain of 2 to 4 operands whose running value stays in a small
+range (``Compute 7+2-4.``), which a small model can often answer directly, and
+whose demonstrated tool path makes one call per operation (1-3 calls,
+``payload["tool_steps"]``) or one call on the whole expression, so using the
+tool is reliable but costs turns.
 
 Episode: ``reset`` gives ``[system, user]``; each response is one action (see
 :mod:`turnrl.envs.tools`). A tool call returns a ``"tool"`` message with the
@@ -112,17 +113,18 @@ def make_task(a: int, op: str, b: int, *, tags: tuple[str, ...] = (), template: 
     return Task(task_id=task_id, payload=payload, tags=tags)
 
 
-MEDIUM_MAX = 9
-"""Medium chains keep every running value in ``[0, MEDIUM_MAX]`` (single-digit answers)."""
-
-
 def make_chain_task(
-    first: int, steps: Sequence[tuple[str, int]], *, tags: tuple[str, ...] = ()
+    first: int,
+    steps: Sequence[tuple[str, int]],
+    *,
+    tags: tuple[str, ...] = (),
+    stepwise: bool = True,
 ) -> Task:
     """The task ``first op1 b1 op2 b2 ...`` (``+``/``-``), evaluated left to right.
 
-    ``payload["tool_steps"]`` is the step-by-step tool path its demonstration
-    takes: one call per operation, each on the previous result (``7+2``, ``9-4``).
+    ``payload["tool_steps"]`` is the tool path its demonstration takes: with
+    ``stepwise``, one call per operation, each on the previous result (``7+2``,
+    ``9-4``); without, one call on the whole expression.
     """
     expression = f"{first}" + "".join(f"{op}{b}" for op, b in steps)
     value, tool_steps = first, []
@@ -135,27 +137,29 @@ def make_chain_task(
         "question": f"Compute {expression}.",
         "expression": expression,
         "answer": calculate(expression),
-        "tool_steps": tool_steps,
+        "tool_steps": tool_steps if stepwise else [expression],
     }
     return Task(task_id=f"calc-{expression}", payload=payload, tags=tags)
 
 
-def _medium_task(rng: random.Random, operations: tuple[int, int]) -> Task:
-    """A random chain of ``operations`` (drawn in the closed range) single-digit steps
-    whose running value stays in ``[0, MEDIUM_MAX]``; no step adds or subtracts 0."""
-    value = rng.randint(0, MEDIUM_MAX)
+def _medium_task(
+    rng: random.Random, operations: tuple[int, int], largest: int, stepwise: bool
+) -> Task:
+    """A random chain of ``operations`` (drawn in the closed range) steps whose running
+    value stays in ``[0, largest]``; no step adds or subtracts 0."""
+    value = rng.randint(0, largest)
     first, steps = value, []
     for _ in range(rng.randint(*operations)):
         if value == 0:
             op = "+"
-        elif value == MEDIUM_MAX:
+        elif value == largest:
             op = "-"
         else:
             op = rng.choice("+-")
-        b = rng.randint(1, MEDIUM_MAX - value if op == "+" else value)
+        b = rng.randint(1, largest - value if op == "+" else value)
         value = value + b if op == "+" else value - b
         steps.append((op, b))
-    return make_chain_task(first, steps, tags=("medium",))
+    return make_chain_task(first, steps, tags=("medium",), stepwise=stepwise)
 
 
 def calculator_tasks(
@@ -168,14 +172,18 @@ def calculator_tasks(
     hard_digits: int = 3,
     medium_fraction: float = 0.0,
     medium_operations: tuple[int, int] | list[int] = (1, 3),
+    medium_max: int = 9,
+    medium_stepwise: bool = True,
 ) -> list[Task]:
     """``n`` tasks, deterministic from ``seed``: exactly ``round(n * hard_fraction)`` hard
     and ``round(n * medium_fraction)`` medium, the rest easy.
 
     Easy: ``a + b`` or ``a - b`` (a >= b) with operands in ``[0, easy_max]``.
     Hard: ``a * b`` with ``hard_digits``-digit operands. Medium: a chain of
-    ``medium_operations`` (a closed range, default 1 to 3) single-digit ``+``/``-``
-    steps that stays in ``[0, 9]`` (see :func:`make_chain_task`). A
+    ``medium_operations`` (a closed range, default 1 to 3) ``+``/``-`` steps whose
+    running value stays in ``[0, medium_max]`` (single digits by default), with a
+    step-by-step tool path (``medium_stepwise``) or one call on the whole expression
+    (see :func:`make_chain_task`). A
     ``word_fraction`` of easy and hard tasks use a short word-problem template.
     Problems are distinct while the pools allow (the easy pool is small); after
     that, repeats are allowed. With ``medium_fraction = 0`` (the default) the tasks
@@ -188,12 +196,14 @@ def calculator_tasks(
         or not 0.0 <= word_fraction <= 1.0
         or not 0.0 <= medium_fraction <= 1.0 - hard_fraction + 1e-12
         or not 1 <= low_ops <= high_ops
+        or not 1 <= medium_max <= 9
     ):
         raise ValueError(
             f"need n >= 0, fractions in [0, 1] with hard + medium <= 1 and "
-            f"1 <= medium_operations[0] <= medium_operations[1]; got n={n}, "
-            f"hard_fraction={hard_fraction}, medium_fraction={medium_fraction}, "
-            f"word_fraction={word_fraction}, medium_operations={tuple(medium_operations)}"
+            f"1 <= medium_operations[0] <= medium_operations[1], 1 <= medium_max <= 9; "
+            f"got n={n}, hard_fraction={hard_fraction}, medium_fraction={medium_fraction}, "
+            f"word_fraction={word_fraction}, medium_operations={tuple(medium_operations)}, "
+            f"medium_max={medium_max}"
         )
     rng = random.Random(seed)
     n_hard = round(n * hard_fraction)
@@ -206,7 +216,7 @@ def calculator_tasks(
     for kind in kinds:
         for _attempt in range(50):
             if kind == "medium":
-                task = _medium_task(rng, (low_ops, high_ops))
+                task = _medium_task(rng, (low_ops, high_ops), medium_max, medium_stepwise)
                 if task.task_id not in seen:
                     break
                 continue
