@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from agent_fixtures import parity
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.serve import Gateway, GatewayConfig, GatewayError, GatewayServer
 from turnrl.train.agent_programs import (
@@ -111,7 +112,7 @@ def test_records_are_what_the_agent_sent_and_got(
             assert record["prompt"] == call["sent"]
             assert record["response"] == call["got"]
         assert result.records[-1]["done"] is True
-        assert result.records[-1]["reward"] == result.reward == float(len(sent[-1]["got"]) % 2)
+        assert result.records[-1]["reward"] == result.reward == parity(sent[-1]["got"])
     if mode == "entrypoint":
         # The second call extends the first: its context starts with the first's tokens.
         first, second = results[0].records

@@ -55,7 +55,8 @@ OUTPUT_TAIL_BYTES = 64 * 1024
 KILL_GRACE_S = 2.0
 """How long to wait for a killed command's pipes to close before giving up on them."""
 
-_ENTRYPOINT = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_]\w*)$")
+ENTRYPOINT_FORMAT = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_]\w*)$")
+"""``module:function`` or ``path/to/file.py:function``."""
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
@@ -201,7 +202,7 @@ def load_callable(spec: str, option: str, *, arity: int) -> Callable[..., Any]:
     the path); ``"path/to/file.py:function"`` loads that file. Raises
     :class:`AgentConfigError` naming ``option`` and what is wrong.
     """
-    match = _ENTRYPOINT.match(spec.strip())
+    match = ENTRYPOINT_FORMAT.match(spec.strip())
     if match is None:
         raise AgentConfigError(
             f"{option}: expected 'package.module:function' or 'path/to/file.py:function', "
