@@ -70,9 +70,11 @@ def warm_policy(steps: int, n_tasks: int):
     return policy
 
 
-def measure(policy, tasks, agents: int, max_batch: int) -> dict[str, float]:
+def measure(policy, tasks, agents: int, max_batch: int, window_ms: float) -> dict[str, float]:
     """Episodes per second of ``tasks`` (one episode each), ``agents`` at a time."""
-    config = GatewayConfig(default_max_tokens=MAX_TOKENS, max_batch=max_batch)
+    config = GatewayConfig(
+        default_max_tokens=MAX_TOKENS, max_batch=max_batch, batch_window_s=window_ms / 1000
+    )
     with Gateway(policy, config) as gateway, GatewayServer(gateway) as server:
         runner = AgentRunner(
             make_program(AGENT, None),
@@ -109,15 +111,19 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     policy = warm_policy(args.warm_steps, n_tasks=256)
     tasks = calculator_task_set(args.episodes, seed=123)
-    arms = {"gateway batching (max_batch 64)": 64, "max_batch 1": 1}
+    arms = {
+        "max_batch 1 (no batching)": (1, 5.0),
+        "batching, 5 ms window (turnrl serve default)": (64, 5.0),
+        "batching, 50 ms window (agent loop default)": (64, 50.0),
+    }
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
     for _ in range(args.repeats):
-        for name, max_batch in arms.items():
-            runs[name].append(measure(policy, tasks, args.agents, max_batch))
+        for name, (max_batch, window_ms) in arms.items():
+            runs[name].append(measure(policy, tasks, args.agents, max_batch, window_ms))
     rows = {
         name: {k: statistics.mean(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()
     }
-    base = rows["max_batch 1"]["episodes_per_s"]
+    base = rows["max_batch 1 (no batching)"]["episodes_per_s"]
     lines = [
         f"{args.episodes} calculator episodes (openai-client agent, in-process threads), "
         f"{args.agents} agents at a time, tiny policy after {args.warm_steps} warm-start steps "
