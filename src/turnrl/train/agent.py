@@ -82,8 +82,10 @@ FAILURES_LOG = "agent_failures.jsonl"
 HOST = "127.0.0.1"
 
 
-class AgentRunError(RuntimeError):
-    """Too many agent rollouts failed: the run stops (the message names the first failure)."""
+class AgentRunError(ValueError):
+    """Too many agent rollouts failed: the run stops (the message names the first failure).
+    A ``ValueError``: the agent program is bad input, and ``turnrl train`` reports it in
+    one line (exit code 2), not as a traceback."""
 
 
 def plan_rollouts(tasks: list[Task], group_size: int, prefix: str) -> list[tuple[str, Task]]:
