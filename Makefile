@@ -13,7 +13,7 @@ AGL_VENV := .venv-agl
 INT_STAMP := $(INT_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations.txt | cksum | cut -d' ' -f1)
 AGL_STAMP := $(AGL_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations-agl.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup setup-integrations browser test-integrations demo demo-smol test test-slow lint bench bench-rollout bench-gateway grouping lookup-study clean
+.PHONY: setup setup-integrations browser test-integrations demo demo-smol test test-slow lint bench bench-rollout bench-gateway bench-agents grouping lookup-study clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -98,6 +98,10 @@ bench-rollout: setup
 
 bench-gateway: setup
 	$(PY) benchmarks/gateway_memory.py --contrast-megabytes 1
+
+# Agent episodes/s through the gateway, 16 agents at once: batching vs max_batch 1.
+bench-agents: setup
+	$(PY) benchmarks/agents.py
 
 grouping: setup
 	$(PY) examples/grouping/run.py

@@ -34,14 +34,20 @@ def _chat(client: Any, model: str, messages: list[dict[str, Any]], rollout: str)
     return content
 
 
+def parity(text: str) -> float:
+    """The reward of the fixtures: 1 if the reply starts with an odd character code, else 0
+    (about half of a random model's replies, so groups have something to learn)."""
+    return float(ord(text[0]) % 2) if text else 0.0
+
+
 def two_calls(task: dict[str, Any], llm: Any) -> dict[str, Any]:
-    """Two calls (the second extends the first), reward = length of the last reply mod 2."""
+    """Two calls (the second extends the first); the reward is the last reply's parity."""
     client = llm.openai_client()
     messages = [{"role": "user", "content": task["question"]}]
     first = _chat(client, llm.model, messages, llm.rollout_id)
     messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "Again."}]
     second = _chat(client, llm.model, messages, llm.rollout_id)
-    return {"reward": float(len(second) % 2), "info": {"success": len(second) % 2 == 1}}
+    return {"reward": parity(second), "info": {"success": parity(second) == 1.0}}
 
 
 async def async_two_roles(task: dict[str, Any], llm: Any) -> float:
@@ -52,7 +58,7 @@ async def async_two_roles(task: dict[str, Any], llm: Any) -> float:
     answer = solver.choices[0].message.content or ""
     check = [{"role": "user", "content": f"Is {answer!r} right?"}]
     checker = await client.chat.completions.create(model="checker", messages=check, max_tokens=4)
-    return float(len(checker.choices[0].message.content or "") % 2)
+    return parity(checker.choices[0].message.content or "")
 
 
 def raises(task: dict[str, Any], llm: Any) -> float:
@@ -150,7 +156,7 @@ def _command(name: str) -> int:
         messages = [{"role": "user", "content": task["question"]}]
         reply = _chat(client, model, messages, rollout)
         print("some chatter on stdout")
-        print(json.dumps({"reward": float(len(reply) % 2), "info": {"success": True}}))
+        print(json.dumps({"reward": parity(reply), "info": {"success": True}}))
     elif name == "posts":
         _chat(client, model, [{"role": "user", "content": "hi"}], rollout)
         _post(os.environ["TURNRL_REWARD_URL"], 0.75)

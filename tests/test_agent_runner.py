@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from agent_fixtures import parity
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.records import record_to_json
 from turnrl.serve import Gateway, GatewayConfig, GatewayError, GatewayServer
@@ -117,9 +118,7 @@ def test_records_are_what_the_agent_sent_and_got(
             assert record["prompt"] == call["sent"]
             assert record["response"] == call["got"]
         assert json_records(result)[-1]["done"] is True
-        assert (
-            json_records(result)[-1]["reward"] == result.reward == float(len(sent[-1]["got"]) % 2)
-        )
+        assert json_records(result)[-1]["reward"] == result.reward == parity(sent[-1]["got"])
     if mode == "entrypoint":
         # The second call extends the first: its context starts with the first's tokens.
         first, second = json_records(results[0])

@@ -91,7 +91,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = _load_run_config(RunConfig, args)
     # The guard, before Ray workers or models are started (the trainer checks again).
     RunDirectory.open(config, resume=args.resume, overwrite=args.overwrite)
-    if config.rollout.workers > 0:
+    if config.agent.enabled:
+        from turnrl.train.agent import AgentTrainer
+
+        agents = AgentTrainer(
+            config, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet
+        )
+        run_dir = agents.run()
+    elif config.rollout.workers > 0:
         from turnrl.integrations.ray_workers import train_with_workers
 
         run_dir = train_with_workers(

@@ -38,6 +38,7 @@ import io
 import json
 import math
 import os
+import queue
 import re
 import shutil
 import signal
@@ -54,7 +55,8 @@ OUTPUT_TAIL_BYTES = 64 * 1024
 KILL_GRACE_S = 2.0
 """How long to wait for a killed command's pipes to close before giving up on them."""
 
-_ENTRYPOINT = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_]\w*)$")
+ENTRYPOINT_FORMAT = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_]\w*)$")
+"""``module:function`` or ``path/to/file.py:function``."""
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
@@ -200,7 +202,7 @@ def load_callable(spec: str, option: str, *, arity: int) -> Callable[..., Any]:
     the path); ``"path/to/file.py:function"`` loads that file. Raises
     :class:`AgentConfigError` naming ``option`` and what is wrong.
     """
-    match = _ENTRYPOINT.match(spec.strip())
+    match = ENTRYPOINT_FORMAT.match(spec.strip())
     if match is None:
         raise AgentConfigError(
             f"{option}: expected 'package.module:function' or 'path/to/file.py:function', "
@@ -276,12 +278,13 @@ class EntrypointProgram:
         self.fn = load_entrypoint(spec)
         self.description = f"entrypoint {spec}"
         self.is_async = inspect.iscoroutinefunction(self.fn)
+        self.threads = DaemonThreads()
 
     async def run(self, task: dict[str, Any], llm: LLM, timeout_s: float) -> AgentOutput:
         if self.is_async:
             value = await _await_with_timeout(self.fn(task, llm), timeout_s)
         else:
-            value = await _thread_with_timeout(self.fn, (task, llm), timeout_s)
+            value = await _thread_with_timeout(self.threads, self.fn, (task, llm), timeout_s)
         return AgentOutput(value=value)
 
 
@@ -312,36 +315,79 @@ async def _await_with_timeout(coroutine: Any, timeout_s: float) -> Any:
     raise _timed_out(timeout_s, stack.getvalue())
 
 
-async def _thread_with_timeout(
-    fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float
-) -> Any:
-    """Call a sync agent in a new daemon thread; on timeout save its stack and abandon it.
+class DaemonThreads:
+    """Daemon worker threads for sync agents: started on demand, then reused.
 
-    Not ``run_in_executor``: an executor's threads are joined when the loop and the
-    interpreter shut down, so one hung agent would hang the trainer's exit.
+    Not a ``ThreadPoolExecutor``: its threads are joined when the interpreter exits,
+    so one hung agent would hang the trainer's exit. Not a new thread per rollout
+    either: ``Thread.start`` waits until the thread runs, which under a busy GIL
+    (the sampler) took about 0.1 s and held up the event loop that launches agents.
+    A job whose agent hangs keeps its thread; the next submit finds no idle worker
+    and starts another.
     """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
 
-    def settle(ok: bool, value: Any) -> None:
-        if not future.done():
-            (future.set_result if ok else future.set_exception)(value)
+    def __init__(self, name: str = "turnrl-agent") -> None:
+        self.name = name
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self.started = 0
+        """Threads started so far."""
 
-    def target() -> None:
+    def submit(self, job: _Job) -> None:
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1
+            else:
+                self.started += 1
+                threading.Thread(target=self._work, name=self.name, daemon=True).start()
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        while True:
+            self._jobs.get().run()
+            with self._lock:
+                self._idle += 1
+
+
+@dataclass
+class _Job:
+    """One call of a sync agent, reporting back to an event loop."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    thread: int | None = None
+    """The worker thread's id while it runs (for the stack of a hung agent)."""
+
+    def run(self) -> None:
+        self.thread = threading.get_ident()
         try:
-            result: tuple[bool, Any] = (True, fn(*args))
+            result: tuple[bool, Any] = (True, self.fn(*self.args))
         except BaseException as exc:
             result = (False, exc)
+        self.thread = None
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
-            loop.call_soon_threadsafe(settle, *result)
+            self.loop.call_soon_threadsafe(self._settle, *result)
 
-    thread = threading.Thread(target=target, name="turnrl-agent", daemon=True)
-    thread.start()
+    def _settle(self, ok: bool, value: Any) -> None:
+        if not self.future.done():
+            (self.future.set_result if ok else self.future.set_exception)(value)
+
+
+async def _thread_with_timeout(
+    threads: DaemonThreads, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float
+) -> Any:
+    """Call a sync agent on a worker thread; on timeout save its stack and abandon it."""
+    loop = asyncio.get_running_loop()
+    job = _Job(fn, args, loop, loop.create_future())
+    threads.submit(job)
     try:
-        return await asyncio.wait_for(future, timeout_s)  # cancels the future on timeout
+        return await asyncio.wait_for(job.future, timeout_s)  # cancels the future on timeout
     except TimeoutError:
-        frame = sys._current_frames().get(thread.ident or -1)
-        where = "".join(traceback.format_stack(frame)) if frame is not None else "(finished)"
+        frame = sys._current_frames().get(job.thread) if job.thread is not None else None
+        where = "".join(traceback.format_stack(frame)) if frame is not None else "(not started)"
         raise _timed_out(timeout_s, where) from None
     except Exception as exc:
         raise _raised(exc) from exc

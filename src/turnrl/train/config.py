@@ -121,6 +121,14 @@ class WarmStartConfig:
     init_from: str | None = None
     """A saved policy directory (e.g. another run's ``warm_start/``) to start from instead
     of training a warm start; lets several RL runs share one warm start."""
+    teacher: str | None = None
+    """Agent loop only: ``"module:function"`` (or ``"file.py:function"``) mapping one chat
+    call's ``(messages, tools, task)`` to the assistant message a scripted teacher would
+    send. The agent runs against it through the gateway; the warm start is SFT on those
+    exact turns (``tool_fraction`` is then the teacher's business)."""
+    teacher_tasks: int = 0
+    """Agent loop only: how many training tasks the agent runs against the teacher (each
+    once); 0: all of them."""
 
 
 @dataclass
@@ -217,6 +225,73 @@ class TrainConfig(PPOConfig):
 
 
 @dataclass
+class AgentConfig:
+    """A user agent program, trained through the gateway (``turnrl train`` with ``[agent]``,
+    see docs/agents.md). Set exactly one of ``entrypoint`` and ``command``; tasks then
+    come from ``[tasks]`` and ``[env]`` is unused."""
+
+    entrypoint: str | None = None
+    """``"package.module:function"`` or ``"path/to/file.py:function"``: a function (sync or
+    ``async def``) of ``(task: dict, llm)`` returning the reward, or ``{"reward": x,
+    "info": {...}}``; run in this process, once per rollout."""
+    command: list[str] = field(default_factory=list)
+    """A program run once per rollout, e.g. ``["python", "my_agent.py"]``; its environment
+    has ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``OPENAI_MODEL`` and ``TURNRL_TASK``
+    (JSON); it prints ``{"reward": x}`` as its last stdout line or POSTs it."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables for ``command``."""
+    model: str = "agent"
+    """The model name the agent is handed (``llm.model``, ``OPENAI_MODEL``). The name a call
+    asks for becomes the turn's ``role``, so a program may use several (``"solver"``...)."""
+    concurrency: int = 16
+    """Rollouts running at once."""
+    timeout_s: float = 300.0
+    """Time limit of one rollout (the agent's whole run); past it the rollout is dropped
+    and counted as a failure."""
+    max_failure_fraction: float = 0.25
+    """The run stops when more than this share of a step's rollouts failed (raised, timed
+    out, no or a non-finite reward, non-zero exit, no call)."""
+    port: int = 0
+    """Loopback port of the in-process gateway; 0 takes any free port."""
+    tool_format: Literal["tags", "hermes"] = "tags"
+    """How the policy writes tool calls (see docs/gateway.md)."""
+    tools_in_prompt: bool = True
+    """Describe the request's tools in the system prompt."""
+    max_batch: int = 64
+    """Most concurrent calls the gateway samples in one batch."""
+    batch_window_ms: float = 50.0
+    """How long the gateway gathers concurrent calls into a batch. Longer than ``turnrl
+    serve``'s 5 ms: agents' calls arrive spread out (benchmarks/RESULTS.md, agent
+    throughput), and the loop wants throughput, not the latency of one call."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run trains a user agent program (``entrypoint`` or ``command`` set)."""
+        return self.entrypoint is not None or bool(self.command)
+
+
+@dataclass
+class TasksConfig:
+    """The tasks of the agent loop (with ``[agent]``): what each rollout's agent receives."""
+
+    train: str = "calculator"
+    """A JSONL file (one JSON object with a ``task_id`` per line, handed to the agent whole;
+    optional ``tags``) or a built-in task set by name (``calculator``)."""
+    eval: str | None = None
+    """Held-out tasks (a file or a built-in set); unset: a built-in ``train`` set drawn from
+    another seed, and no evaluation when ``train`` is a file."""
+    n_train: int = 512
+    """Tasks drawn from a built-in training set (a file is used whole)."""
+    n_eval: int = 64
+    """Tasks drawn from a built-in evaluation set."""
+    seed: int = 0
+    """Seed of the built-in sets (evaluation derives its own from it)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of a built-in set, e.g. ``{hard_fraction = 0.5}`` for
+    ``calculator``."""
+
+
+@dataclass
 class RunConfig:
     """A complete training run."""
 
@@ -230,6 +305,10 @@ class RunConfig:
         "train.keep_checkpoints",
         "train.threads",
         "rollout.ray_address",
+        "agent.concurrency",
+        "agent.port",
+        "agent.timeout_s",
+        "agent.max_failure_fraction",
     )
     """Fields a resumed run may change (``--resume``); any other difference from the
     run's ``config.toml`` is refused (:class:`turnrl.train.run.RunDirectory`)."""
@@ -251,6 +330,10 @@ class RunConfig:
     """Credit-assignment section."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """RL training section."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """A user agent program to train instead of a built-in environment (agent loop)."""
+    tasks: TasksConfig = field(default_factory=TasksConfig)
+    """Tasks of the agent loop."""
 
 
 # --------------------------------------------------------------------------- docstrings

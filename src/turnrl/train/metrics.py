@@ -3,25 +3,39 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from turnrl.credit.groups import group_codes
 from turnrl.credit.registry import get_estimator
-from turnrl.rollout.runner import Episode
 from turnrl.table import TurnTable
+from turnrl.types import Task
 
 TURN_POSITIONS = 3
 """Advantage statistics are logged for turns 0..TURN_POSITIONS-1 and pooled after."""
 
 
-def episode_metrics(episodes: Sequence[Episode], prefix: str = "") -> dict[str, float]:
+class EpisodeSummary(Protocol):
+    """What :func:`episode_metrics` reads of an episode: a rollout runner's ``Episode``,
+    or the agent loop's summary of a rollout recorded by the gateway."""
+
+    task: Task
+    correct: bool | None
+    outcome: float
+    turn: int
+    tool_calls: int
+    opened_with_tool: bool | None
+    malformed: int
+    truncated_responses: int
+
+
+def episode_metrics(episodes: Sequence[EpisodeSummary], prefix: str = "") -> dict[str, float]:
     """Success, tool-call rate (any call; ``tool_open_rate``: a call at turn 0), tool calls
     and turns per episode, overall and per task tag."""
     out: dict[str, float] = {}
 
-    def add(suffix: str, group: Sequence[Episode]) -> None:
+    def add(suffix: str, group: Sequence[EpisodeSummary]) -> None:
         if not group:
             return
         out[f"{prefix}success{suffix}"] = float(np.mean([bool(e.correct) for e in group]))

@@ -34,12 +34,14 @@ from typing import Any, TypeVar
 
 from turnrl.options import check_options, fits
 from turnrl.train.config import (
+    AgentConfig,
     CreditConfig,
     EnvConfig,
     PolicyConfig,
     PPOConfig,
     RolloutConfig,
     RunConfig,
+    TasksConfig,
     TrainConfig,
     WarmStartConfig,
     config_origin,
@@ -294,7 +296,7 @@ def _train(train: TrainConfig, p: Problems) -> None:
 @register_check(RunConfig)
 def _run(config: RunConfig, p: Problems) -> None:
     pool = config.env.n_train_tasks
-    if config.rollout.tasks_per_step > pool >= 1:
+    if not config.agent.enabled and config.rollout.tasks_per_step > pool >= 1:
         p.add(
             "rollout.tasks_per_step",
             f"{config.rollout.tasks_per_step} distinct tasks per step, but the task pool "
@@ -302,6 +304,87 @@ def _run(config: RunConfig, p: Problems) -> None:
         )
     if not config.run_dir:
         p.add("run_dir", "must name a directory")
+
+
+# --------------------------------------------------------------------------- agent loop
+
+
+@register_check(AgentConfig)
+def _agent(agent: AgentConfig, p: Problems) -> None:
+    from turnrl.train.agent_programs import ENTRYPOINT_FORMAT
+
+    if agent.entrypoint is not None and agent.command:
+        p.add("command", "set exactly one of agent.entrypoint and agent.command, not both")
+    if agent.entrypoint is not None and not ENTRYPOINT_FORMAT.match(agent.entrypoint):
+        p.add(
+            "entrypoint",
+            f"expected 'package.module:function' or 'path/to/file.py:function', "
+            f"got {agent.entrypoint!r}",
+        )
+    if not agent.model:
+        p.add("model", "must name a model (it becomes the turns' role)")
+    p.at_least("concurrency", agent.concurrency, 1)
+    p.above("timeout_s", agent.timeout_s, 0)
+    p.within("max_failure_fraction", agent.max_failure_fraction, 0.0, 1.0)
+    p.within("port", agent.port, 0, 65535)
+    p.at_least("max_batch", agent.max_batch, 1)
+    p.at_least("batch_window_ms", agent.batch_window_ms, 0)
+
+
+@register_check(TasksConfig)
+def _tasks(tasks: TasksConfig, p: Problems) -> None:
+    p.at_least("n_train", tasks.n_train, 1)
+    p.at_least("n_eval", tasks.n_eval, 1)
+
+
+@register_check(RunConfig)
+def _agent_run(config: RunConfig, p: Problems) -> None:
+    """What an ``[agent]`` run needs of the other sections (and what only it may use)."""
+    from turnrl.credit import get_estimator
+    from turnrl.train.agent_tasks import check_task_spec, is_task_file
+
+    if not config.agent.enabled:
+        if config.warm_start.teacher is not None:
+            p.add("warm_start.teacher", "is for agent programs: set agent.entrypoint or command")
+        return
+    for name in ("train", "eval"):
+        spec = getattr(config.tasks, name)
+        if spec is not None:
+            try:
+                check_task_spec(spec, f"tasks.{name}")
+            except ValueError as err:
+                p.add(f"tasks.{name}", str(err).split(": ", 1)[1])
+    if is_task_file(config.tasks.train) and config.tasks.eval is None:
+        p.add("tasks.eval", "needed when tasks.train is a file: the held-out tasks to evaluate on")
+    if (
+        not is_task_file(config.tasks.train)
+        and config.rollout.tasks_per_step > config.tasks.n_train
+    ):
+        p.add(
+            "rollout.tasks_per_step",
+            f"{config.rollout.tasks_per_step} distinct tasks per step, but tasks.n_train "
+            f"is {config.tasks.n_train}",
+        )
+    if config.rollout.strategy != "independent":
+        p.add("rollout.strategy", "agent programs run independent rollouts only")
+    if config.rollout.workers > 0:
+        p.add("rollout.workers", "agent programs run in this process (use agent.concurrency)")
+    needs = get_estimator(config.credit.estimator).needs
+    if "info_gain" in needs:
+        p.add(
+            "credit.estimator",
+            f"{config.credit.estimator!r} needs information gain, which needs a reference "
+            "answer that agent tasks do not have",
+        )
+    teacher = config.warm_start.teacher
+    if teacher is not None and config.warm_start.init_from is not None:
+        p.add("warm_start.teacher", "set either warm_start.teacher or warm_start.init_from")
+    if teacher is not None:
+        from turnrl.train.agent_programs import ENTRYPOINT_FORMAT
+
+        if not ENTRYPOINT_FORMAT.match(teacher):
+            p.add("warm_start.teacher", f"expected 'module:function', got {teacher!r}")
+    p.at_least("warm_start.teacher_tasks", config.warm_start.teacher_tasks, 0)
 
 
 # --------------------------------------------------------------------------- iterate
@@ -369,6 +452,8 @@ def _iterate(config: IterateConfig, p: Problems) -> None:
 
     p.at_least("iterations", config.iterations, 0)
     p.at_least("threads", config.threads, 0)
+    if config.warm_start.teacher is not None:
+        p.add("warm_start.teacher", "is for agent programs (turnrl train with [agent])")
     p.at_least("keep_checkpoints", config.keep_checkpoints, 1)
     if not config.run_dir:
         p.add("run_dir", "must name a directory")

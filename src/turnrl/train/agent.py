@@ -1,0 +1,461 @@
+"""The agent loop: train any agent program through the gateway (``turnrl train`` + ``[agent]``).
+
+One step, top to bottom (:meth:`AgentTrainer.train_step`):
+
+1. draw ``rollout.tasks_per_step`` tasks; each gets ``rollout.group_size`` rollouts;
+2. run the user's agent once per rollout, ``agent.concurrency`` at a time, against
+   the in-process gateway with a base URL that names the rollout. Every chat
+   completion the agent makes is sampled from the policy (the gateway batches
+   concurrent calls) and recorded as a turn with its exact token ids, its
+   ``role`` (the model name the agent asked for) and its ``policy_version``;
+3. drop the rollouts whose agent failed (raised, timed out, no or a non-finite
+   reward, non-zero exit, no call; details under ``agent_failures/``) and refuse
+   any rollout sampled by two policy versions or at another temperature than
+   ``policy.temperature``; more than ``agent.max_failure_fraction`` of them stops
+   the run, naming the first;
+4. credit the turn records with ``credit.estimator`` and run the PPO update of
+   ``turnrl train`` (:mod:`turnrl.train.ppo`) inside ``gateway.updating``, so that
+   nothing is sampled meanwhile; the gateway then serves the new weights.
+
+Evaluation (after the warm start, every ``train.eval_every`` steps and at the end)
+runs the same agent on the held-out tasks through a second gateway over the same
+policy, at ``train.eval_temperature`` (0: greedy). The warm start is SFT on the
+agent's own calls answered by ``warm_start.teacher``
+(:mod:`turnrl.train.agent_teacher`), or ``warm_start.init_from``.
+
+Where this departs from ``turnrl train``: rollouts are whatever the program does,
+so the loop knows only what the gateway records and what the agent returns:
+``success`` is ``info["success"]`` when the agent reports it (else reward > 0),
+``tool_rate`` counts rollouts with a parsed tool call, ``turns`` counts calls (all
+roles). Which calls share a batch depends on timing, so a resumed run is not
+bit-identical to an uninterrupted one (each step still starts from the
+checkpointed weights, optimiser and task sampler).
+
+The run directory is the shared lifecycle's (:mod:`turnrl.train.run`); this loop
+adds::
+
+    rollouts/step-000003.jsonl   every training rollout's turn records, with advantages
+    rollouts/eval-000003.jsonl   the evaluation rollouts' records
+    rollouts/teacher.jsonl       the warm start's demonstrations
+    agent_failures.jsonl         one line per failed rollout (where, ids, reason, file)
+    agent_failures/step-000003/ROLLOUT.txt   traceback, or stderr and stdout, of each
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from turnrl.credit import compute_credit
+from turnrl.io import append_jsonl, atomic_write_text
+from turnrl.records import dumps_record
+from turnrl.serve import Gateway, GatewayConfig, GatewayServer, bind_socket
+from turnrl.table import TurnTable
+from turnrl.train.agent_programs import KILL_GRACE_S, make_program
+from turnrl.train.agent_runner import (
+    AgentFailure,
+    AgentRunner,
+    GatewayLink,
+    RolloutResult,
+    failure_fraction_error,
+)
+from turnrl.train.agent_tasks import load_tasks
+from turnrl.train.agent_teacher import TeacherGateway, load_teacher, teacher_examples
+from turnrl.train.config import RunConfig
+from turnrl.train.metrics import advantage_metrics, episode_metrics
+from turnrl.train.ppo import build_update_batch, ppo_update
+from turnrl.train.run import RunDirectory, build_policy, derive_seed, due, initial_policy
+from turnrl.train.validate import validate
+from turnrl.types import Task
+
+logger = logging.getLogger("turnrl.agent")
+
+FAILURES_DIR = "agent_failures"
+FAILURES_LOG = "agent_failures.jsonl"
+HOST = "127.0.0.1"
+
+
+class AgentRunError(ValueError):
+    """Too many agent rollouts failed: the run stops (the message names the first failure).
+    A ``ValueError``: the agent program is bad input, and ``turnrl train`` reports it in
+    one line (exit code 2), not as a traceback."""
+
+
+def plan_rollouts(tasks: list[Task], group_size: int, prefix: str) -> list[tuple[str, Task]]:
+    """``(rollout_id, task)`` of ``group_size`` rollouts per task; ids are unique in a run
+    (``prefix`` names the step) and safe in a URL path."""
+    return [
+        (f"{prefix}{slot:04d}-{g}", task)
+        for slot, task in enumerate(tasks)
+        for g in range(group_size)
+    ]
+
+
+@dataclass
+class RolloutSummary:
+    """What the metrics read of one finished rollout (the fields of an environment episode)."""
+
+    task: Task
+    outcome: float
+    correct: bool
+    turn: int
+    tool_calls: int
+    opened_with_tool: bool
+    truncated_responses: int
+    malformed: int = 0
+    roles: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, result: RolloutResult) -> RolloutSummary:
+        records = result.records
+        success = result.info.get("success")
+        roles: dict[str, int] = {}
+        for record in records:
+            roles[record["role"]] = roles.get(record["role"], 0) + 1
+        return cls(
+            task=result.task,
+            outcome=result.reward,
+            correct=bool(success) if success is not None else result.reward > 0,
+            turn=len(records),
+            tool_calls=sum(bool(r.get("tool_call")) for r in records),
+            opened_with_tool=bool(records and records[0].get("tool_call")),
+            truncated_responses=sum(r.get("stop_reason") == "length" for r in records),
+            roles=roles,
+        )
+
+
+def rollout_metrics(results: list[RolloutResult], prefix: str = "") -> dict[str, float]:
+    """Success, tool-call rate, calls and return per rollout, overall and per task tag;
+    calls per role when there are several; failed rollouts."""
+    kept = [RolloutSummary.of(r) for r in results if r.failure is None]
+    out = episode_metrics(kept, prefix=prefix) if kept else {}
+    out.pop(f"{prefix}malformed_rate", None)  # the gateway cannot tell a malformed reply
+    roles = sorted({role for s in kept for role in s.roles})
+    if len(roles) > 1:
+        for role in roles:
+            out[f"{prefix}turns_{role}"] = float(np.mean([s.roles.get(role, 0) for s in kept]))
+    out[f"{prefix}agent_failures"] = float(sum(r.failure is not None for r in results))
+    return out
+
+
+def refuse_untrainable(results: list[RolloutResult], temperature: float) -> None:
+    """Turn rollouts that must not be trained on into failures: sampled by two policy
+    versions (impossible in this synchronous loop, so a bug), or at a temperature other
+    than the one the update recomputes log-probs at."""
+    for result in results:
+        if result.failure is not None:
+            continue
+        versions = sorted({r["policy_version"] for r in result.records})
+        temperatures = sorted({r["temperature"] for r in result.records})
+        reason = None
+        if len(versions) > 1:
+            reason = f"its turns were sampled by policy versions {versions}"
+        elif any(not math.isclose(t, temperature) for t in temperatures):
+            reason = (
+                f"the agent asked for temperature {temperatures}, but training samples at "
+                f"policy.temperature={temperature} (drop the agent's temperature argument)"
+            )
+        if reason is not None:
+            result.failure = AgentFailure(result.rollout_id, result.task.task_id, reason, None)
+            result.records = []
+
+
+class AgentTrainer:
+    """One agent-loop training job (a ``RunConfig`` with ``[agent]``).
+
+    Everything checkable is checked before any work: the config (``validate``), the
+    agent program (the entrypoint imported, the command found), the teacher, the task
+    files and the gateway's port (bound here), then the run directory.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        quiet: bool = False,
+    ) -> None:
+        validate(config)
+        self.config = config
+        agent, tasks = config.agent, config.tasks
+        self.program = make_program(agent.entrypoint, agent.command or None, agent.env)
+        teacher = config.warm_start.teacher
+        self.teacher = load_teacher(teacher) if teacher is not None else None
+        self.train_tasks = load_tasks(
+            tasks.train, n=tasks.n_train, seed=tasks.seed, kwargs=tasks.kwargs
+        )
+        self.eval_tasks = load_tasks(
+            tasks.eval if tasks.eval is not None else tasks.train,
+            n=tasks.n_eval,
+            seed=derive_seed(tasks.seed, "eval_tasks"),
+            kwargs=tasks.kwargs,
+        )
+        if config.rollout.tasks_per_step > len(self.train_tasks):
+            raise ValueError(
+                f"rollout.tasks_per_step: {config.rollout.tasks_per_step} distinct tasks per "
+                f"step, but {tasks.train} holds {len(self.train_tasks)}"
+            )
+        self.socket = bind_socket(HOST, agent.port)
+        try:
+            self.run_directory = RunDirectory.open(
+                config,
+                resume=resume,
+                overwrite=overwrite,
+                keep_checkpoints=config.train.keep_checkpoints,
+                quiet=quiet,
+            )
+        except Exception:
+            self.socket.close()
+            raise
+        self.run_dir = self.run_directory.path
+        if config.train.threads > 0:
+            torch.set_num_threads(config.train.threads)
+        torch.manual_seed(config.train.seed)
+        self.policy = build_policy(config.policy, config.train.seed)
+        self.reference: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.sampler = np.random.default_rng(config.train.seed)
+        self.step = 0
+        self.calls = 0
+        """Cumulative chat calls trained on (the agent loop's ``env_steps``)."""
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self, runner: AgentRunner, gateway: Gateway) -> dict[str, Any]:
+        """Draw tasks, run the agents, credit their turns, update; the step's metrics."""
+        cfg = self.config
+        started = time.perf_counter()
+        self.step += 1
+        where = f"step-{self.step:06d}"
+        # 1. tasks
+        picks = self.sampler.choice(
+            len(self.train_tasks), cfg.rollout.tasks_per_step, replace=False
+        )
+        jobs = plan_rollouts(
+            [self.train_tasks[i] for i in picks], cfg.rollout.group_size, f"s{self.step}-"
+        )
+        # 2. the agents, through the gateway
+        results = self.run_agents(runner, jobs, where)
+        seconds_agents = time.perf_counter() - started
+        # 3. what can be trained on
+        refuse_untrainable(results, cfg.policy.temperature)
+        self.check_failures(results, where)
+        records = [record for r in results if r.failure is None for record in r.records]
+        row: dict[str, Any] = {
+            "step": self.step,
+            "episodes": sum(r.failure is None for r in results),
+            **rollout_metrics(results),
+            "seconds_agents": seconds_agents,
+            "episodes_per_second": len(results) / max(seconds_agents, 1e-9),
+        }
+        if not records:  # every rollout failed and agent.max_failure_fraction allowed it
+            self.write_records(where, [])
+            return {**row, "seconds_step": time.perf_counter() - started}
+        # 4. credit, then the PPO update while the gateway samples nothing
+        t0 = time.perf_counter()
+        table = TurnTable.from_records(records, source=where)
+        credit = compute_credit(table, cfg.credit.estimator, **cfg.credit.params)
+        for record, advantage in zip(records, credit.advantages, strict=True):
+            record["advantage"] = float(advantage)
+        seconds_credit = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        batch = build_update_batch(
+            records, table, credit.advantages, credit.clip_factor, cfg.train.aggregation
+        )
+        assert self.optimizer is not None
+        with gateway.updating(version=self.step) as policy:
+            losses = ppo_update(
+                policy,
+                self.optimizer,
+                batch,
+                cfg.train,
+                temperature=cfg.policy.temperature,
+                reference=self.reference,
+                seed=derive_seed(cfg.train.seed, "update", self.step),
+            )
+        seconds_update = time.perf_counter() - t0
+        self.write_records(where, records)
+        self.calls += len(records)
+        return {
+            **row,
+            "env_steps": self.calls,
+            **advantage_metrics(table, credit.advantages, cfg.credit.estimator),
+            **losses,
+            "policy_version": self.step,
+            "seconds_credit": seconds_credit,
+            "seconds_update": seconds_update,
+            "seconds_step": time.perf_counter() - started,
+        }
+
+    def evaluate(self, runner: AgentRunner, gateway: Gateway) -> dict[str, float]:
+        """The same agent on the held-out tasks (the eval gateway's temperature)."""
+        gateway.swap_policy(self.policy, version=self.step)  # same weights, version stamped
+        where = f"eval-{self.step:06d}"
+        jobs = plan_rollouts(self.eval_tasks, self.config.train.eval_samples, f"e{self.step}-")
+        results = self.run_agents(runner, jobs, where)
+        self.check_failures(results, where)
+        self.write_records(where, [rec for r in results if r.failure is None for rec in r.records])
+        return rollout_metrics(results, prefix="eval_")
+
+    # ------------------------------------------------------------------ helpers
+    def run_agents(
+        self, runner: AgentRunner, jobs: list[tuple[str, Task]], where: str
+    ) -> list[RolloutResult]:
+        """Run the jobs (failures' details saved under ``agent_failures/WHERE/``)."""
+        return runner.run(jobs, failure_dir=self.run_dir / FAILURES_DIR / where)
+
+    def check_failures(self, results: list[RolloutResult], where: str) -> None:
+        """Log every failed rollout; stop the run when more than allowed failed."""
+        failed = [r.failure for r in results if r.failure is not None]
+        for failure in failed:
+            append_jsonl(self.run_dir / FAILURES_LOG, {"at": where, **asdict(failure)})
+            logger.warning("agent failure in %s: %s", where, failure.describe())
+        message = failure_fraction_error(
+            failed, len(results), self.config.agent.max_failure_fraction, where
+        )
+        if message is not None:
+            raise AgentRunError(message)
+
+    def write_records(self, name: str, records: list[dict[str, Any]]) -> None:
+        path = self.run_dir / "rollouts" / f"{name}.jsonl"
+        path.parent.mkdir(exist_ok=True)
+        atomic_write_text(path, "".join(dumps_record(r) + "\n" for r in records))
+
+    def gateway_config(self, temperature: float) -> GatewayConfig:
+        agent = self.config.agent
+        return GatewayConfig(
+            tool_format=agent.tool_format,
+            tools_in_prompt=agent.tools_in_prompt,
+            default_max_tokens=self.config.policy.max_new_tokens,
+            default_temperature=temperature,
+            batch_window_s=agent.batch_window_ms / 1000,
+            max_batch=agent.max_batch,
+            # A safety net behind the runner's own timeout, which decides.
+            rollout_timeout_s=agent.timeout_s + 2 * KILL_GRACE_S + 10,
+        )
+
+    def runner(self, gateway: Gateway, server: GatewayServer) -> AgentRunner:
+        agent = self.config.agent
+        return AgentRunner(
+            self.program,
+            GatewayLink(gateway, server),
+            concurrency=agent.concurrency,
+            timeout_s=agent.timeout_s,
+            model=agent.model,
+        )
+
+    # ---------------------------------------------------------------- warm start
+    def demonstrations(self) -> list[Any]:
+        """The agent's calls on the training tasks answered by the teacher, as SFT rows."""
+        assert self.teacher is not None
+        cfg = self.config
+        count = cfg.warm_start.teacher_tasks or len(self.train_tasks)
+        jobs = plan_rollouts(self.train_tasks[:count], 1, "w-")
+        tasks_by_rollout = {rid: dict(task.payload) for rid, task in jobs}
+        config = self.gateway_config(cfg.policy.temperature)
+        with (
+            TeacherGateway(self.policy, self.teacher, tasks_by_rollout, config) as gateway,
+            GatewayServer(gateway, sock=bind_socket(HOST, 0)) as server,
+        ):
+            results = self.run_agents(self.runner(gateway, server), jobs, "warm_start")
+        self.check_failures(results, "warm_start")
+        kept = [r for r in results if r.failure is None]
+        records = [record for r in kept for record in r.records]
+        self.write_records("teacher", records)
+        self.run_directory.log(
+            f"warm start: {len(records)} teacher turns from {len(kept)} rollouts "
+            f"(mean reward {np.mean([r.reward for r in kept]):.3f})"
+        )
+        return teacher_examples(records)
+
+    def setup(self) -> None:
+        """A fresh warm start, or the state of the last checkpoint."""
+        run, cfg = self.run_directory, self.config
+        checkpoint = run.start()
+        if checkpoint is None:
+            self.policy = initial_policy(self.policy, cfg.warm_start, cfg.policy)
+            examples = self.demonstrations if self.teacher is not None else list
+            self.policy = run.warm_start(
+                self.policy, cfg.warm_start, examples, seed=cfg.train.seed, progress=True
+            )
+        else:
+            self.policy = run.load_warm_start()
+        if cfg.train.kl_coef > 0:
+            self.reference = run.load_warm_start().clone_frozen()
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(), lr=cfg.train.lr, weight_decay=0.0
+        )
+        if checkpoint is not None:
+            self.policy.load_state_dict(checkpoint.model)
+            assert checkpoint.optimizer is not None
+            self.optimizer.load_state_dict(checkpoint.optimizer)
+            self.sampler.bit_generator.state = checkpoint.extra["sampler"]
+            self.step = checkpoint.step
+            self.calls = int(checkpoint.extra["calls"])
+            checkpoint.restore_rng()
+        self.policy.model.eval()
+
+    def checkpoint(self) -> None:
+        assert self.optimizer is not None
+        self.run_directory.save_checkpoint(
+            self.step,
+            self.policy.state_dict(),
+            self.optimizer.state_dict(),
+            {"sampler": self.sampler.bit_generator.state, "calls": self.calls},
+        )
+
+    # ----------------------------------------------------------------------- run
+    def run(self, *, stop_after: int | None = None) -> Path:
+        """Train to ``train.steps`` (``stop_after`` ends early: tests of resume)."""
+        cfg = self.config
+        try:
+            self.setup()
+        except BaseException:
+            self.socket.close()
+            raise
+        run = self.run_directory
+        with (
+            Gateway(
+                self.policy, self.gateway_config(cfg.policy.temperature), policy_version=self.step
+            ) as gateway,
+            Gateway(
+                self.policy,
+                self.gateway_config(cfg.train.eval_temperature),
+                policy_version=self.step,
+            ) as eval_gateway,
+            GatewayServer(gateway, sock=self.socket) as server,
+            GatewayServer(eval_gateway, sock=bind_socket(HOST, 0)) as eval_server,
+        ):
+            runner = self.runner(gateway, server)
+            eval_runner = self.runner(eval_gateway, eval_server)
+            if self.step == 0:
+                run.append_metrics({"step": 0, **self.evaluate(eval_runner, eval_gateway)})
+            with run.progress() as bar:
+                task = bar.add_task("agent RL", total=cfg.train.steps, completed=self.step)
+                while self.step < cfg.train.steps:
+                    if stop_after is not None and self.step >= stop_after:
+                        break
+                    row = self.train_step(runner, gateway)
+                    if due(self.step, cfg.train.eval_every) or self.step == cfg.train.steps:
+                        row.update(self.evaluate(eval_runner, eval_gateway))
+                    run.append_metrics(row)
+                    if due(self.step, cfg.train.checkpoint_every) or self.step == cfg.train.steps:
+                        self.checkpoint()
+                    bar.update(task, advance=1, description=describe(row))
+        return self.run_dir
+
+
+def describe(row: dict[str, Any]) -> str:
+    """The progress bar's line for a step."""
+    parts = [f"agent RL step {row['step']}", f"success {row.get('success', 0):.2f}"]
+    parts.append(f"tools {row.get('tool_rate', 0):.2f}")
+    if row.get("agent_failures"):
+        parts.append(f"failures {row['agent_failures']:.0f}")
+    return "  ".join(parts)

@@ -1,0 +1,280 @@
+"""The agent loop end to end (``turnrl train`` with ``[agent]``) on the tiny model.
+
+Agents come from ``tests/agent_fixtures.py`` (fast, and they log what they sent and
+got) and ``examples/agents/`` (the openai-client calculator agent and its teacher).
+Every run binds its gateway to a free loopback port.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agent_fixtures import parity
+from turnrl.cli import main as turnrl_main
+from turnrl.policy import HFPolicy
+from turnrl.serve import PortInUseError
+from turnrl.table import TurnTable
+from turnrl.train.agent import AgentRunError, AgentTrainer
+from turnrl.train.agent_programs import AgentConfigError
+from turnrl.train.checkpoint import load_latest_checkpoint
+from turnrl.train.config import RunConfig, load_config
+from turnrl.train.validate import ConfigError, validate
+
+FIXTURES = Path(__file__).with_name("agent_fixtures.py")
+AGENTS = Path(__file__).resolve().parents[1] / "examples" / "agents"
+
+TINY_AGENT = (
+    "warm_start.steps=0",
+    "rollout.tasks_per_step=2",
+    "rollout.group_size=2",
+    "policy.max_new_tokens=8",
+    "train.steps=2",
+    "train.eval_every=1",
+    "train.checkpoint_every=1",
+    "train.minibatch_size=4",
+    "train.threads=1",
+    "agent.concurrency=4",
+    "agent.timeout_s=60",
+)
+
+
+def write_tasks(path: Path, n: int, prefix: str = "t") -> str:
+    lines = [json.dumps({"task_id": f"{prefix}-{i}", "question": f"Q{i}?"}) for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def agent_config(tmp_path: Path, *overrides: str, agent: str | None = "two_calls") -> RunConfig:
+    train = write_tasks(tmp_path / "train.jsonl", 4)
+    held_out = write_tasks(tmp_path / "eval.jsonl", 2, prefix="e")
+    base = [f"run_dir={tmp_path / 'run'}", f"tasks.train={train}", f"tasks.eval={held_out}"]
+    if agent is not None:
+        base.append(f"agent.entrypoint={FIXTURES}:{agent}")
+    return load_config(RunConfig, None, [*base, *TINY_AGENT, *overrides])
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_an_entrypoint_agent_trains_and_its_records_are_what_it_sent_and_got(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("TURNRL_TEST_LOG", str(log))
+    run = AgentTrainer(agent_config(tmp_path), quiet=True).run()
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert all("eval_success" in m and m["eval_agent_failures"] == 0 for m in metrics)
+    assert [m["episodes"] for m in metrics[1:]] == [4, 4]
+    assert [m["env_steps"] for m in metrics[1:]] == [8, 16]
+    assert [m["policy_version"] for m in metrics[1:]] == [1, 2]
+    calls = {}
+    for call in read_jsonl(log):
+        calls.setdefault(call["rollout"], []).append(call)
+    for step in (1, 2):
+        records = read_jsonl(run / "rollouts" / f"step-{step:06d}.jsonl")
+        assert len(records) == 8  # 2 tasks x 2 rollouts x 2 calls
+        table = TurnTable.from_records(records)  # valid turn records
+        assert len(table) == 8
+        for record in records:
+            sent = calls[record["traj_id"]][record["turn"]]
+            assert record["prompt"] == sent["sent"]
+            assert record["response"] == sent["got"]
+            assert record["role"] == "agent"
+            assert record["policy_version"] == step - 1
+            assert record["temperature"] == 1.0
+            assert "advantage" in record
+        by_rollout: dict[str, list[dict[str, Any]]] = {}
+        for record in records:
+            by_rollout.setdefault(record["traj_id"], []).append(record)
+        for rollout in by_rollout.values():
+            assert [r["done"] for r in rollout] == [False, True]
+            assert rollout[-1]["reward"] == parity(rollout[-1]["response"])
+    evals = read_jsonl(run / "rollouts" / "eval-000002.jsonl")
+    assert {r["task_id"] for r in evals} == {"e-0", "e-1"}
+    assert all(r["temperature"] == 0.0 and r["train"] is False for r in evals)  # greedy
+    assert load_latest_checkpoint(run)["step"] == 2
+    assert not (run / "agent_failures.jsonl").exists()
+    # The run directory works with the rest of turnrl.
+    assert turnrl_main(["audit", str(run / "rollouts" / "step-000001.jsonl")]) == 0
+    assert turnrl_main(["report", str(run), "-o", str(tmp_path / "report.html")]) == 0
+
+
+def test_the_served_policy_changes_after_an_update(tmp_path: Path) -> None:
+    config = agent_config(tmp_path, "train.lr=0.05", "train.steps=2")
+    run = AgentTrainer(config, quiet=True).run()
+    warm = HFPolicy.from_pretrained(run / "warm_start")
+    after_one = HFPolicy.from_pretrained(run / "warm_start")
+    checkpoint = torch.load(run / "checkpoints" / "step-000001.pt", weights_only=False)
+    after_one.load_state_dict(checkpoint["model"])
+    for step, behaviour in ((1, warm), (2, after_one)):
+        records = read_jsonl(run / "rollouts" / f"step-{step:06d}.jsonl")
+        contexts = [r["prompt_ids"] for r in records]
+        responses = [r["response_ids"] for r in records]
+        served, mask = behaviour.response_logprobs(contexts, responses, temperature=1.0)
+        recorded = torch.zeros_like(served)
+        for i, r in enumerate(records):
+            recorded[i, : len(r["logprobs"])] = torch.tensor(r["logprobs"])
+        # The gateway sampled step `step` with exactly these weights...
+        assert torch.allclose(served * mask, recorded * mask, atol=1e-4)
+    # ... and the weights of step 2 are not the warm start's: the update was served.
+    old, _ = warm.response_logprobs(contexts, responses, temperature=1.0)
+    assert not torch.allclose(old * mask, recorded * mask, atol=1e-3)
+
+
+def test_a_command_agent_trains_through_the_cli(tmp_path: Path) -> None:
+    train = write_tasks(tmp_path / "train.jsonl", 4)
+    held_out = write_tasks(tmp_path / "eval.jsonl", 2, prefix="e")
+    before = {t.ident for t in threading.enumerate()}
+    code = turnrl_main(
+        [
+            "train",
+            "--quiet",
+            "--run-dir",
+            str(tmp_path / "run"),
+            f'agent.command=["python", "{FIXTURES}", "good"]',
+            f"tasks.train={train}",
+            f"tasks.eval={held_out}",
+            *TINY_AGENT,
+            "train.steps=1",
+        ]
+    )
+    assert code == 0
+    records = read_jsonl(tmp_path / "run" / "rollouts" / "step-000001.jsonl")
+    assert len(records) == 4 and all(r["done"] for r in records)
+    assert {r["task_id"] for r in records} <= {f"t-{i}" for i in range(4)}
+    # Nothing keeps running: no gateway thread, no agent process.
+    alive = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert [name for name in alive if name.startswith("turnrl-serve")] == []
+    children = Path(f"/proc/self/task/{threading.get_native_id()}/children")
+    if children.exists():
+        assert children.read_text().split() == []
+
+
+def test_two_roles_are_roles_in_the_records_and_in_the_metrics(tmp_path: Path) -> None:
+    config = agent_config(
+        tmp_path, "credit.estimator=role_turn", "train.steps=1", agent="async_two_roles"
+    )
+    run = AgentTrainer(config, quiet=True).run()
+    records = read_jsonl(run / "rollouts" / "step-000001.jsonl")
+    by_rollout: dict[str, list[str]] = {}
+    for record in records:
+        by_rollout.setdefault(record["traj_id"], []).append(record["role"])
+    assert list(by_rollout.values()) == [["solver", "checker"]] * 4
+    last = read_jsonl(run / "metrics.jsonl")[-1]
+    assert last["turns_solver"] == 1.0 and last["turns_checker"] == 1.0
+
+
+def test_too_many_failures_stop_the_run_naming_the_first(tmp_path: Path) -> None:
+    config = agent_config(tmp_path, "agent.max_failure_fraction=0.25", agent="fails_on_odd")
+    trainer = AgentTrainer(config, quiet=True)
+    with pytest.raises(AgentRunError) as stopped:
+        trainer.run()
+    message = str(stopped.value)
+    assert message.startswith("1 of 2 agent rollouts failed in eval-000000, more than ")
+    assert "agent.max_failure_fraction=0.25; first failure: rollout e0-0001-0 (task e-1): " in (
+        message
+    )
+    assert "raised RuntimeError: odd task" in message
+    details = tmp_path / "run" / "agent_failures" / "eval-000000" / "e0-0001-0.txt"
+    assert f"(details: {details})" in message
+    assert "Traceback" in details.read_text()
+    (logged,) = read_jsonl(tmp_path / "run" / "agent_failures.jsonl")
+    assert logged["rollout_id"] == "e0-0001-0" and logged["at"] == "eval-000000"
+
+
+def test_failures_within_the_limit_are_dropped_and_counted(tmp_path: Path) -> None:
+    config = agent_config(tmp_path, "agent.max_failure_fraction=0.5", agent="fails_on_odd")
+    run = AgentTrainer(config, quiet=True).run()
+    metrics = read_jsonl(run / "metrics.jsonl")
+    for row in metrics[1:]:
+        failed = row["agent_failures"]
+        assert row["episodes"] + failed == 4
+        records = read_jsonl(run / "rollouts" / f"step-{row['step']:06d}.jsonl")
+        assert len(records) == row["episodes"]
+        assert all(int(r["task_id"].rsplit("-", 1)[1]) % 2 == 0 for r in records)
+    assert sum(row["agent_failures"] for row in metrics[1:]) > 0
+
+
+def test_bad_agents_and_busy_ports_fail_before_any_work(tmp_path: Path) -> None:
+    with pytest.raises(AgentConfigError, match="cannot import 'no_such_module_xyz'"):
+        AgentTrainer(agent_config(tmp_path, "agent.entrypoint=no_such_module_xyz:run"))
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(AgentConfigError, match="must accept 3 positional arguments"):
+        AgentTrainer(agent_config(tmp_path, f"warm_start.teacher={FIXTURES}:two_calls"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(PortInUseError, match=f"127.0.0.1:{port} is already in use"):
+            AgentTrainer(agent_config(tmp_path, f"agent.port={port}"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_agent_configs_are_validated_with_every_problem_named(tmp_path: Path) -> None:
+    config = agent_config(
+        tmp_path,
+        'agent.command=["python", "x.py"]',
+        "agent.concurrency=0",
+        "agent.max_failure_fraction=2",
+        "credit.estimator=a2tgpo",
+        "rollout.strategy=rtpo",
+        "tasks.eval=nope.jsonl",
+    )
+    with pytest.raises(ConfigError) as error:
+        validate(config)
+    keys = sorted(key for key, _ in error.value.problems)
+    assert keys == [
+        "agent.command",
+        "agent.concurrency",
+        "agent.max_failure_fraction",
+        "credit.estimator",
+        "rollout.strategy",
+        "tasks.eval",
+    ]
+    plain = load_config(RunConfig, None, [f"warm_start.teacher={AGENTS / 'calc_teacher.py'}:teach"])
+    with pytest.raises(ConfigError, match=r"warm_start\.teacher: is for agent programs"):
+        validate(plain)
+
+
+def test_resume_continues_from_the_last_checkpoint(tmp_path: Path) -> None:
+    config = agent_config(tmp_path, "train.steps=2")
+    AgentTrainer(config, quiet=True).run(stop_after=1)
+    assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [0, 1]
+    run = AgentTrainer(config, resume=True, quiet=True).run()
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert metrics[-1]["env_steps"] == 16
+    assert read_jsonl(run / "rollouts" / "step-000002.jsonl")[0]["policy_version"] == 1
+
+
+def test_the_teacher_warm_start_trains_on_the_agent_s_own_calls(tmp_path: Path) -> None:
+    config = load_config(
+        RunConfig,
+        AGENTS / "calc_openai.toml",
+        [
+            f"run_dir={tmp_path / 'run'}",
+            *TINY_AGENT,
+            "warm_start.steps=3",
+            "warm_start.batch_size=4",
+            "warm_start.teacher_tasks=6",
+            "tasks.n_train=8",
+            "tasks.n_eval=2",
+            "train.steps=1",
+        ],
+    )
+    run = AgentTrainer(config, quiet=True).run()
+    demonstrations = read_jsonl(run / "rollouts" / "teacher.jsonl")
+    assert len({r["traj_id"] for r in demonstrations}) == 6
+    assert all(r["reward"] == 1.0 for r in demonstrations if r["done"])
+    assert any(r["tool_call"] for r in demonstrations)
+    assert len(json.loads((run / "warm_start_losses.json").read_text())) == 3
+    assert (run / "warm_start" / "config.json").exists()
