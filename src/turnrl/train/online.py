@@ -323,12 +323,18 @@ class OnlineTrainer:
 
 
 def _mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
-    """Mean of each statistic over several learn calls; seconds are summed."""
+    """Mean of each statistic over several learn calls; seconds and token counts are
+    summed, peak memory is the largest."""
     keys = sorted({k for s in stats for k in s})
     out = {}
     for key in keys:
         values = [s[key] for s in stats if key in s]
-        out[key] = float(np.sum(values) if key.startswith("seconds_") else np.mean(values))
+        if key.startswith(("seconds_", "update_tokens_")):
+            out[key] = float(np.sum(values))
+        elif key.endswith("_mib"):
+            out[key] = float(np.max(values))
+        else:
+            out[key] = float(np.mean(values))
     return out
 
 
