@@ -32,6 +32,7 @@ from turnrl.policy import HFPolicy
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, StrategyContext, get_strategy, run_episodes
 from turnrl.rollout.strategies import RolloutPool
+from turnrl.rollout.tokens import PrefixReuse
 from turnrl.rollout.tree import physical_env_steps
 from turnrl.table import TurnTable
 from turnrl.train.config import RunConfig
@@ -194,7 +195,7 @@ class OnlineTrainer:
     ) -> RolloutBatch:
         self.policy.model.eval()
         return run_episodes(
-            self.policy,
+            PrefixReuse(self.policy),  # earlier turns and the shared prompt encoded once
             self._make_env,
             tasks,
             group_size=group_size,
