@@ -68,7 +68,7 @@ from turnrl.train.ppo import UpdateBatch, build_update_batch, ppo_update  # noqa
 TITLE = "Update: rows against tree layout"
 TRL_TITLE = "Step time against TRL's GRPOTrainer"
 AGL_PYTHON = ROOT / ".venv-agl" / "bin" / "python"
-"""The TRL venv's interpreter (``make setup-integrations``)."""
+"""The TRL venv's interpreter (``make setup-integrations``); ``--trl-python`` overrides."""
 
 
 @dataclass(frozen=True)
@@ -312,14 +312,14 @@ def turnrl_trl_setup(work: Path, warm: Path, turns: int, steps: int) -> dict[str
 
 
 def trl_step(
-    warm: Path, turns: int, steps: int, work: Path, *, checkpointing: bool
+    python: Path, warm: Path, turns: int, steps: int, work: Path, *, checkpointing: bool
 ) -> dict[str, float]:
     """TRL's GRPOTrainer on the same policy and tasks, in the TRL venv (child process)."""
     name = f"trl-{turns}-{'ckpt' if checkpointing else 'plain'}"
     out = work / f"{name}.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TRL_EXPERIMENTAL_SILENCE": "1"}
     command = [
-        str(AGL_PYTHON),
+        str(python),
         str(ROOT / "benchmarks" / "trl_step.py"),
         "--policy",
         str(warm),
@@ -338,14 +338,15 @@ def trl_step(
 
 
 def run_trl(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
-    if not AGL_PYTHON.exists():
-        return [{"name": "trl", "skipped": f"{AGL_PYTHON} missing (make setup-integrations)"}]
+    python = Path(args.trl_python)
+    if not python.exists():
+        return [{"name": "trl", "skipped": f"{python} missing (make setup-integrations)"}]
     warm = warm_start(SCENARIOS["calculator"], work / "trl")
     results = []
     for label, turns in TRL_TURNS.items():
         ours = turnrl_trl_setup(work / "trl", warm, turns, args.trl_steps)
-        theirs = trl_step(warm, turns, args.trl_steps, work / "trl", checkpointing=True)
-        plain = trl_step(warm, turns, args.trl_steps, work / "trl", checkpointing=False)
+        theirs = trl_step(python, warm, turns, args.trl_steps, work / "trl", checkpointing=True)
+        plain = trl_step(python, warm, turns, args.trl_steps, work / "trl", checkpointing=False)
         result = {"name": label, "turnrl": ours, "trl": theirs, "trl_plain": plain}
         print(json.dumps(result), flush=True)
         results.append(result)
@@ -378,8 +379,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="rollout batches per scenario")
     parser.add_argument("--train-steps", type=int, default=3, help="timed trainer steps")
     parser.add_argument("--trl-steps", type=int, default=3, help="timed steps against TRL")
+    parser.add_argument("--trl-python", default=str(AGL_PYTHON), help="the TRL venv's python")
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 5 SFT steps, 1 batch, 1 step each"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.steps = args.train_steps = args.trl_steps = 1
+        for name, scenario in SCENARIOS.items():
+            SCENARIOS[name] = replace(scenario, warm_steps=5)
     torch.set_num_threads(1)
     chosen = [s for s in args.only.split(",") if s]
     unknown = sorted(set(chosen) - {*SCENARIOS, "trl"})
