@@ -13,7 +13,7 @@ AGL_VENV := .venv-agl
 INT_STAMP := $(INT_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations.txt | cksum | cut -d' ' -f1)
 AGL_STAMP := $(AGL_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations-agl.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup setup-integrations browser test-integrations demo demo-smol test test-slow lint bench bench-rollout bench-gateway bench-agents grouping lookup-study clean
+.PHONY: setup setup-integrations browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-gateway bench-agents grouping lookup-study clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -95,6 +95,15 @@ bench: setup
 
 bench-rollout: setup
 	$(PY) benchmarks/rollout.py
+
+# The update, rows against the tree layout (calculator, FrozenLake 4x4, PATR trees, SmolLM2
+# LoRA), and the step time against TRL's GRPOTrainer (in the TRL venv): about an hour on CPU.
+bench-update: setup setup-integrations $(SMOL_STAMP)
+	$(PY) benchmarks/update.py --write
+
+# The CUDA smoke tests (skipped where torch sees no GPU).
+test-gpu: setup
+	$(PY) -m pytest -q -m gpu
 
 bench-gateway: setup
 	$(PY) benchmarks/gateway_memory.py --contrast-megabytes 1

@@ -43,7 +43,7 @@ ENV_KWARGS = {"frozenlake": {"max_turns": 8}, "calculator": {"max_turns": 4}}
 def strategies(group: int) -> list[tuple[str, str, int, dict]]:
     """(label, strategy, group size, params): equal leaves for independent/PATR."""
     return [
-        ("independent", "independent", group, {}),
+        ("independent", "independent", group, {"prefix_cache": False}),
         ("independent + cache", "independent", group, {"prefix_cache": True}),
         ("patr (K=2)", "patr", group, {"interval": 2}),
         ("patr (K=1)", "patr", group, {"interval": 1}),

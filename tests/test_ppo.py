@@ -32,12 +32,12 @@ def sampled_batch(
     clip_factor: np.ndarray | None = None,
 ) -> UpdateBatch:
     """``ROWS`` one-turn rows sampled from ``model`` at ``temperature`` (behaviour
-    log-probs as sampled), one rollout each."""
+    log-probs as sampled), one rollout (and one task) each."""
     contexts = [model.encode_initial([{"role": "user", "content": f"q{i}"}]) for i in range(ROWS)]
     samples = model.sample(contexts, max_new_tokens=5, temperature=temperature, seed=0)
     records = [
         {
-            "task_id": "t",
+            "task_id": f"t{i}",
             "traj_id": f"r{i}",
             "turn": 0,
             "prompt_ids": context,
@@ -119,13 +119,15 @@ def test_clip_factor_narrows_the_clip_range_per_row() -> None:
     assert stats["clip_frac"] == 0.0 and not same(before, weights(model))
 
 
-def test_split_batch_gradient_equals_the_full_batch_gradient() -> None:
+@pytest.mark.parametrize("update", ["rows", "tree"])
+def test_split_batch_gradient_equals_the_full_batch_gradient(update: str) -> None:
     model = policy()
     batch = sampled_batch(model, 1.0)
     full = GradientRecorder(model.parameters())
-    ppo_update(model, full, batch, ONE_STEP, temperature=1.0, reference=None, seed=0)
+    one_step = replace(ONE_STEP, update=update)
+    ppo_update(model, full, batch, one_step, temperature=1.0, reference=None, seed=0)
     split = GradientRecorder(model.parameters())
-    config = replace(ONE_STEP, minibatch_size=2)  # 3 mini-batches of 2 rows
+    config = replace(one_step, minibatch_size=2)  # 3 mini-batches of 2 rows (tasks)
     ppo_update(model, split, batch, config, temperature=1.0, reference=None, seed=0)
     assert len(full.steps) == 1 and len(split.steps) == 3
     # Each mini-batch step sees the full-batch objective's scale: the mean of the three

@@ -113,13 +113,15 @@ def strategy_params(name: str) -> dict[str, Any]:
 
 @register_strategy("independent")
 def independent(
-    ctx: StrategyContext, tasks: Sequence[Task], group_size: int, *, prefix_cache: bool = False
+    ctx: StrategyContext, tasks: Sequence[Task], group_size: int, *, prefix_cache: bool = True
 ) -> StepExperience:
     """``group_size`` independent episodes per task (standard GRPO sampling), one update.
 
-    ``prefix_cache`` samples through a shared KV cache (the group's common
-    prompt and each trajectory's earlier turns are not re-encoded); off by
-    default, which is how independent sampling is usually run. ``extra``
+    ``prefix_cache`` (on by default) samples through a shared KV cache: the
+    group's common prompt and each trajectory's earlier turns are not
+    re-encoded, and identical samples decode once; the samples are the same as
+    without it up to float rounding. ``prefix_cache = false`` re-encodes every
+    context at every turn, as independent sampling is usually run. ``extra``
     reports the token counts of :mod:`turnrl.rollout.tokens`, and a rollout
     pool's ``POOL_METRICS`` when the batch ran on one.
     """

@@ -43,13 +43,21 @@ def port_number(text: str) -> int:
     return port
 
 
-def load_policy(spec: str, *, seed: int = 0, device: str = "cpu") -> Any:
+def load_policy(spec: str, *, seed: int = 0, device: str = "cpu", dtype: str = "float32") -> Any:
     """``"tiny"``: a fresh tiny random policy; else a local directory written by
-    ``HFPolicy.save`` / ``save_pretrained`` (nothing is downloaded)."""
+    ``HFPolicy.save`` / ``save_pretrained`` (nothing is downloaded); on ``device``
+    (``auto``, ``cpu``, ``cuda``, ``cuda:N``) in ``dtype``."""
     from turnrl.policy import HFPolicy, build_tiny_policy
+    from turnrl.policy.device import resolve_device, resolve_dtype
 
+    try:
+        torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
+    except ValueError as exc:
+        raise ServeOptionError(f"--device/--dtype: {exc}") from None
     if spec == "tiny":
-        return build_tiny_policy(seed=seed)
+        policy = build_tiny_policy(seed=seed)
+        policy.model.to(device=torch_device, dtype=torch_dtype)
+        return policy
     path = Path(spec)
     if not path.is_dir():
         raise ServeOptionError(f"--policy {spec!r}: not a directory (or 'tiny')")
@@ -59,7 +67,7 @@ def load_policy(spec: str, *, seed: int = 0, device: str = "cpu") -> Any:
             "pass a directory written by HFPolicy.save / save_pretrained, e.g. a run's warm_start/"
         )
     try:
-        return HFPolicy.from_pretrained(spec, device=device)
+        return HFPolicy.from_pretrained(spec, device=torch_device, dtype=torch_dtype)
     except (OSError, ValueError, KeyError, ImportError) as exc:
         raise ServeOptionError(
             f"--policy {spec!r}: cannot load the model or tokenizer ({type(exc).__name__}: {exc})"
@@ -103,7 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 check_records_path(args.records)
             if args.rollout_timeout is not None and not args.rollout_timeout > 0:
                 raise ServeOptionError("--rollout-timeout must be > 0 seconds")
-            policy = load_policy(args.policy, seed=args.seed, device=args.device)
+            policy = load_policy(args.policy, seed=args.seed, device=args.device, dtype=args.dtype)
             gateway = Gateway(policy, gateway_config(args))
         except RecordsPathError as exc:
             return _fail(f"--records: {exc}")
@@ -111,7 +119,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return _fail(str(exc))
 
         def reload(directory: str) -> Any:
-            return load_policy(directory, seed=args.seed, device=args.device)
+            return load_policy(directory, seed=args.seed, device=args.device, dtype=args.dtype)
 
         port = sock.getsockname()[1]
         with gateway:
@@ -186,7 +194,8 @@ def add_serve_command(subparsers: Any) -> None:
         help="refuse requests with more characters of text (default: 16 x the model context)",
     )
     p.add_argument("--seed", type=int, default=0, help="weights seed of the tiny policy")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="auto", help="auto (default: CUDA if seen), cpu, cuda")
+    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
     p.add_argument(
         "--allow-remote",

@@ -101,6 +101,13 @@ class PolicyConfig:
     )
     """Names of the linear layers that get adapters (default: every attention and MLP
     projection of a Llama/Qwen2-style block)."""
+    device: str = "auto"
+    """Where the model runs: ``auto`` (a CUDA GPU when torch sees one, else the CPU),
+    ``cpu``, ``cuda`` or ``cuda:N``."""
+    dtype: Precision = "float32"
+    """Precision of the model's weights and activations; log-probs, the loss and its
+    aggregation are float32 whatever this is. ``float16`` has no loss scaling: serve with
+    it, do not train."""
 
 
 @dataclass
@@ -168,6 +175,12 @@ Aggregation = Literal["token-mean", "seq-mean-token-mean", "rollout-mean"]
 KLEstimator = Literal["k1", "k2", "k3"]
 """KL estimators (:data:`turnrl.train.loss.KL_ESTIMATORS`)."""
 
+UpdateLayout = Literal["tree", "rows"]
+"""How the update lays out its rows (see ``PPOConfig.update``)."""
+
+Precision = Literal["float32", "bfloat16", "float16"]
+"""Model precisions (:data:`turnrl.policy.device.DTYPES`)."""
+
 
 @dataclass
 class PPOConfig:
@@ -196,6 +209,18 @@ class PPOConfig:
     """Loss aggregation: ``token-mean``, ``seq-mean-token-mean`` or ``rollout-mean``."""
     max_grad_norm: float = 1.0
     """Gradient-norm clipping threshold; 0 disables clipping."""
+    update: UpdateLayout = "tree"
+    """How log-probs are recomputed. ``tree``: every distinct token prefix of a mini-batch
+    is computed once (one forward over the rows' token trie, an attention mask letting each
+    token see only its ancestors), and a mini-batch holds whole task trees (all rows of a
+    task; as many mini-batches as ``rows`` would make, at most one per task). ``rows``:
+    every row's whole context again, rows shuffled freely into mini-batches. Same loss, same
+    gradients (up to float rounding); see docs/tree-training.md."""
+    max_tokens_per_batch: int = 2048
+    """``update = "tree"``: most positions in one forward; a larger mini-batch is cut into
+    several forwards at subtree boundaries (gradients accumulate, so the step is the same).
+    Bounds peak memory; the attention of one forward grows with its square. 2048 was
+    fastest among those measured on CPU (benchmarks/RESULTS.md); raise it on a GPU."""
 
 
 @dataclass

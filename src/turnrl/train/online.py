@@ -32,6 +32,7 @@ from turnrl.policy import HFPolicy
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, StrategyContext, get_strategy, run_episodes
 from turnrl.rollout.strategies import RolloutPool
+from turnrl.rollout.tokens import PrefixReuse
 from turnrl.rollout.tree import physical_env_steps
 from turnrl.table import TurnTable
 from turnrl.train.config import RunConfig
@@ -197,7 +198,7 @@ class OnlineTrainer:
     ) -> RolloutBatch:
         self.policy.model.eval()
         return run_episodes(
-            self.policy,
+            PrefixReuse(self.policy),  # earlier turns and the shared prompt encoded once
             self._make_env,
             tasks,
             group_size=group_size,
@@ -343,12 +344,18 @@ def rollout_log(
 
 
 def _mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
-    """Mean of each statistic over several learn calls; seconds are summed."""
+    """Mean of each statistic over several learn calls; seconds and token counts are
+    summed, peak memory is the largest."""
     keys = sorted({k for s in stats for k in s})
     out = {}
     for key in keys:
         values = [s[key] for s in stats if key in s]
-        out[key] = float(np.sum(values) if key.startswith("seconds_") else np.mean(values))
+        if key.startswith(("seconds_", "update_tokens_")):
+            out[key] = float(np.sum(values))
+        elif key.endswith("_mib"):
+            out[key] = float(np.max(values))
+        else:
+            out[key] = float(np.mean(values))
     return out
 
 

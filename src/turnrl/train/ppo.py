@@ -16,6 +16,23 @@ What the update gets right, and tests pin (tests/test_ppo.py):
 * the A2TGPO clip factor (per row) scales both clip widths;
 * with ``kl_coef > 0`` the frozen reference policy's log-probs (same temperature)
   enter the loss.
+
+Two layouts compute the same log-probs (``PPOConfig.update``): ``rows`` runs every
+row's whole context through the model; ``tree`` (the default) runs each
+mini-batch's distinct token prefixes once (:mod:`turnrl.policy.tree_layout`),
+with mini-batches of whole task trees (:mod:`turnrl.train.minibatches`) and
+forwards cut at ``max_tokens_per_batch`` positions (gradients accumulate within
+the step). The loss, its aggregation, clip factors and KL are the same code on
+the same numbers; tests/test_tree_update.py checks gradients against ``rows``.
+
+Besides the loss statistics, ``ppo_update`` reports what the update computed:
+``update_tokens_rows`` (positions a per-row update runs: every row's context +
+response), ``update_tokens_computed`` (positions this update ran),
+``update_tokens_unique`` (distinct token prefixes per task, summed over tasks,
+as the rollouts' ``tokens_unique``; the tree layout can go below it, because
+rows of different tasks in one forward share their common prefix, e.g. the
+system prompt), all summed over epochs, and peak memory
+(:mod:`turnrl.train.memory`).
 """
 
 from __future__ import annotations
@@ -26,12 +43,23 @@ import numpy as np
 import torch
 
 from turnrl.policy import HFPolicy
+from turnrl.policy.tree_layout import split_rows
+from turnrl.rollout.tokens import trie_size
 from turnrl.table import TurnTable
 from turnrl.train.config import PPOConfig
 from turnrl.train.loss import aggregation_weights, ppo_clip_loss
+from turnrl.train.memory import ActivationMeter, cuda_peak
+from turnrl.train.minibatches import row_minibatches, tree_minibatches
 from turnrl.types import TurnRecord
 
-__all__ = ["PPOConfig", "UpdateBatch", "build_update_batch", "pad_rows", "ppo_update"]
+__all__ = [
+    "PPOConfig",
+    "UpdateBatch",
+    "build_update_batch",
+    "merge_loss_stats",
+    "pad_rows",
+    "ppo_update",
+]
 
 
 def pad_rows(rows: list[list[float]], width: int, value: float = 0.0) -> torch.Tensor:
@@ -56,6 +84,8 @@ class UpdateBatch:
     """Per-row multiplier of both clip widths (A2TGPO), or None."""
     weight_B_T: torch.Tensor
     """Aggregation weights of the whole batch (they sum to 1)."""
+    tree_B: torch.Tensor
+    """The tree (task) of each row: ``update = "tree"`` keeps a tree in one mini-batch."""
 
 
 def build_update_batch(
@@ -89,6 +119,7 @@ def build_update_batch(
         if clip_factor is None
         else torch.as_tensor(clip_factor[keep], dtype=torch.float32),
         weight_B_T=aggregation_weights(mask, aggregation, rollout),
+        tree_B=torch.as_tensor(table.task_code[keep]),
     )
 
 
@@ -107,52 +138,156 @@ def ppo_update(
     ``temperature`` is the one the batch was sampled at (log-probs are recomputed at
     it); ``seed`` fixes the mini-batch order; ``reference`` (frozen) enables the KL
     penalty when ``config.kl_coef > 0``. ``config.max_grad_norm`` clips the gradient
-    norm (0: no clipping; the norm is still reported). Returns the mean of each loss
-    statistic over the optimiser steps.
+    norm (0: no clipping; the norm is still reported). ``config.update`` picks the
+    layout (see the module docstring). Returns the mean of each loss statistic over
+    the optimiser steps, the token counts and peak memory.
     """
     n = len(batch.contexts)
-    size = min(config.minibatch_size, n)
-    n_minibatches = -(-n // size)
+    tree = config.update == "tree"
     generator = torch.Generator().manual_seed(seed)
     stats: list[dict[str, float]] = []
     parameters = [p for p in policy.parameters() if p.requires_grad]
+    meter = ActivationMeter(policy.model)
+    computed = 0
     policy.model.train()
-    for _ in range(config.epochs):
-        order = torch.randperm(n, generator=generator).tolist()
-        for start in range(0, n, size):
-            rows = order[start : start + size]
-            contexts = [batch.contexts[i] for i in rows]
-            responses = [batch.responses[i] for i in rows]
-            logp_B_T, mask_B_T = policy.response_logprobs(
-                contexts, responses, temperature=temperature
-            )
-            width = logp_B_T.shape[1]
-            ref = None
-            if reference is not None:
-                with torch.no_grad():
-                    ref, _ = reference.response_logprobs(
-                        contexts, responses, temperature=temperature
-                    )
-            loss, info = ppo_clip_loss(
-                logp_B_T,
-                batch.old_logp_B_T[rows, :width],
-                batch.adv_B[rows],
-                mask_B_T,
-                batch.weight_B_T[rows, :width] * n_minibatches,
-                clip_low=config.clip_low,
-                clip_high=config.clip_high,
-                clip_factor_B=None if batch.clip_factor_B is None else batch.clip_factor_B[rows],
-                ref_logp_B_T=ref,
-                kl_coef=config.kl_coef,
-                kl_estimator=config.kl_estimator,
-            )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            norm = _clip_grad_norm(parameters, config.max_grad_norm)
-            optimizer.step()
-            stats.append({**info, "loss": float(loss.item()), "grad_norm": norm})
+    with cuda_peak(policy.device) as cuda:
+        for _ in range(config.epochs):
+            if tree:
+                minibatches = tree_minibatches(
+                    batch.tree_B.tolist(), config.minibatch_size, generator
+                )
+            else:
+                minibatches = row_minibatches(n, config.minibatch_size, generator)
+            for rows in minibatches:
+                optimizer.zero_grad(set_to_none=True)
+                parts = []
+                for forward_rows in _forwards(batch, rows, config):
+                    with meter.forward():
+                        loss, info, tokens = _minibatch_loss(
+                            policy,
+                            reference,
+                            batch,
+                            forward_rows,
+                            config,
+                            scale=len(minibatches),
+                            temperature=temperature,
+                        )
+                    loss.backward()
+                    computed += tokens
+                    parts.append({**info, "loss": float(loss.item())})
+                norm = _clip_grad_norm(parameters, config.max_grad_norm)
+                optimizer.step()
+                stats.append({**merge_loss_stats(parts), "grad_norm": norm})
     policy.model.eval()
-    return {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}
+    return {
+        **{k: float(np.mean([s[k] for s in stats])) for k in stats[0]},
+        **update_token_counts(batch, config.epochs),
+        "update_tokens_computed": float(computed),
+        "update_activation_mib": meter.peak_mib,
+        **cuda,
+    }
+
+
+def _forwards(batch: UpdateBatch, rows: list[int], config: PPOConfig) -> list[list[int]]:
+    """The rows of each forward of one mini-batch: all of them (``rows``), or groups of
+    at most ``max_tokens_per_batch`` distinct positions cut at subtree boundaries."""
+    if config.update != "tree":
+        return [rows]
+    groups = split_rows(
+        [batch.contexts[i] for i in rows],
+        [batch.responses[i] for i in rows],
+        config.max_tokens_per_batch,
+    )
+    return [[rows[g] for g in group] for group in groups]
+
+
+def _minibatch_loss(
+    policy: HFPolicy,
+    reference: HFPolicy | None,
+    batch: UpdateBatch,
+    rows: list[int],
+    config: PPOConfig,
+    *,
+    scale: int,
+    temperature: float,
+) -> tuple[torch.Tensor, dict[str, float], int]:
+    """The loss of ``rows`` (their slice of the batch-wide weights times ``scale``, the
+    number of mini-batches), its statistics and the positions its forward ran."""
+    contexts = [batch.contexts[i] for i in rows]
+    responses = [batch.responses[i] for i in rows]
+    logp_B_T, mask_B_T, tokens = _logprobs(policy, contexts, responses, config, temperature)
+    ref = None
+    if reference is not None:
+        with torch.no_grad():
+            ref, _, _ = _logprobs(reference, contexts, responses, config, temperature)
+    device, width = logp_B_T.device, logp_B_T.shape[1]
+    loss, info = ppo_clip_loss(
+        logp_B_T,
+        batch.old_logp_B_T[rows, :width].to(device),
+        batch.adv_B[rows].to(device),
+        mask_B_T,
+        batch.weight_B_T[rows, :width].to(device) * scale,
+        clip_low=config.clip_low,
+        clip_high=config.clip_high,
+        clip_factor_B=None if batch.clip_factor_B is None else batch.clip_factor_B[rows].to(device),
+        ref_logp_B_T=ref,
+        kl_coef=config.kl_coef,
+        kl_estimator=config.kl_estimator,
+    )
+    return loss, info, tokens
+
+
+def _logprobs(
+    policy: HFPolicy,
+    contexts: list[list[int]],
+    responses: list[list[int]],
+    config: PPOConfig,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(logp_B_T, mask_B_T, positions run)`` in the configured layout."""
+    if config.update == "tree":
+        out = policy.tree_logprobs(contexts, responses, temperature=temperature)
+        return out.logp_B_T, out.mask_B_T, out.tokens_computed
+    logp_B_T, mask_B_T = policy.response_logprobs(contexts, responses, temperature=temperature)
+    return (
+        logp_B_T,
+        mask_B_T,
+        sum(len(c) + len(r) for c, r in zip(contexts, responses, strict=True)),
+    )
+
+
+SUMMED_STATS = frozenset({"loss", "pg_loss", "kl_loss", "n_tokens"})
+"""Loss statistics that add up over the forwards of one step; the others are means over
+tokens (``ppo_clip_loss``) and are combined weighted by ``n_tokens``."""
+
+
+def merge_loss_stats(parts: list[dict[str, float]]) -> dict[str, float]:
+    """One optimiser step's statistics from those of its forwards."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    tokens = sum(p["n_tokens"] for p in parts)
+    merged = {}
+    for key in parts[0]:
+        values = [p[key] for p in parts]
+        if key in SUMMED_STATS:
+            merged[key] = float(sum(values))
+        else:
+            weights = [p["n_tokens"] for p in parts]
+            merged[key] = float(np.dot(values, weights) / max(tokens, 1.0))
+    return merged
+
+
+def update_token_counts(batch: UpdateBatch, epochs: int) -> dict[str, float]:
+    """``update_tokens_rows`` and ``update_tokens_unique`` of ``epochs`` passes over
+    ``batch`` (see the module docstring)."""
+    sequences = [[*c, *r] for c, r in zip(batch.contexts, batch.responses, strict=True)]
+    trees: dict[int, list[list[int]]] = {}
+    for sequence, tree in zip(sequences, batch.tree_B.tolist(), strict=True):
+        trees.setdefault(int(tree), []).append(sequence)
+    return {
+        "update_tokens_rows": float(epochs * sum(len(s) for s in sequences)),
+        "update_tokens_unique": float(epochs * sum(trie_size(t) for t in trees.values())),
+    }
 
 
 def _clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> float:

@@ -42,6 +42,7 @@ Seeds: every random stream of a run derives from the config's seed through
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ from turnrl.io import append_jsonl, atomic_write_json, atomic_write_text, trunca
 from turnrl.train.config import (
     EnvConfig,
     PolicyConfig,
+    PPOConfig,
     WarmStartConfig,
     config_to_dict,
     config_to_toml_text,
@@ -358,16 +360,24 @@ class RunDirectory:
                     batch_size=cfg.batch_size,
                     seed=seed,
                     progress=(bar, task) if progress else None,
+                    max_tokens_per_batch=self._tree_budget(),
                 )
             atomic_write_json(self.path / "warm_start_losses.json", losses)
         policy.save(self.warm_start_dir)
         return policy
 
-    def load_warm_start(self) -> Any:
-        """The saved warm-start policy (to resume, or as a frozen reference)."""
-        from turnrl.policy import HFPolicy
+    def _tree_budget(self) -> int | None:
+        """The warm start lays out its batches as the run's update does: the PPO section's
+        ``max_tokens_per_batch`` when its ``update`` is ``"tree"``, else per row."""
+        for value in vars(self.config).values() if dataclasses.is_dataclass(self.config) else ():
+            if isinstance(value, PPOConfig):
+                return value.max_tokens_per_batch if value.update == "tree" else None
+        return None
 
-        return HFPolicy.from_pretrained(self.warm_start_dir)
+    def load_warm_start(self) -> Any:
+        """The saved warm-start policy (to resume, or as a frozen reference), on the
+        config's device and in its precision."""
+        return load_policy(self.warm_start_dir, getattr(self.config, "policy", None))
 
     # ----------------------------------------------------------------- output
     def progress(self, *, enabled: bool = True) -> Any:
@@ -436,16 +446,31 @@ def with_lora(policy: Any, config: PolicyConfig) -> Any:
     )
 
 
+def load_policy(path: str | Path, config: PolicyConfig | None) -> Any:
+    """A saved policy directory, on ``config.device`` in ``config.dtype`` (CPU, float32
+    without a config)."""
+    from turnrl.policy import HFPolicy
+    from turnrl.policy.device import resolve_device, resolve_dtype
+
+    if config is None:
+        return HFPolicy.from_pretrained(path)
+    device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+    return HFPolicy.from_pretrained(path, device=device, dtype=dtype)
+
+
 def build_policy(config: PolicyConfig, seed: int) -> Any:
     """The policy named by ``config.model`` (``"tiny"``, a named pretrained model such as
-    ``"smollm2"``, or a local model directory), with LoRA adapters when ``lora_rank > 0``."""
-    from turnrl.policy import HFPolicy, build_tiny_policy
+    ``"smollm2"``, or a local model directory), on ``config.device`` in ``config.dtype``,
+    with LoRA adapters when ``lora_rank > 0``."""
+    from turnrl.policy import build_tiny_policy
+    from turnrl.policy.device import resolve_device, resolve_dtype
     from turnrl.policy.pretrained import resolve_model_path
 
     if config.model == "tiny":
         policy = build_tiny_policy(seed, hidden=config.hidden, layers=config.layers)
+        policy.model.to(device=resolve_device(config.device), dtype=resolve_dtype(config.dtype))
     else:
-        policy = HFPolicy.from_pretrained(resolve_model_path(config.model))
+        policy = load_policy(resolve_model_path(config.model), config)
     return with_lora(policy, config)
 
 
@@ -454,9 +479,7 @@ def initial_policy(policy: Any, warm: WarmStartConfig, config: PolicyConfig) -> 
     another run's ``warm_start/``, with LoRA as configured) when set, else ``policy``."""
     if warm.init_from is None:
         return policy
-    from turnrl.policy import HFPolicy
-
-    return with_lora(HFPolicy.from_pretrained(warm.init_from), config)
+    return with_lora(load_policy(warm.init_from, config), config)
 
 
 @dataclass(frozen=True)

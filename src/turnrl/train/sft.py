@@ -6,7 +6,12 @@ way rollouts build contexts (``encode_initial`` once, then response ids + the
 end-of-turn token, then ``encode_observation`` for each tool/user message), so
 the warm start trains on the same token layout that RL will sample from. Each
 assistant turn is one (context, response) row; the loss is the mean negative
-log-likelihood per response token.
+log-likelihood per response token. With ``max_tokens_per_batch`` set (what the
+trainers pass when their update is ``"tree"``), each batch's distinct token
+prefixes are computed once (:mod:`turnrl.policy.tree_layout`: demonstrations
+share their system prompt, a conversation's later turns contain its earlier
+ones), in forwards of at most that many positions; the loss and its gradient
+are the same.
 
 The mix is configurable: on the calculator, ``tool_fraction`` of the
 demonstrations of hard (and medium) tasks call the tool (the rest answer
@@ -27,6 +32,7 @@ import torch
 
 from turnrl.envs import demonstration, get_env_spec
 from turnrl.policy import HFPolicy
+from turnrl.policy.tree_layout import split_rows
 from turnrl.types import Message, Task
 
 
@@ -94,10 +100,13 @@ def supervised_warm_start(
     batch_size: int,
     seed: int,
     progress: object | None = None,
+    max_tokens_per_batch: int | None = None,
 ) -> list[float]:
     """Train on ``examples`` with AdamW; returns the loss of each step.
 
     ``progress`` is an optional ``(rich Progress, task id)`` pair advanced per step.
+    ``max_tokens_per_batch``: ``None`` recomputes every row on its own; a number uses
+    the tree layout with forwards of at most that many positions (same loss).
     """
     if not examples:
         raise ValueError("no demonstration examples to train on")
@@ -108,17 +117,36 @@ def supervised_warm_start(
     for _ in range(steps):
         index = torch.randint(len(examples), (batch_size,), generator=generator).tolist()
         batch = [examples[i] for i in index]
-        logp_B_T, mask_B_T = policy.response_logprobs(
-            [e.context for e in batch], [e.response for e in batch]
-        )
-        loss = -(logp_B_T * mask_B_T).sum() / mask_B_T.sum()
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = _nll_backward(policy, batch, max_tokens_per_batch)
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         optimizer.step()
-        losses.append(float(loss.item()))
+        losses.append(loss)
         if progress is not None:
             bar, task_id = progress  # type: ignore[misc]
             bar.update(task_id, advance=1, description=f"warm start  loss {losses[-1]:.3f}")
     policy.model.eval()
     return losses
+
+
+def _nll_backward(
+    policy: HFPolicy, batch: Sequence[TurnExample], max_tokens_per_batch: int | None
+) -> float:
+    """Backpropagate the mean negative log-likelihood per response token of ``batch``
+    (in forwards of at most ``max_tokens_per_batch`` distinct positions, or one per-row
+    forward when ``None``); return it."""
+    contexts = [e.context for e in batch]
+    responses = [e.response for e in batch]
+    total_tokens = sum(len(r) for r in responses)
+    if max_tokens_per_batch is None:
+        logp_B_T, mask_B_T = policy.response_logprobs(contexts, responses)
+        loss = -(logp_B_T * mask_B_T).sum() / total_tokens
+        loss.backward()
+        return float(loss.item())
+    value = 0.0
+    for group in split_rows(contexts, responses, max_tokens_per_batch):
+        part = policy.tree_logprobs([contexts[i] for i in group], [responses[i] for i in group])
+        loss = -(part.logp_B_T * part.mask_B_T).sum() / total_tokens
+        loss.backward()
+        value += float(loss.item())
+    return value

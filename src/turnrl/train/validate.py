@@ -234,6 +234,12 @@ def _policy(policy: PolicyConfig, p: Problems) -> None:
         p.above("lora_alpha", policy.lora_alpha, 0)
         if not policy.lora_targets:
             p.add("lora_targets", "must name at least one layer when lora_rank > 0")
+    from turnrl.policy.device import resolve_device
+
+    try:
+        resolve_device(policy.device)
+    except ValueError as err:
+        p.add("device", str(err))
 
 
 @register_check(WarmStartConfig)
@@ -279,6 +285,7 @@ def _ppo(ppo: PPOConfig, p: Problems) -> None:
     p.at_least("kl_coef", ppo.kl_coef, 0)
     p.finite("kl_coef", ppo.kl_coef)
     p.at_least("max_grad_norm", ppo.max_grad_norm, 0)
+    p.at_least("max_tokens_per_batch", ppo.max_tokens_per_batch, 1)
 
 
 @register_check(TrainConfig)
