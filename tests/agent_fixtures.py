@@ -50,6 +50,18 @@ def two_calls(task: dict[str, Any], llm: Any) -> dict[str, Any]:
     return {"reward": parity(second), "info": {"success": parity(second) == 1.0}}
 
 
+def two_calls_graded(task: dict[str, Any], llm: Any) -> float:
+    """``two_calls`` with a reward that differs between almost any two replies (the
+    first character's code / 1000), so a group has non-zero advantages (a test that
+    needs the update to change the weights does not depend on luck)."""
+    client = llm.openai_client()
+    messages = [{"role": "user", "content": task["question"]}]
+    first = _chat(client, llm.model, messages, llm.rollout_id)
+    messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "Again."}]
+    second = _chat(client, llm.model, messages, llm.rollout_id)
+    return ord(second[0]) / 1000 if second else 0.0
+
+
 async def async_two_roles(task: dict[str, Any], llm: Any) -> float:
     """An async agent with two roles: a solver call, then a checker call."""
     client = llm.async_openai_client()

@@ -109,7 +109,7 @@ def test_an_entrypoint_agent_trains_and_its_records_are_what_it_sent_and_got(
 
 
 def test_the_served_policy_changes_after_an_update(tmp_path: Path) -> None:
-    config = agent_config(tmp_path, "train.lr=0.05", "train.steps=2")
+    config = agent_config(tmp_path, "train.lr=0.05", "train.steps=2", agent="two_calls_graded")
     run = AgentTrainer(config, quiet=True).run()
     warm = HFPolicy.from_pretrained(run / "warm_start")
     after_one = HFPolicy.from_pretrained(run / "warm_start")

@@ -162,3 +162,24 @@ def test_console_script_runs_as_subprocess(tmp_path: Path) -> None:
         [sys.executable, "-m", "turnrl.cli", "audit", str(bad)], capture_output=True, text=True
     )
     assert done.returncode == 2 and "bad.jsonl:1" in done.stderr
+
+
+def test_cli_turns_only_the_project_s_errors_into_exit_2(monkeypatch, capsys) -> None:
+    """Bad input is one line and exit 2; a bug (any other exception) keeps its traceback."""
+    import turnrl.cli as cli
+    from turnrl.errors import InputError
+
+    def bad_input(args):
+        raise InputError("runs.jsonl", 3, "reward", "not a number")
+
+    def bug(args):
+        raise ValueError("a bug in turnrl")
+
+    for handler, expected in ((bad_input, 2), (bug, None)):
+        monkeypatch.setattr(cli, "cmd_estimators", handler)
+        if expected is None:
+            with pytest.raises(ValueError, match="a bug in turnrl"):
+                cli.main(["estimators"])
+        else:
+            assert cli.main(["estimators"]) == expected
+            assert "runs.jsonl:3: field 'reward': not a number" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import torch
 
 from turnrl.cli import main
 from turnrl.policy.device import resolve_device, resolve_dtype
+from turnrl.records import parse_record
 from turnrl.serve import cli as serve_cli
 from turnrl.table import TurnTable
 from turnrl.train.config import PolicyConfig, RunConfig, load_config
@@ -58,14 +59,16 @@ def _one_task_batch(policy):
     contexts = [policy.encode_initial([{"role": "user", "content": f"q{i % 2}"}]) for i in range(4)]
     samples = policy.sample(contexts, max_new_tokens=6, temperature=1.0, seed=0)
     records = [
-        {
-            "task_id": f"t{i % 2}",
-            "traj_id": f"r{i}",
-            "turn": 0,
-            "prompt_ids": c,
-            "response_ids": list(s.response_ids),
-            "logprobs": [float(x) for x in s.logprobs],
-        }
+        parse_record(
+            {
+                "task_id": f"t{i % 2}",
+                "traj_id": f"r{i}",
+                "turn": 0,
+                "prompt_ids": c,
+                "response_ids": list(s.response_ids),
+                "logprobs": [float(x) for x in s.logprobs],
+            }
+        )
         for i, (c, s) in enumerate(zip(contexts, samples, strict=True))
     ]
     table = TurnTable.from_records(records)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
 
+from turnrl.errors import OutputError
 from turnrl.io import (
     append_jsonl,
     atomic_write_bytes,
@@ -75,3 +78,39 @@ def test_terminated_bad_last_line_is_corruption(tmp_path: Path) -> None:
     path.write_text('{"step": 0}\n{"step": \n')
     with pytest.raises(ValueError, match=":2:"):
         read_jsonl_tolerant(path)
+
+
+def test_a_symlink_is_written_through_and_stays_a_link(tmp_path: Path) -> None:
+    target = tmp_path / "real.jsonl"
+    target.write_text("old\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    atomic_write_text(link, "new\n")
+    assert link.is_symlink()
+    assert target.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.jsonl", "real.jsonl"]
+
+
+@pytest.mark.parametrize("special", ["/dev/null", "directory"])
+def test_a_target_that_is_not_a_regular_file_is_refused(tmp_path: Path, special: str) -> None:
+    path = Path(special) if special.startswith("/") else tmp_path
+    with pytest.raises(OutputError, match="refusing to replace it"):
+        atomic_write_text(path, "x")
+    assert path.exists()
+    if path == tmp_path:
+        assert list(tmp_path.iterdir()) == []  # no temporary file left behind
+
+
+def test_new_files_honour_the_umask_and_old_files_keep_their_mode(tmp_path: Path) -> None:
+    previous = os.umask(0o027)
+    try:
+        fresh = atomic_write_text(tmp_path / "fresh.txt", "a")
+        assert stat.S_IMODE(fresh.stat().st_mode) == 0o640
+        os.umask(0o022)
+        again = atomic_write_text(tmp_path / "again.txt", "a")
+        assert stat.S_IMODE(again.stat().st_mode) == 0o644
+        again.chmod(0o600)
+        atomic_write_text(again, "b")
+        assert stat.S_IMODE(again.stat().st_mode) == 0o600
+    finally:
+        os.umask(previous)

@@ -13,10 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnrl.policy import HFPolicy, build_tiny_policy
+from turnrl.records import parse_record
 from turnrl.table import TurnTable
 from turnrl.train.loss import AGGREGATIONS
 from turnrl.train.minibatches import minibatch_count, tree_minibatches
 from turnrl.train.ppo import PPOConfig, build_update_batch, merge_loss_stats, ppo_update
+from turnrl.types import TurnRecord
 
 torch.set_num_threads(1)
 
@@ -59,22 +61,24 @@ def _tree_records(policy: HFPolicy) -> list[dict]:
     def tool(result: str) -> list[int]:
         return policy.encode_observation({"role": "tool", "content": result})
 
-    records: list[dict] = []
+    records: list[TurnRecord] = []
 
     def add(task: str, traj: str, turn: int, context: list[int], response: list[int], **extra):
         rng = np.random.default_rng(len(records))
         records.append(
-            {
-                "task_id": task,
-                "traj_id": traj,
-                "turn": turn,
-                "prompt_ids": list(context),
-                "response_ids": list(response),
-                # Behaviour log-probs away from the current ones: ratios far from 1.
-                "logprobs": list(rng.uniform(-4.0, -2.5, len(response))),
-                "reward": 0.0,
-                **extra,
-            }
+            parse_record(
+                {
+                    "task_id": task,
+                    "traj_id": traj,
+                    "turn": turn,
+                    "prompt_ids": list(context),
+                    "response_ids": list(response),
+                    # Behaviour log-probs away from the current ones: ratios far from 1.
+                    "logprobs": list(rng.uniform(-4.0, -2.5, len(response))),
+                    "reward": 0.0,
+                    **extra,
+                }
+            )
         )
         return [*context, *response]
 
@@ -222,6 +226,7 @@ def test_token_counts_on_raw_ids() -> None:
         {"task_id": "b", "traj_id": "z", "turn": 0, "prompt_ids": [1, 2, 7],
          "response_ids": [8], "logprobs": [-1.0]},
     ]  # fmt: skip
+    records = [parse_record(r) for r in records]
     batch = build_update_batch(
         records, TurnTable.from_records(records), np.ones(3), None, "token-mean"
     )

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from turnrl.errors import TurnRecordError, UsageError
+from turnrl.errors import TurnrlError, UsageError
 
 EXIT_BAD_INPUT = 2
 
@@ -244,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except (TurnRecordError, UsageError, ValueError, TypeError) as exc:
+    except TurnrlError as exc:  # bad input; anything else is a bug: keep its traceback
         print(f"turnrl {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -53,3 +53,8 @@ class ConfigError(TurnrlError, ValueError):
 
 class OutputError(TurnrlError, OSError):
     """An output path turnrl cannot or will not write (the message names it)."""
+
+
+class ParameterError(UsageError, TypeError):
+    """An unknown parameter, or a value of the wrong type, for a named function
+    (an estimator's ``params``); a ``TypeError`` too, as Python's own would be."""

@@ -34,12 +34,13 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from turnrl.errors import InputError
+from turnrl.errors import InputError, OutputError
 
 TMP_SUFFIX = ".tmp"
 """Suffix of the temporary files atomic writes create (readers ignore them)."""
@@ -245,6 +246,36 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _current_umask() -> int:
+    """The process umask (read by setting it and putting it back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def resolve_output(path: str | os.PathLike[str]) -> tuple[Path, int]:
+    """Where a write to ``path`` must land, and the mode the new file gets.
+
+    A symlink is followed, so the write goes *through* it (its target is replaced,
+    the link stays). An existing target keeps its mode; a new one gets
+    ``0o666 & ~umask``, like any file a program creates. Anything that is not a
+    regular file (a directory, a device, a FIFO, a socket) is refused with an
+    :class:`~turnrl.errors.OutputError` naming the path, instead of being replaced.
+    """
+    given = Path(path)
+    target = Path(os.path.realpath(given)) if given.is_symlink() else given
+    try:
+        info = target.stat()
+    except FileNotFoundError:
+        return target, 0o666 & ~_current_umask()
+    except OSError as err:
+        raise OutputError(f"{given}: cannot write here ({err.strerror})") from err
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise OutputError(f"{given}: is {kind}; refusing to replace it")
+    return target, stat.S_IMODE(info.st_mode)
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Open a binary file for writing that appears at ``path`` only once complete.
@@ -252,12 +283,14 @@ def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     Yields a handle on a temporary file in the same directory; on normal exit the data
     is flushed, fsynced and moved over ``path``; on an exception the temporary file is
     removed and ``path`` is untouched. Use it to stream large payloads (e.g.
-    ``torch.save(obj, handle)``) without holding a second copy in memory.
+    ``torch.save(obj, handle)``) without holding a second copy in memory. Symlinks
+    are written through and modes follow :func:`resolve_output`.
     """
-    target = Path(path)
+    target, mode = resolve_output(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=TMP_SUFFIX)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as handle:
             yield handle
             handle.flush()

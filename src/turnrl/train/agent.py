@@ -46,6 +46,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ import numpy as np
 import torch
 
 from turnrl.credit import compute_credit
+from turnrl.errors import TurnrlError
 from turnrl.io import append_jsonl, atomic_write_text
 from turnrl.records import dumps_record
 from turnrl.serve import Gateway, GatewayConfig, GatewayServer, bind_socket
@@ -73,7 +75,7 @@ from turnrl.train.metrics import advantage_metrics, episode_metrics
 from turnrl.train.ppo import build_update_batch, ppo_update
 from turnrl.train.run import RunDirectory, build_policy, derive_seed, due, initial_policy
 from turnrl.train.validate import validate
-from turnrl.types import Task
+from turnrl.types import Task, TurnRecord
 
 logger = logging.getLogger("turnrl.agent")
 
@@ -82,7 +84,7 @@ FAILURES_LOG = "agent_failures.jsonl"
 HOST = "127.0.0.1"
 
 
-class AgentRunError(ValueError):
+class AgentRunError(TurnrlError, ValueError):
     """Too many agent rollouts failed: the run stops (the message names the first failure).
     A ``ValueError``: the agent program is bad input, and ``turnrl train`` reports it in
     one line (exit code 2), not as a traceback."""
@@ -118,15 +120,15 @@ class RolloutSummary:
         success = result.info.get("success")
         roles: dict[str, int] = {}
         for record in records:
-            roles[record["role"]] = roles.get(record["role"], 0) + 1
+            roles[record.role] = roles.get(record.role, 0) + 1
         return cls(
             task=result.task,
             outcome=result.reward,
             correct=bool(success) if success is not None else result.reward > 0,
             turn=len(records),
-            tool_calls=sum(bool(r.get("tool_call")) for r in records),
-            opened_with_tool=bool(records and records[0].get("tool_call")),
-            truncated_responses=sum(r.get("stop_reason") == "length" for r in records),
+            tool_calls=sum(bool(r.tool_call) for r in records),
+            opened_with_tool=bool(records and records[0].tool_call),
+            truncated_responses=sum(r.stop_reason == "length" for r in records),
             roles=roles,
         )
 
@@ -152,8 +154,8 @@ def refuse_untrainable(results: list[RolloutResult], temperature: float) -> None
     for result in results:
         if result.failure is not None:
             continue
-        versions = sorted({r["policy_version"] for r in result.records})
-        temperatures = sorted({r["temperature"] for r in result.records})
+        versions = sorted({r.policy_version for r in result.records})
+        temperatures = sorted({r.temperature for r in result.records})
         reason = None
         if len(versions) > 1:
             reason = f"its turns were sampled by policy versions {versions}"
@@ -262,8 +264,6 @@ class AgentTrainer:
         t0 = time.perf_counter()
         table = TurnTable.from_records(records, source=where)
         credit = compute_credit(table, cfg.credit.estimator, **cfg.credit.params)
-        for record, advantage in zip(records, credit.advantages, strict=True):
-            record["advantage"] = float(advantage)
         seconds_credit = time.perf_counter() - t0
         t0 = time.perf_counter()
         batch = build_update_batch(
@@ -281,7 +281,7 @@ class AgentTrainer:
                 seed=derive_seed(cfg.train.seed, "update", self.step),
             )
         seconds_update = time.perf_counter() - t0
-        self.write_records(where, records)
+        self.write_records(where, records, advantages=credit.advantages)
         self.calls += len(records)
         return {
             **row,
@@ -323,10 +323,23 @@ class AgentTrainer:
         if message is not None:
             raise AgentRunError(message)
 
-    def write_records(self, name: str, records: list[dict[str, Any]]) -> None:
+    def write_records(
+        self,
+        name: str,
+        records: Sequence[TurnRecord],
+        advantages: Sequence[float] | None = None,
+    ) -> None:
+        """Write a step's records (with the advantage each was trained with, if any)."""
         path = self.run_dir / "rollouts" / f"{name}.jsonl"
         path.parent.mkdir(exist_ok=True)
-        atomic_write_text(path, "".join(dumps_record(r) + "\n" for r in records))
+        if advantages is None:
+            lines = [dumps_record(r) for r in records]
+        else:
+            lines = [
+                dumps_record(r, advantage=float(a))
+                for r, a in zip(records, advantages, strict=True)
+            ]
+        atomic_write_text(path, "".join(line + "\n" for line in lines))
 
     def gateway_config(self, temperature: float) -> GatewayConfig:
         agent = self.config.agent

@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from turnrl.errors import ConfigError
+
 OUTPUT_TAIL_BYTES = 64 * 1024
 """How much of a command's stdout and stderr is kept (the end of each)."""
 KILL_GRACE_S = 2.0
@@ -60,7 +62,7 @@ ENTRYPOINT_FORMAT = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_]\w*)$"
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
-class AgentConfigError(ValueError):
+class AgentConfigError(ConfigError):
     """The agent program cannot be loaded or started (caught before any work)."""
 
 

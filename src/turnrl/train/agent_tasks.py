@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.envs.calculator import calculator_tasks
+from turnrl.errors import TurnrlError
 from turnrl.serve import GatewayError
 from turnrl.serve.gateway import check_id
 from turnrl.types import Task
 
 
-class TaskFileError(ValueError):
+class TaskFileError(TurnrlError, ValueError):
     """A task file is unreadable or one of its lines is not a valid task."""
 
 

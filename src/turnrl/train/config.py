@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
+from turnrl.errors import ConfigError
 from turnrl.options import TypeMismatch, Unsupported, coerce, type_name
 
 T = TypeVar("T")
@@ -477,11 +478,11 @@ class _Source:
         self.name = name
         self.text = text
 
-    def error(self, path: tuple[str, ...], message: str) -> ValueError:
+    def error(self, path: tuple[str, ...], message: str) -> ConfigError:
         dotted = ".".join(path)
         line = _key_line(self.text, path) if self.text is not None else None
         where = f"{self.name}:{line}" if line is not None else self.name
-        return ValueError(f"{where}: {dotted}: {message}")
+        return ConfigError(f"{where}: {dotted}: {message}")
 
 
 def _build(cls: type[T], data: dict[str, Any], path: tuple[str, ...], source: _Source) -> T:
@@ -526,7 +527,7 @@ def _parse_override_value(raw: str, tp: Any) -> Any:
 
 def _apply_override(config: Any, override: str) -> None:
     if "=" not in override:
-        raise ValueError(f"override {override!r}: expected section.field=value")
+        raise ConfigError(f"override {override!r}: expected section.field=value")
     dotted, raw = override.split("=", 1)
     path = tuple(part.strip() for part in dotted.strip().split("."))
     source = _Source(f"override {override!r}")
@@ -582,11 +583,11 @@ def load_config(
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-            raise ValueError(f"{path}: cannot read the config file: {reason}") from None
+            raise ConfigError(f"{path}: cannot read the config file: {reason}") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
-            raise ValueError(f"{path}: invalid TOML: {err}") from None
+            raise ConfigError(f"{path}: invalid TOML: {err}") from None
         config = _build(cls, data, (), _Source(str(path), text))
     for override in overrides:
         _apply_override(config, override)

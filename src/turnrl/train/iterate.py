@@ -60,6 +60,7 @@ import torch
 
 from turnrl.credit import compute_credit
 from turnrl.envs import demonstration, make_env
+from turnrl.errors import ConfigError
 from turnrl.io import atomic_write_json, atomic_write_text
 from turnrl.policy import HFPolicy
 from turnrl.records import dumps_record
@@ -417,7 +418,7 @@ class IterativeGRPO:
         env = config.env
         self.has_env = bool(env.name)
         if not self.has_env and self.from_logs is None:
-            raise ValueError("env.name is empty: give --from-logs, or name an environment")
+            raise ConfigError("env.name is empty: give --from-logs, or name an environment")
         # Validate the logs and the run directory before anything is written or trained.
         self.conversations = read_chat_logs(self.from_logs) if self.from_logs else None
         self.run_directory = RunDirectory.open(
@@ -616,9 +617,7 @@ class IterativeGRPO:
         metrics["q_bce"] = float(fit.q.loss == "bce")
         return fit, metrics
 
-    def improve(
-        self, records: list[TurnRecord], q: QFunction, iteration: int
-    ) -> dict[str, float]:
+    def improve(self, records: list[TurnRecord], q: QFunction, iteration: int) -> dict[str, float]:
         """Single-turn GRPO against ``q`` on the logged states, KL to the deployed policy."""
         cfg = self.config.improve
         optimizer = self._optimizer()

@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from turnrl.errors import UsageError
 from turnrl.io import append_jsonl, atomic_write_json, atomic_write_text, truncate_jsonl_steps
 from turnrl.train.config import (
     EnvConfig,
@@ -117,7 +118,7 @@ def derive_seed(base: int, stream: str, index: int = 0) -> int:
 # --------------------------------------------------------------------------- guard
 
 
-class RunDirectoryError(ValueError):
+class RunDirectoryError(UsageError):
     """A run directory may not be used as asked (it holds another run, the config of a
     resumed run changed, ...). Raised before anything is written."""
 

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from turnrl import errors
 from turnrl.options import check_options, fits
 from turnrl.train.config import (
     AgentConfig,
@@ -58,7 +59,7 @@ from turnrl.train.iterate_config import (
 C = TypeVar("C")
 
 
-class ConfigError(ValueError):
+class ConfigError(errors.ConfigError):
     """A config that cannot run; ``problems`` holds ``(dotted key, message)`` pairs.
 
     ``where`` maps a key to where its value came from (``file.toml:12`` or
