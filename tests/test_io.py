@@ -15,6 +15,7 @@ from turnrl.io import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
+    check_output_path,
     read_jsonl_tolerant,
 )
 
@@ -114,3 +115,24 @@ def test_new_files_honour_the_umask_and_old_files_keep_their_mode(tmp_path: Path
         assert stat.S_IMODE(again.stat().st_mode) == 0o600
     finally:
         os.umask(previous)
+
+
+def test_a_file_the_directory_refuses_is_an_output_error(tmp_path: Path, monkeypatch) -> None:
+    import turnrl.io as io
+
+    def denied(**kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(io.tempfile, "mkstemp", denied)
+    with pytest.raises(OutputError, match=r"out\.json: cannot write here \(Permission denied\)"):
+        atomic_write_text(tmp_path / "out.json", "x")
+    with pytest.raises(OutputError, match=r"-o .*out\.json: cannot create a file in .*Permission"):
+        check_output_path(tmp_path / "out.json", option="-o")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_output_path_accepts_a_new_file_and_leaves_nothing(tmp_path: Path) -> None:
+    assert check_output_path(tmp_path / "new.jsonl") == tmp_path / "new.jsonl"
+    with pytest.raises(OutputError, match=r"the directory .*missing does not exist"):
+        check_output_path(tmp_path / "missing" / "new.jsonl")
+    assert list(tmp_path.iterdir()) == []

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from turnrl.errors import InputError
 from turnrl.io import append_jsonl
 from turnrl.report import label_summary, load_runs, metric_order, summary, write_report
 
@@ -125,7 +126,7 @@ def test_metric_order_is_curated_then_alphabetical() -> None:
 
 
 def test_missing_metrics_file_and_corrupt_line(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"metrics\.jsonl"):
+    with pytest.raises(InputError, match=r"metrics\.jsonl: no metrics file"):
         write_report([tmp_path], tmp_path / "r.html")
     run_dir = tmp_path / "bad"
     run_dir.mkdir()

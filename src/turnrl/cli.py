@@ -41,10 +41,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_credit(args: argparse.Namespace) -> int:
     from turnrl.credit import compute_credit
+    from turnrl.io import check_output_path
     from turnrl.records import copy_with_columns
     from turnrl.table import TurnTable
 
     params = dict(parse_param(p) for p in args.param)
+    check_output_path(args.output, option="-o/--output")
     table = TurnTable.from_jsonl(args.input)
     credit = compute_credit(table, args.estimator, **params)
     columns = {"advantage": credit.advantages.tolist()}
@@ -154,8 +156,10 @@ def _add_run_options(p: argparse.ArgumentParser, resume_help: str) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from turnrl.io import check_output_path
     from turnrl.report import write_report
 
+    check_output_path(args.output, option="-o/--output")
     out = write_report(args.run_dirs, args.output, title=args.title, smoothing=args.smoothing)
     print(f"report: {out}")
     return 0

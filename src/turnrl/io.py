@@ -166,9 +166,8 @@ def parse_json_line(
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise error(
-                source, line, None, f"is not UTF-8 (byte {err.start + 1} of the line)"
-            ) from None
+            problem = f"is not UTF-8 (byte {err.start + 1} of the line)"
+            raise error(source, line, _undecodable_field(data), problem) from None
         raw = data
     else:
         text = data
@@ -189,6 +188,24 @@ def parse_json_line(
         if found is not None:
             raise error(source, line, found[0] or None, found[1])
     return value
+
+
+def _undecodable_field(data: bytes) -> str | None:
+    """Path of the first key or string holding bytes that are not UTF-8 (``None`` when
+    the line is not JSON either): each such byte is decoded as a lone surrogate
+    (``surrogateescape``) and searched for as one."""
+    try:
+        value = json.loads(data.decode("utf-8", "surrogateescape"))
+    except (ValueError, RecursionError):
+        return None
+
+    def escaped(item: Any) -> str | None:
+        if isinstance(item, str) and any("\udc80" <= c <= "\udcff" for c in item):
+            return "not UTF-8"
+        return None
+
+    found = _find(value, escaped)
+    return found[0] or None if found is not None else None
 
 
 def _skip_space(text: str, start: int) -> int:
@@ -276,6 +293,39 @@ def resolve_output(path: str | os.PathLike[str]) -> tuple[Path, int]:
     return target, stat.S_IMODE(info.st_mode)
 
 
+def check_output_path(path: str | os.PathLike[str], *, option: str | None = None) -> Path:
+    """Refuse, before any work, an output path a command could not write at the end.
+
+    For a command's output option (``-o``), checked up front so a long computation is
+    never lost to a typo: the path must not be a directory or a special file (see
+    :func:`resolve_output`), its directory must exist (a command never invents
+    directories for a single output file) and must take a new file there, which is
+    tried by creating and removing an empty temporary file, so a read-only file
+    system, a missing permission or a pseudo file system (``/proc``) are all found
+    (``os.access`` would approve all of them for root). Raises
+    :class:`~turnrl.errors.OutputError` whose message starts with ``option`` when
+    given. Returns where the write will land.
+    """
+    label = f"{option} {path}" if option else str(path)
+    try:
+        target, _ = resolve_output(path)
+    except OutputError as err:
+        raise OutputError(f"{option} {err}" if option else str(err)) from None
+    directory = target.parent
+    if not directory.is_dir():
+        what = "is not a directory" if directory.exists() else "does not exist"
+        raise OutputError(f"{label}: the directory {directory} {what}")
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=TMP_SUFFIX)
+    except OSError as err:
+        raise OutputError(
+            f"{label}: cannot create a file in {directory} ({err.strerror})"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+    return target
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Open a binary file for writing that appears at ``path`` only once complete.
@@ -287,8 +337,13 @@ def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     are written through and modes follow :func:`resolve_output`.
     """
     target, mode = resolve_output(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=TMP_SUFFIX)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(
+            dir=target.parent, prefix=f".{target.name}.", suffix=TMP_SUFFIX
+        )
+    except OSError as err:
+        raise OutputError(f"{path}: cannot write here ({err.strerror})") from err
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as handle:
@@ -377,7 +432,8 @@ def read_jsonl_tolerant(path: str | os.PathLike[str]) -> list[Any]:
 
     Blank lines are skipped. A final line that does not parse *and* is not terminated
     by a newline is the trace of an interrupted append: it is dropped. Any other line
-    that does not parse raises ``ValueError`` naming the file and the 1-based line.
+    that does not parse raises an :class:`~turnrl.errors.InputError` (a ``ValueError``)
+    naming the file and the 1-based line.
     """
     source = Path(path)
     raw = source.read_bytes()
@@ -393,7 +449,7 @@ def read_jsonl_tolerant(path: str | os.PathLike[str]) -> list[Any]:
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             if index == last_unterminated:
                 break
-            raise ValueError(f"{source}:{index + 1}: corrupt JSON line ({err})") from err
+            raise InputError(str(source), index + 1, None, f"corrupt JSON line ({err})") from err
     return records
 
 

@@ -9,7 +9,8 @@ Two users, one rule set (pure Python, usable from every layer):
   against the function's signature (``check_options``): unknown names and wrong
   types are reported with the allowed options, before any work is done.
 
-Supported hints: ``bool``, ``int``, ``float`` (an int widens), ``str``, ``Path``,
+Supported hints: ``bool``, ``int``, ``float`` (an int widens; NaN and infinities are
+refused: TOML and JSON can spell them, and no option means them), ``str``, ``Path``,
 ``Literal[...]``, optional and union types, ``list[...]``/``tuple[...]``,
 ``dict[str, ...]`` and ``Any``. A hint this module cannot check (a ``Sequence`` of
 tools, a callable, a class) accepts any value: the check must never refuse an option
@@ -19,6 +20,7 @@ the function would take.
 from __future__ import annotations
 
 import inspect
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -91,7 +93,18 @@ def coerce(value: Any, tp: Any) -> Any:
         raise TypeMismatch(f"expected an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:
+                number = math.inf
+            if not math.isfinite(number):
+                shown = (
+                    repr(value)
+                    if len(repr(value)) <= 40
+                    else f"an integer of {len(str(value))} digits"
+                )
+                raise TypeMismatch(f"expected a finite number, got {shown}")
+            return number
         raise TypeMismatch(f"expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):

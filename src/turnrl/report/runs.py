@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from turnrl.errors import InputError
 from turnrl.io import read_jsonl_tolerant
 
 METRICS_FILE = "metrics.jsonl"
@@ -117,7 +118,7 @@ def _read_config(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
         try:
             data = tomllib.loads(text) if name.endswith(".toml") else json.loads(text)
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{path}: cannot parse config copy: {err}") from None
+            raise InputError(str(path), None, None, f"cannot parse config copy: {err}") from None
         return (data if isinstance(data, dict) else None), text
     return None, None
 
@@ -126,7 +127,7 @@ def _records_by_step(records: list[Any], source: Path) -> list[dict[str, Any]]:
     by_step: dict[float, dict[str, Any]] = {}
     for index, record in enumerate(records):
         if not isinstance(record, dict):
-            raise ValueError(f"{source}: record {index + 1} is not a JSON object")
+            raise InputError(str(source), None, None, f"record {index + 1} is not a JSON object")
         step = numeric(record.get(STEP_KEY))
         if step is None or math.isnan(step):
             step = float(index)  # no step key: use the record's position
@@ -137,11 +138,14 @@ def _records_by_step(records: list[Any], source: Path) -> list[dict[str, Any]]:
 
 def load_run(run_dir: str | Path) -> RunData:
     """Load a run directory (its ``metrics.jsonl`` must exist; a crash-truncated last
-    line is skipped)."""
+    line is skipped). A directory that is not a run, or a damaged metrics or config
+    file, is an :class:`~turnrl.errors.InputError` naming the file (and line)."""
     path = Path(run_dir)
     metrics_path = path / METRICS_FILE
     if not metrics_path.is_file():
-        raise FileNotFoundError(f"{metrics_path}: no metrics file (is {path} a run directory?)")
+        raise InputError(
+            str(metrics_path), None, None, f"no metrics file (is {path} a run directory?)"
+        )
     records = _records_by_step(read_jsonl_tolerant(metrics_path), metrics_path)
     config, config_text = _read_config(path)
     label = config.get("label") if config else None
