@@ -78,7 +78,8 @@ test: setup setup-integrations browser
 
 # The adapters against the real verl, agentlightning and trl packages.
 test-integrations: setup-integrations
-	$(INT_VENV)/bin/python -m pytest -q tests/test_integration_tokens.py tests/test_integration_verl.py
+	$(INT_VENV)/bin/python -m pytest -q tests/test_integration_tokens.py tests/test_integration_verl.py \
+		tests/test_grouping_legacy.py
 	$(AGL_VENV)/bin/python -m pytest -q tests/test_integration_tokens.py \
 		tests/test_integration_agentlightning.py tests/test_integration_trl.py \
 		tests/test_serve_agentlightning.py
