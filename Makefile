@@ -8,12 +8,13 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 # The verl adapter and the Agent Lightning/TRL adapters need pins that conflict with
 # the main venv and with each other (see requirements/*.txt): one venv each.
 SMOL_STAMP := $(VENV)/.installed-smol-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+GROUPING_COST ?= 0.4
 INT_VENV := .venv-integrations
 AGL_VENV := .venv-agl
 INT_STAMP := $(INT_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations.txt | cksum | cut -d' ' -f1)
 AGL_STAMP := $(AGL_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations-agl.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup setup-integrations browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-gateway bench-agents grouping lookup-study clean
+.PHONY: setup setup-integrations browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-gateway bench-agents grouping grouping-gradient lookup-study clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -113,8 +114,13 @@ bench-gateway: setup
 bench-agents: setup
 	$(PY) benchmarks/agents.py
 
-grouping: setup
-	$(PY) examples/grouping/run.py
+# The grouping experiment (docs/grouping-experiment.md): the gradient projection table
+# first (it trains the shared warm start), then the confirming learning runs.
+grouping-gradient: setup
+	$(PY) examples/grouping/gradient.py
+
+grouping: grouping-gradient
+	$(PY) examples/grouping/run.py --cost $(GROUPING_COST)
 
 # The search-agent study (docs/search-agent.md): 8 credit estimators x 3 seeds on the lookup
 # environment, one run after the other (about 2 CPU-hours), then its tables and figures.

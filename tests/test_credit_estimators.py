@@ -22,6 +22,7 @@ from turnrl.credit import (
     list_estimators,
     reference,
 )
+from turnrl.credit.estimators import grpo_mixed
 from turnrl.errors import TurnRecordError
 from turnrl.table import TurnTable
 
@@ -100,8 +101,10 @@ def test_grpo_mixed_lone_rule(use_std):
 
 
 def test_grpo_mixed_lone_rule_rejects_unknown_values():
-    with pytest.raises(ValueError, match="lone must be one of zero, raw; got 'one'"):
+    with pytest.raises(TypeError, match="parameter 'lone'"):
         credit_by_key(LONE, "grpo_mixed", lone="one")
+    with pytest.raises(ValueError, match="lone must be one of zero, raw; got 'one'"):
+        grpo_mixed(TurnTable.from_records(LONE), lone="one")  # called directly
 
 
 # --------------------------------------------------------------------------

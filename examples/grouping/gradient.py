@@ -40,7 +40,7 @@ import argparse
 import json
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -122,21 +122,23 @@ def project_arm(arm: Arm, records, table, logp, jd, mask, pipeline, seed: int) -
     import torch
 
     from turnrl.credit import compute_credit
-    from turnrl.train.online import build_update_batch
+    from turnrl.train.ppo import build_update_batch
     from turnrl.train.projection import loss_logp_gradient, projection
 
     advantages = compute_credit(table, arm.estimator, **arm.params).advantages
-    turn = np.array([r["turn"] for r in records])
+    turn = np.array([r.turn for r in records])
     if arm.legacy:
-        picked = select_rows([len(r["prompt_ids"]) for r in records], pipeline, random.Random(seed))
+        picked = select_rows(
+            [len(r.prompt_ids or ()) for r in records], pipeline, random.Random(seed)
+        )
         rows = picked.rows
         weights = legacy_weights(mask[rows], pipeline)
         adv = torch.as_tensor(advantages[rows], dtype=torch.float32)
     else:
-        trained = [dict(r, train=bool(arm.later or r["turn"] == 0)) for r in records]
+        trained = [replace(r, train=bool(arm.later or r.turn == 0)) for r in records]
         batch = build_update_batch(trained, table, advantages, None, arm.aggregation)
-        rows = [i for i, r in enumerate(trained) if r["response_ids"] and r["train"]]
-        assert batch.responses == [records[i]["response_ids"] for i in rows]
+        rows = [i for i, r in enumerate(trained) if r.response_ids and r.train]
+        assert batch.responses == [list(records[i].response_ids or ()) for i in rows]
         weights, adv = batch.weight_B_T, batch.adv_B
     width = weights.shape[1]
     grad = loss_logp_gradient(logp[rows, :width], adv, mask[rows, :width], weights)
@@ -151,19 +153,19 @@ def project_arm(arm: Arm, records, table, logp, jd, mask, pipeline, seed: int) -
 def episode_stats(episodes, records) -> dict[str, float]:
     """Sums the economics are built from: per opening (tool call, direct answer, other),
     episodes, successes and turns."""
-    first = {r["traj_id"]: r for r in records if r["turn"] == 0}
+    first = {r.traj_id: r for r in records if r.turn == 0}
     out: dict[str, float] = {}
     for e in episodes:
-        response = first[e.traj_id]["response"]
+        response = first[e.traj_id].response or ""
         direct = response.startswith("<answer>")
         kind = "tool" if e.opened_with_tool else "direct" if direct else "other"
         out[f"n_{kind}"] = out.get(f"n_{kind}", 0) + 1
         out[f"success_{kind}"] = out.get(f"success_{kind}", 0) + float(bool(e.correct))
         out[f"turns_{kind}"] = out.get(f"turns_{kind}", 0) + e.turn
     out["rows"] = len(records)
-    out["rows_later"] = sum(r["turn"] > 0 for r in records)
-    out["malformed_rows"] = sum(bool(r["malformed"]) for r in records)
-    out["truncated_rows"] = sum(r["stop_reason"] == "length" for r in records)
+    out["rows_later"] = sum(r.turn > 0 for r in records)
+    out["malformed_rows"] = sum(bool(r.malformed) for r in records)
+    out["truncated_rows"] = sum(r.stop_reason == "length" for r in records)
     return out
 
 
@@ -212,20 +214,20 @@ def measure(out: Path, n_batches: int, overrides: list[str]) -> None:
             records = batch.records
             logp, jd, mask = directional_logprobs(
                 policy,
-                [r["prompt_ids"] for r in records],
-                [r["response_ids"] for r in records],
+                [list(r.prompt_ids or ()) for r in records],
+                [list(r.response_ids or ()) for r in records],
                 direction,
             )
             projections: dict[str, dict[str, list[float]]] = {}
             for cost in COSTS:
-                costed = [dict(r, reward=r["reward"] - cost) for r in records]
+                costed = [replace(r, reward=r.reward - cost) for r in records]
                 table = TurnTable.from_records(costed, source=f"batch {index}")
                 projections[f"{cost:g}"] = {
                     arm.name: list(project_arm(arm, costed, table, logp, jd, mask, pipeline, index))
                     for arm in arms()
                 }
             picked = select_rows(
-                [len(r["prompt_ids"]) for r in records], pipeline, random.Random(index)
+                [len(r.prompt_ids or ()) for r in records], pipeline, random.Random(index)
             )
             stats = {
                 **episode_stats(batch.episodes, records),

@@ -11,6 +11,8 @@ i.e. its raw score divided by 1 + 1e-6; ``grpo_mixed(lone="raw")`` reproduces th
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from turnrl.credit.registry import Credit, register_estimator
@@ -34,7 +36,9 @@ def outcome_advantage(table: TurnTable, *, use_std: bool) -> np.ndarray:
 
 
 @register_estimator("grpo_mixed", group_key="task")
-def grpo_mixed(table: TurnTable, *, use_std: bool = True, lone: str = "zero") -> Credit:
+def grpo_mixed(
+    table: TurnTable, *, use_std: bool = True, lone: Literal["zero", "raw"] = "zero"
+) -> Credit:
     """Legacy mixed grouping: every row scored with its trajectory's outcome, grouped by task.
 
     This is what frameworks that give all turn samples of a question one ``uid``

@@ -69,11 +69,11 @@ def rows_from_table(table: TurnTable) -> list[Row]:
 def _normalise(values: list[float], use_std: bool, std_floor: float = 0.0) -> list[float]:
     """Subtract the mean; with std, divide by (max(sample std, std_floor) + EPS).
 
-    One member -> 0."""
+    One member -> 0; equal members -> exactly 0 (a rounded mean could leave ~1e-15)."""
     n = len(values)
-    if n < 2:
+    if n < 2 or min(values) == max(values):
         return [0.0] * n
-    mean = sum(values) / n
+    mean = math.fsum(values) / n
     deviations = [v - mean for v in values]
     if not use_std:
         return deviations

@@ -37,7 +37,7 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from turnrl.envs.episode_state import ImmutableStateEnv
 from turnrl.envs.safe_math import calculate, format_number
@@ -263,7 +263,7 @@ class CalculatorEnv(ImmutableStateEnv):
         tools: Sequence[Tool] = (CALCULATOR,),
         default_tool: str | None = "calculator",
         system_prompt: str | None = None,
-        truncation: str = "parse",
+        truncation: Literal["parse", "zero_reward"] = "parse",
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
