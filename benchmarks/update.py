@@ -2,7 +2,10 @@
 
     .venv/bin/python benchmarks/update.py              # prints the tables
     .venv/bin/python benchmarks/update.py --write      # and writes them into RESULTS.md
-    .venv/bin/python benchmarks/update.py --only calculator,trl --no-write
+    .venv/bin/python benchmarks/update.py --only calculator,trl
+    .venv/bin/python benchmarks/update.py --results runs/bench-update.jsonl --write
+        # each finished scenario is appended there; a rerun with the same file
+        # reuses them and runs only the missing ones (resume after a crash)
 
 Scenarios (``--only`` picks some): each runs a recipe's warm start, then
 
@@ -371,6 +374,27 @@ def trl_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def load_results(path: Path | None) -> dict[str, Any]:
+    """Finished scenarios of an earlier run (``--results``), by name."""
+    if path is None or not path.exists():
+        return {}
+    done: dict[str, Any] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            entry = json.loads(line)
+            done[entry["key"]] = entry["result"]
+    return done
+
+
+def save_result(path: Path | None, key: str, result: Any) -> None:
+    """Append one finished scenario to ``--results`` (one JSON line)."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as out:
+        out.write(json.dumps({"key": key, "result": result}) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -381,6 +405,12 @@ def main() -> None:
     parser.add_argument("--trl-steps", type=int, default=3, help="timed steps against TRL")
     parser.add_argument("--trl-python", default=str(AGL_PYTHON), help="the TRL venv's python")
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="JSON-lines file: finished scenarios are appended, and reused by a rerun",
+    )
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 5 SFT steps, 1 batch, 1 step each"
     )
@@ -396,8 +426,20 @@ def main() -> None:
         parser.error(f"--only: unknown {unknown}; choose from {[*SCENARIOS, 'trl']}")
     with tempfile.TemporaryDirectory(prefix="turnrl-bench-update-") as tmp:
         work = Path(tmp)
-        results = [run_scenario(n, args, work) for n in chosen if n != "trl"]
-        trl = run_trl(args, work) if "trl" in chosen else []
+        done = load_results(args.results)
+        results = []
+        for name in chosen:
+            if name != "trl":
+                if name not in done:
+                    done[name] = run_scenario(name, args, work)
+                    save_result(args.results, name, done[name])
+                results.append(done[name])
+        trl = []
+        if "trl" in chosen:
+            if "trl" not in done:
+                done["trl"] = run_trl(args, work)
+                save_result(args.results, "trl", done["trl"])
+            trl = done["trl"]
     command = "python benchmarks/update.py " + " ".join(sys.argv[1:])
     if results:
         print(update_table(results))

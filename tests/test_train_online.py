@@ -84,6 +84,41 @@ def expected_pg_loss(rows: list[dict], mode: str) -> float:
     return float(-(weight * adv).sum())
 
 
+def _distinct_prefixes(sequences: list[list[int]]) -> int:
+    """Size of the token trie of ``sequences``: how many distinct non-empty prefixes."""
+    return len({tuple(s[:k]) for s in sequences for k in range(1, len(s) + 1)})
+
+
+@pytest.mark.parametrize("update", ["tree", "rows"])
+def test_step_metrics_log_the_update_tokens_and_memory(
+    tmp_path: Path, tiny_train, read_metrics, update: str
+) -> None:
+    config = tiny_train(
+        tmp_path,
+        f"train.update={update}",
+        "train.max_tokens_per_batch=100000",  # one forward: computed = the batch's trie
+        "train.steps=1",
+        "train.log_rollouts_every=1",
+        *ONE_UPDATE,
+    )
+    run = OnlineTrainer(config, quiet=True).run()
+    (row,) = [m for m in read_metrics(run) if m["step"] == 1]
+    trained = [r for r in records(run, 1) if r["response_ids"] and r.get("train", True)]
+    sequences = [[*r["prompt_ids"], *r["response_ids"]] for r in trained]
+    by_task: dict[str, list[list[int]]] = {}
+    for r, sequence in zip(trained, sequences, strict=True):
+        by_task.setdefault(r["task_id"], []).append(sequence)
+    assert row["update_tokens_rows"] == sum(len(s) for s in sequences)
+    assert row["update_tokens_unique"] == sum(_distinct_prefixes(t) for t in by_task.values())
+    # tree: one forward over every task's rows, so tasks share their common prompt too
+    if update == "tree":
+        assert row["update_tokens_computed"] == _distinct_prefixes(sequences)
+        assert row["update_tokens_computed"] < row["update_tokens_rows"]
+    else:
+        assert row["update_tokens_computed"] == row["update_tokens_rows"]
+    assert row["update_activation_mib"] > 0
+
+
 def test_aggregation_modes_weigh_rows_as_documented(tmp_path: Path, tiny_train, read_metrics):
     losses = {}
     for mode in ("token-mean", "seq-mean-token-mean", "rollout-mean"):
