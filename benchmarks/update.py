@@ -280,7 +280,7 @@ def update_table(results: list[dict[str, Any]]) -> str:
             f"| {tree['update_tokens_computed']:,.0f} | {tree['update_tokens_unique']:,.0f} "
             f"| {tree['update_tokens_computed'] / tree['update_tokens_unique']:.2f} "
             f"| {rows['activation_mib']:.1f} | {tree['activation_mib']:.1f} "
-            f"| {rows['cpu']:.2f} | {tree['cpu']:.2f} | {rows['cpu'] / tree['cpu']:.1f}x "
+            f"| {rows['cpu']:.2f} | {tree['cpu']:.2f} | {rows['cpu'] / tree['cpu']:.2f}x "
             f"| {srows['cpu']:.2f} | {stree['cpu']:.2f} | {srows['cpu'] / stree['cpu']:.2f}x |"
         )
     return "\n".join(lines)
@@ -462,8 +462,37 @@ def update_body(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         "(computed can be lower: rows of different tasks in one forward share their prompt "
         "prefix)\n"
         "- activation MiB: largest bytes autograd saved for one backward (parameters "
-        "excluded)\n\n" + update_table(results)
+        "excluded)\n\n" + update_table(results) + "\n\n" + update_aims(results)
     )
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def update_aims(results: list[dict[str, Any]]) -> str:
+    """Issue #16's aims for the update, checked on this run's numbers."""
+    ran = {r["name"]: r for r in results if "skipped" not in r}
+    lines = ["Aims (issue #16), on these numbers:"]
+    if ran:
+        ratios = {
+            n: r["updates"]["tree"]["update_tokens_computed"]
+            / r["updates"]["tree"]["update_tokens_unique"]
+            for n, r in ran.items()
+        }
+        worst = max(ratios, key=ratios.__getitem__)
+        lines.append(
+            f"- tokens computed / unique at most 1.05: {met(ratios[worst] <= 1.05)} "
+            f"(largest: {worst}, {ratios[worst]:.3f})"
+        )
+    for name, aim in (("calculator", 5.0), ("smollm2", 3.0)):
+        if name in ran:
+            u = ran[name]["updates"]
+            speed = u["rows"]["cpu"] / u["tree"]["cpu"]
+            lines.append(
+                f"- update at least {aim:.0f}x faster on {name}: {met(speed >= aim)} ({speed:.2f}x)"
+            )
+    return "\n".join(lines)
 
 
 def trl_body(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
@@ -473,7 +502,15 @@ def trl_body(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f"means of {args.trl_steps} steps after a first one left out; TRL 1.16 in .venv-agl "
         "(single-turn: its own generate; multi-turn: turnrl's rollout_func adapter) with its "
         "defaults (gradient checkpointing on) and without checkpointing; turnrl with update = "
-        "tree and its defaults (prefix cache in sampling)\n\n" + trl_table(results)
+        "tree and its defaults (prefix cache in sampling)\n\n"
+        + trl_table(results)
+        + "".join(
+            f"\n\nAim (issue #16): multi-turn step at most 0.3x TRL's: "
+            f"{met(r['turnrl']['cpu'] / r['trl']['cpu'] <= 0.3)} "
+            f"({r['turnrl']['cpu'] / r['trl']['cpu']:.2f}x)"
+            for r in results
+            if r["name"] == "multi-turn" and "skipped" not in r
+        )
     )
 
 
