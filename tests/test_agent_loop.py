@@ -13,19 +13,25 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from agent_fixtures import parity
 from turnrl.cli import main as turnrl_main
+from turnrl.credit import compute_credit
 from turnrl.policy import HFPolicy
+from turnrl.records import parse_record
 from turnrl.serve import PortInUseError
 from turnrl.table import TurnTable
-from turnrl.train.agent import AgentRunError, AgentTrainer
+from turnrl.train.agent import AgentRunError, AgentTrainer, refuse_untrainable, rollout_metrics
 from turnrl.train.agent_programs import AgentConfigError
+from turnrl.train.agent_runner import RolloutResult
 from turnrl.train.checkpoint import load_latest_checkpoint
-from turnrl.train.config import RunConfig, load_config
+from turnrl.train.config import PPOConfig, RunConfig, load_config
+from turnrl.train.ppo import build_update_batch, ppo_update
 from turnrl.train.validate import ConfigError, validate
+from turnrl.types import Task, TurnRecord
 
 FIXTURES = Path(__file__).with_name("agent_fixtures.py")
 AGENTS = Path(__file__).resolve().parents[1] / "examples" / "agents"
@@ -58,6 +64,16 @@ def agent_config(tmp_path: Path, *overrides: str, agent: str | None = "two_calls
     if agent is not None:
         base.append(f"agent.entrypoint={FIXTURES}:{agent}")
     return load_config(RunConfig, None, [*base, *TINY_AGENT, *overrides])
+
+
+def read_records(path: Path) -> list[TurnRecord]:
+    return [
+        parse_record(row, source=str(path), line=i + 1) for i, row in enumerate(read_jsonl(path))
+    ]
+
+
+def warm_parameters(run: Path) -> list[torch.Tensor]:
+    return list(HFPolicy.from_pretrained(run / "warm_start").parameters())
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -108,8 +124,15 @@ def test_an_entrypoint_agent_trains_and_its_records_are_what_it_sent_and_got(
     assert turnrl_main(["report", str(run), "-o", str(tmp_path / "report.html")]) == 0
 
 
-def test_the_served_policy_changes_after_an_update(tmp_path: Path) -> None:
-    config = agent_config(tmp_path, "train.lr=0.05", "train.steps=2", agent="two_calls_graded")
+@pytest.mark.parametrize("layout", ["tree", "rows"])
+def test_the_served_policy_changes_after_an_update(tmp_path: Path, layout: str) -> None:
+    config = agent_config(
+        tmp_path,
+        "train.lr=0.05",
+        "train.steps=2",
+        f"train.update={layout}",
+        agent="two_calls_graded",
+    )
     run = AgentTrainer(config, quiet=True).run()
     warm = HFPolicy.from_pretrained(run / "warm_start")
     after_one = HFPolicy.from_pretrained(run / "warm_start")
@@ -128,6 +151,62 @@ def test_the_served_policy_changes_after_an_update(tmp_path: Path) -> None:
     # ... and the weights of step 2 are not the warm start's: the update was served.
     old, _ = warm.response_logprobs(contexts, responses, temperature=1.0)
     assert not torch.allclose(old * mask, recorded * mask, atol=1e-3)
+
+
+def test_tree_and_rows_updates_agree_on_an_agent_s_records(tmp_path: Path) -> None:
+    """The default tree update on the gateway's records (two rollouts per task, second
+    calls extending the first: shared prefixes) takes the same step as the per-row one."""
+    config = agent_config(tmp_path, "train.steps=1", agent="two_calls_graded")
+    run = AgentTrainer(config, quiet=True).run()
+    records = read_records(run / "rollouts" / "step-000001.jsonl")
+    table = TurnTable.from_records(records)
+    credit = compute_credit(table, "grpo")
+    assert np.any(credit.advantages != 0)
+    batch = build_update_batch(records, table, credit.advantages, None, "token-mean")
+    assert sorted(set(batch.tree_B.tolist())) == [0, 1]  # two tasks, two trees
+    weights = {}
+    for layout in ("tree", "rows"):
+        policy = HFPolicy.from_pretrained(run / "warm_start")
+        optimizer = torch.optim.SGD(policy.parameters(), lr=0.1)
+        ppo = PPOConfig(minibatch_size=len(records), update=layout)
+        losses = ppo_update(policy, optimizer, batch, ppo, temperature=1.0, reference=None, seed=0)
+        weights[layout] = torch.cat([p.detach().flatten() for p in policy.parameters()])
+        if layout == "tree":  # the tree computes each shared prefix once
+            assert losses["update_tokens_computed"] < losses["update_tokens_rows"]
+    start = torch.cat([p.detach().flatten() for p in warm_parameters(run)])
+    assert not torch.allclose(weights["tree"], start)
+    assert torch.allclose(weights["tree"], weights["rows"], atol=1e-5)
+
+
+def test_a_rollout_over_two_policy_versions_or_another_temperature_is_refused() -> None:
+    def rollout(name: str, versions: list[int], temperature: float = 1.0) -> RolloutResult:
+        records = [
+            parse_record(
+                {
+                    "traj_id": name,
+                    "task_id": "t",
+                    "turn": turn,
+                    "prompt": "q",
+                    "response": "a",
+                    "reward": 1.0,
+                    "done": turn == len(versions) - 1,
+                    "policy_version": version,
+                    "temperature": temperature,
+                }
+            )
+            for turn, version in enumerate(versions)
+        ]
+        return RolloutResult(name, Task("t", {}), records=records, reward=1.0)
+
+    results = [rollout("same", [3, 3]), rollout("spans", [3, 4]), rollout("hot", [3], 0.7)]
+    refuse_untrainable(results, temperature=1.0)
+    same, spans, hot = results
+    assert same.failure is None and len(same.records) == 2
+    assert spans.records == [] and spans.failure is not None
+    assert spans.failure.reason == "its turns were sampled by policy versions [3, 4]"
+    assert hot.records == [] and hot.failure is not None
+    assert hot.failure.reason.startswith("the agent asked for temperature [0.7], but training")
+    assert rollout_metrics(results)["agent_failures"] == 2.0
 
 
 def test_a_command_agent_trains_through_the_cli(tmp_path: Path) -> None:
