@@ -3,8 +3,10 @@
 ``calc_openai``: the openai-client calculator agent (examples/agents/calc_openai.py)
 from a warm start on its own calls answered by the teacher (tool on half of the
 hard problems), then RL with ``grpo_mixed`` (every call a sample, all grouped by
-question: the setting of the original report), ``grpo`` and ``node``; 3 seeds, one
-warm start per seed shared by the three estimators.
+question: the setting of the original report), ``grpo`` and ``node``; 3 RL seeds
+from one warm start (3000 SFT steps: 800 did not teach the tiny model to copy the
+numbers into the tool call through this agent's longer prompt), shared by every
+run (``warm_seeds``; one warm start per seed costs 3x its CPU time).
 
 ``calc_x``: the autogen calc_x agent (examples/agents/calc_x/) from its teacher
 warm start, trained for 20 steps with ``grpo``.
@@ -22,9 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import numpy as np
+
+from turnrl.io import append_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = ROOT / "examples" / "agents"
@@ -34,13 +39,14 @@ STUDIES = {
         "config": AGENTS / "calc_openai.toml",
         "estimators": ("grpo_mixed", "grpo", "node"),
         "seeds": 3,
+        "warm_seeds": 1,
         "warm": [
             "warm_start.teacher_tasks=512",
-            "warm_start.steps=800",
+            "warm_start.steps=3000",
         ],
         "rl": [
             "rollout.tasks_per_step=8",
-            "rollout.group_size=4",
+            "rollout.group_size=8",
             "train.steps=30",
             "train.eval_every=10",
             "train.checkpoint_every=10",
@@ -50,15 +56,26 @@ STUDIES = {
         "config": AGENTS / "calc_x" / "calc_x.toml",
         "estimators": ("grpo",),
         "seeds": 1,
-        "warm": [],
+        "warm_seeds": 1,
+        "warm": ["warm_start.teacher_tasks=128", "warm_start.steps=1200"],
         "rl": [],
     },
 }
-METRICS = ("eval_success", "eval_success_hard", "eval_tool_rate_hard", "eval_turns")
+METRICS = (
+    "eval_success",
+    "eval_success_hard",
+    "eval_success_easy",
+    "eval_tool_rate_hard",
+    "eval_tool_rate_easy",
+    "eval_turns",
+)
+WALL = "wall.jsonl"
+"""One line per run that this script ran to its end: its wall-clock seconds."""
 
 
 def train(config_path: Path, overrides: list[str]) -> Path:
-    """One run, resumed if it was interrupted."""
+    """One run, resumed if it was interrupted; its wall time appended to ``wall.jsonl``
+    next to the study's runs (a resumed run's line covers only the last part)."""
     from turnrl.train.agent import AgentTrainer
     from turnrl.train.config import RunConfig, load_config
 
@@ -66,7 +83,13 @@ def train(config_path: Path, overrides: list[str]) -> Path:
     done = Path(config.run_dir) / "metrics.jsonl"
     if done.exists() and _last_step(done) >= config.train.steps:
         return Path(config.run_dir)
-    return AgentTrainer(config, resume=True, quiet=False).run()
+    started = time.perf_counter()
+    run = AgentTrainer(config, resume=True, quiet=False).run()
+    append_jsonl(
+        run.parents[1] / WALL,
+        {"run": f"{run.parent.name}/{run.name}", "seconds": time.perf_counter() - started},
+    )
+    return run
 
 
 def _last_step(metrics: Path) -> int:
@@ -77,9 +100,21 @@ def _last_step(metrics: Path) -> int:
 def run_study(name: str, out: Path) -> None:
     study = STUDIES[name]
     for seed in range(study["seeds"]):
-        common = [f"train.seed={seed}", f"tasks.seed={seed}"]
-        warm = out / "warm" / f"seed{seed}"
-        train(study["config"], [*common, f"run_dir={warm}", *study["warm"], "train.steps=0"])
+        # The task sets (training pool, held-out set) are the same for every seed: the
+        # seed varies the warm start (when there are several), the RL sampling and the
+        # order tasks are drawn in.
+        common = [f"train.seed={seed}"]
+        warm_seed = seed % study["warm_seeds"]
+        warm = out / "warm" / f"seed{warm_seed}"
+        train(
+            study["config"],
+            [
+                f"train.seed={warm_seed}",
+                f"run_dir={warm}",
+                *study["warm"],
+                "train.steps=0",
+            ],
+        )
         for estimator in study["estimators"]:
             train(
                 study["config"],
@@ -109,9 +144,14 @@ def summarise(name: str, out: Path) -> str:
         "",
         "| estimator | "
         + " | ".join(f"{m.removeprefix('eval_')} before -> after" for m in METRICS)
-        + " | steps |",
-        "|---|" + "---:|" * (len(METRICS) + 1),
+        + " | steps | wall s per run |",
+        "|---|" + "---:|" * (len(METRICS) + 2),
     ]
+    walls = {}
+    if (out / WALL).exists():
+        for line in (out / WALL).read_text().splitlines():
+            row = json.loads(line)
+            walls[row["run"]] = row["seconds"]
     for estimator in study["estimators"]:
         runs = sorted((out / estimator).glob("seed*"))
         pairs = [evaluations(run) for run in runs if (run / "metrics.jsonl").exists()]
@@ -123,7 +163,11 @@ def summarise(name: str, out: Path) -> str:
             after = np.array([a.get(metric, np.nan) for _, a in pairs])
             cells.append(f"{_fmt(before)} -> {_fmt(after)}")
         steps = ", ".join(str(a["step"]) for _, a in pairs)
-        lines.append(f"| {estimator} | " + " | ".join(cells) + f" | {steps} |")
+        wall = [
+            walls[f"{estimator}/{run.name}"] for run in runs if f"{estimator}/{run.name}" in walls
+        ]
+        wall_cell = f"{np.mean(wall):.0f}" if wall else "-"
+        lines.append(f"| {estimator} | " + " | ".join(cells) + f" | {steps} | {wall_cell} |")
     text = "\n".join(lines)
     (out / "summary.md").write_text(text + "\n")
     return text
