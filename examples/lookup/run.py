@@ -1,8 +1,8 @@
 """The search-agent study: credit estimators on the ``lookup`` environment.
 
 Recipe ``examples/lookup.toml`` (tiny character model, multi-hop questions over
-a per-task knowledge base, BM25 search). One warm start per seed, shared by
-every arm of that seed; every arm samples the same number of episodes
+a per-task knowledge base, BM25 search). One warm start (``--warm-seeds``: more),
+shared by every arm and RL seed; every arm samples the same number of episodes
 (``train.steps x tasks_per_step x group_size``, independent rollouts); only
 the credit estimator differs:
 
@@ -17,14 +17,16 @@ the credit estimator differs:
     a2tgpo_no_clip     ... beta = 0: the ordinary clip range (ablation)
 
     python examples/lookup/run.py                  # 3 seeds x 8 arms, one run after the other
+    python examples/lookup/run.py --warm-seeds 3   # ... with a warm start of its own per seed
     python examples/lookup/run.py --quick --out /tmp/lookup   # 1 seed, 2 steps (smoke test)
     python examples/lookup/run.py --summarise      # only the tables and figures
 
 Runs go to ``OUT/<arm>/seed<k>`` (warm starts to ``OUT/warm/seed<k>``); the
-tables to ``OUT/summary.md``; the figures to ``docs/img/search-*.png`` (not
-with ``--quick``). Runs execute one after the other with one torch thread (the
-machine is shared); rerunning resumes: a finished run is skipped, a killed one
-continues from its last checkpoint.
+tables to ``OUT/summary.md`` and, for the default OUT, into
+``docs/search-agent.md`` (between its table markers); the figures to
+``docs/img/search-*.png`` (not with ``--quick``). Runs execute one after the
+other with one torch thread (the machine is shared); rerunning resumes: a
+finished run is skipped, a killed one continues from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -32,15 +34,22 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from turnrl.io import atomic_write_text
+from turnrl.train.config import RunConfig, load_config
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "lookup.toml"
 FIGURES = ROOT / "docs" / "img"
+DOC = ROOT / "docs" / "search-agent.md"
+DOC_BEGIN = "<!-- tables: written by `examples/lookup/run.py --summarise`, do not edit -->"
+DOC_END = "<!-- end of tables -->"
 ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("grpo", {}),
     "turn_group": ("turn_group", {}),
@@ -63,7 +72,6 @@ def toml_table(params: dict[str, Any]) -> str:
 
 def train(overrides: list[str]) -> Path:
     """One run (resumed from its last checkpoint if it was killed)."""
-    from turnrl.train.config import RunConfig, load_config
     from turnrl.train.online import OnlineTrainer
 
     config = load_config(RunConfig, CONFIG, [*overrides, "train.threads=1"])
@@ -84,12 +92,17 @@ def read_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_all(out: Path, seeds: int, steps: int, budget: list[str]) -> None:
+def run_all(out: Path, seeds: int, steps: int, budget: list[str], warm_seeds: int) -> None:
+    """Every run, seed by seed (so that a cut-short study still has whole seeds).
+
+    RL seed ``k`` starts from warm start ``k mod warm_seeds``: with ``warm_seeds = 1``
+    every seed shares one warm start and the seed spread is the RL's alone."""
     jobs: list[tuple[Path, list[str], int]] = []
     for seed in range(seeds):
-        warm = out / "warm" / f"seed{seed}"
+        warm = out / "warm" / f"seed{seed % warm_seeds}"
         common = [*budget, f"train.seed={seed}"]
-        jobs.append((warm, [*common, f"run_dir={warm}", "train.steps=0"], 0))
+        if seed < warm_seeds:
+            jobs.append((warm, [*common, f"run_dir={warm}", "train.steps=0"], 0))
         for arm, (estimator, params) in ARMS.items():
             run_dir = out / arm / f"seed{seed}"
             overrides = [
@@ -115,9 +128,10 @@ def run_all(out: Path, seeds: int, steps: int, budget: list[str]) -> None:
 # ------------------------------------------------------------------ summary
 
 
-def final_eval(run_dir: Path) -> dict[str, float]:
-    """The last evaluation row of a run (its step-0 row for a warm start)."""
-    rows = [r for r in read_rows(run_dir) if "eval_success" in r]
+def final_eval(run_dir: Path, steps: int) -> dict[str, float]:
+    """The evaluation row of a run's step ``steps`` (0: a warm start); empty for a run that
+    has not got there (left out of the tables rather than counted with its start)."""
+    rows = [r for r in read_rows(run_dir) if "eval_success" in r and r.get("step") == steps]
     return rows[-1] if rows else {}
 
 
@@ -145,20 +159,28 @@ def per_seed(values: list[float], digits: int = 2) -> str:
     return " / ".join("–" if np.isnan(v) else f"{v:.{digits}f}" for v in values)
 
 
-def summarise(out: Path, seeds: int, figures: bool) -> str:
+def summarise(
+    out: Path, seeds: int, warm_seeds: int, steps: int, logged_every: int, figures: bool
+) -> str:
     """Every table the write-up quotes (markdown, also written to OUT/summary.md) and,
     with ``figures``, its figures in docs/img."""
     labels = ["warm start", *ARMS]
     dirs = {
-        "warm start": [out / "warm" / f"seed{s}" for s in range(seeds)],
+        "warm start": [out / "warm" / f"seed{s}" for s in range(warm_seeds)],
         **{arm: [out / arm / f"seed{s}" for s in range(seeds)] for arm in ARMS},
     }
-    finals = {label: [final_eval(d) for d in dirs[label]] for label in labels}
+    finals = {
+        label: [final_eval(d, 0 if label == "warm start" else steps) for d in dirs[label]]
+        for label in labels
+    }
 
     def column(label: str, key: str) -> list[float]:
         return [float(f.get(key, np.nan)) for f in finals[label]]
 
     lines = [
+        f"{seeds} RL seeds from {warm_seeds} warm start(s); every number below a mean ± std "
+        "over the seeds (std with ddof 0) unless it says otherwise.",
+        "",
         f"Held-out success (greedy, {seeds} seeds: mean ± std, then seed by seed)",
         "",
         "| arm | success | 1-hop | 2-hop | 3-hop | success per seed |",
@@ -193,7 +215,8 @@ def summarise(out: Path, seeds: int, figures: bool) -> str:
     for title, index in (("mean", 0), ("std", 1)):
         lines += [
             "",
-            f"Advantage {title} by turn position (training batches logged every 5 steps; "
+            f"Advantage {title} by turn position (training batches logged every "
+            f"{logged_every} steps; "
             "mean ± std over seeds)",
             "",
             f"| arm | {header} |",
@@ -236,10 +259,23 @@ def summarise(out: Path, seeds: int, figures: bool) -> str:
             ]
             lines.append(f"| {arm} | {' | '.join(cells)} |")
     text = "\n".join(lines) + "\n"
-    (out / "summary.md").write_text(text)
+    atomic_write_text(out / "summary.md", text)
     if figures:
-        write_figures(out, dirs, finals, adv)
+        with warnings.catch_warnings():  # arms without finished runs: nan means, no bar
+            warnings.simplefilter("ignore", RuntimeWarning)
+            write_figures(out, dirs, finals, adv)
     return text
+
+
+def write_into_doc(doc: Path, tables: str) -> None:
+    """Replace the block between ``DOC_BEGIN`` and ``DOC_END`` in the write-up with ``tables``
+    (so the page always shows what the last ``--summarise`` computed)."""
+    text = doc.read_text()
+    if DOC_BEGIN not in text or DOC_END not in text:
+        raise SystemExit(f"{doc}: no '{DOC_BEGIN}' ... '{DOC_END}' block to write the tables into")
+    head, rest = text.split(DOC_BEGIN, 1)
+    _, tail = rest.split(DOC_END, 1)
+    atomic_write_text(doc, f"{head}{DOC_BEGIN}\n\n{tables}\n{DOC_END}{tail}")
 
 
 def write_figures(out: Path, dirs, finals, adv) -> None:
@@ -299,22 +335,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=None, help="RL steps (default: recipe)")
+    parser.add_argument(
+        "--warm-seeds",
+        type=int,
+        default=1,
+        help="warm starts (default 1, shared by every seed, as in docs/search-agent.md); "
+        "RL seed k starts from warm start k mod this",
+    )
     parser.add_argument("--out", default=str(ROOT / "runs" / "lookup"))
     parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, tiny warm start")
     parser.add_argument("--summarise", action="store_true", help="only the tables and figures")
     args = parser.parse_args()
-    from turnrl.train.config import RunConfig, load_config
-
     seeds = 1 if args.quick else args.seeds
-    steps = 2 if args.quick else args.steps or load_config(RunConfig, CONFIG).train.steps
     budget = []
     if args.quick:
         budget = ["warm_start.steps=5", "env.n_eval_tasks=6", "train.eval_every=1"]
-        budget += ["train.log_rollouts_every=1", "rollout.tasks_per_step=2"]
+        budget += ["train.log_rollouts_every=1", "rollout.tasks_per_step=2", "train.steps=2"]
+    recipe = load_config(RunConfig, CONFIG, budget)
+    steps = args.steps or recipe.train.steps
+    warm_seeds = max(1, min(args.warm_seeds, seeds))
     out = Path(args.out)
     if not args.summarise:
-        run_all(out, seeds, steps, budget)
-    print(summarise(out, seeds, figures=not args.quick))
+        run_all(out, seeds, steps, budget, warm_seeds)
+    tables = summarise(
+        out, seeds, warm_seeds, steps, recipe.train.log_rollouts_every, figures=not args.quick
+    )
+    print(tables)
+    if not args.quick and out.resolve() == (ROOT / "runs" / "lookup").resolve():
+        write_into_doc(DOC, tables)
 
 
 if __name__ == "__main__":
