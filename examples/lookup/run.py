@@ -50,12 +50,12 @@ FIGURES = ROOT / "docs" / "img"
 DOC = ROOT / "docs" / "search-agent.md"
 DOC_BEGIN = "<!-- tables: written by `examples/lookup/run.py --summarise`, do not edit -->"
 DOC_END = "<!-- end of tables -->"
-ARMS: dict[str, tuple[str, dict[str, Any]]] = {
+ARMS: dict[str, tuple[str, dict[str, Any]]] = {  # in the order they run within a seed
     "grpo": ("grpo", {}),
-    "turn_group": ("turn_group", {}),
-    "gigpo": ("gigpo", {}),
     "igpo": ("igpo", {}),
     "a2tgpo": ("a2tgpo", {}),
+    "gigpo": ("gigpo", {}),
+    "turn_group": ("turn_group", {}),
     "a2tgpo_joint": ("a2tgpo", {"ig_norm": "joint"}),
     "a2tgpo_no_rescale": ("a2tgpo", {"rescale": False}),
     "a2tgpo_no_clip": ("a2tgpo", {"beta": 0.0}),
@@ -210,7 +210,11 @@ def summarise(
         )
 
     # Advantages by turn position, over the logged training batches.
-    adv = {arm: [turn_stats(d, "advantage") for d in dirs[arm]] for arm in ARMS}
+    def logged(arm: str, field: str) -> list[dict[int, tuple[float, float, int]]]:
+        """Per seed (``{}`` for a run that has not finished)."""
+        return [turn_stats(d, field) if finished(d, steps) else {} for d in dirs[arm]]
+
+    adv = {arm: logged(arm, "advantage") for arm in ARMS}
     header = " | ".join(f"turn {t}" for t in range(POSITIONS - 1)) + f" | turn {POSITIONS - 1}+"
     for title, index in (("mean", 0), ("std", 1)):
         lines += [
@@ -242,7 +246,7 @@ def summarise(
             stds = [stats[t][1] for t in range(POSITIONS - 1) if t in stats and stats[t][2] >= 20]
             ratios.append(max(stds) / min(stds) if stds and min(stds) > 0 else np.nan)
         lines.append(f"| {arm} | {cell(ratios)} | {per_seed(ratios)} |")
-    ig = {arm: [turn_stats(d, "info_gain") for d in dirs[arm]] for arm in ARMS}
+    ig = {arm: logged(arm, "info_gain") for arm in ARMS}
     ig_arms = [arm for arm in ARMS if any(ig[arm])]
     if ig_arms:
         lines += [
