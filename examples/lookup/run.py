@@ -274,9 +274,10 @@ def summarise(
 def write_into_doc(doc: Path, tables: str) -> None:
     """Replace the block between ``DOC_BEGIN`` and ``DOC_END`` in the write-up with ``tables``
     (so the page always shows what the last ``--summarise`` computed)."""
-    text = doc.read_text()
+    text = doc.read_text() if doc.exists() else ""
     if DOC_BEGIN not in text or DOC_END not in text:
-        raise SystemExit(f"{doc}: no '{DOC_BEGIN}' ... '{DOC_END}' block to write the tables into")
+        print(f"{doc}: no table block ({DOC_BEGIN} ... {DOC_END}); tables left in summary.md")
+        return
     head, rest = text.split(DOC_BEGIN, 1)
     _, tail = rest.split(DOC_END, 1)
     atomic_write_text(doc, f"{head}{DOC_BEGIN}\n\n{tables}\n{DOC_END}{tail}")
