@@ -34,9 +34,13 @@ GOOD = {
 
 def write(tmp_path: Path, *lines: object) -> Path:
     path = tmp_path / "logs.jsonl"
-    path.write_text(
-        "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
-    )
+
+    def raw(line: object) -> bytes:
+        if isinstance(line, bytes):
+            return line
+        return (line if isinstance(line, str) else json.dumps(line)).encode()
+
+    path.write_bytes(b"".join(raw(line) + b"\n" for line in lines))
     return path
 
 
@@ -55,7 +59,7 @@ def messages_with(index: int, message: object) -> dict:
 
 
 BAD_LINES = [
-    ("{not json", None, "invalid JSON"),
+    ("{not json", None, "malformed JSON"),
     ("[1, 2]", None, "JSON object"),
     (without("conversation_id"), "conversation_id", "required"),
     (with_(conversation_id=7), "conversation_id", "required"),
@@ -91,14 +95,29 @@ BAD_LINES = [
         + json.dumps(GOOD["messages"])
         + ', "outcome": NaN}',
         "outcome",
-        "finite",
+        "NaN is not a JSON number",
     ),
     (
         '{"conversation_id": "c9", "messages": '
         + json.dumps(GOOD["messages"])
         + ', "outcome": Infinity}',
         "outcome",
-        "finite",
+        "Infinity is not a JSON number",
+    ),
+    # what the strict reader refuses anywhere in a line (issue #15)
+    ('{"conversation_id": "c\\ud800", "messages": []}', "conversation_id", "lone surrogate"),
+    (
+        '{"conversation_id": "c9", "messages": [{"role": "user", "content": "hi\\udc00"}]}',
+        "messages[0].content",
+        "lone surrogate",
+    ),
+    ('{"conversation_id": "c9", "conversation_id": "c8"}', "conversation_id", "appears twice"),
+    ('{"conversation_id": "c9", "outcome": ' + "9" * 401 + "}", "outcome", "401 digits"),
+    ('{"conversation_id": "c9", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", None, "too deeply"),
+    (
+        b'{"conversation_id": "c9", "messages": [{"role": "user", "content": "\xff"}]}',
+        "messages[0].content",
+        "not UTF-8",
     ),
 ]
 

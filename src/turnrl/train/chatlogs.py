@@ -28,7 +28,6 @@ logged states look to the policy and to Q like states it produced itself.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.errors import TurnRecordError
+from turnrl.io import iter_jsonl
 from turnrl.types import Message, TurnRecord
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -120,31 +120,26 @@ def parse_conversation(obj: Any, source: str, line: int) -> Conversation:
 def read_chat_logs(path: str | Path) -> list[Conversation]:
     """Read and validate a chat-log JSONL file (blank lines are skipped).
 
-    Raises ``ChatLogError`` for bad JSON, bad fields, a repeated
-    ``conversation_id`` (naming both lines) or an empty file; ``FileNotFoundError``
-    when the file is missing.
+    Lines are parsed by the strict reader of :mod:`turnrl.io` (invalid UTF-8, lone
+    surrogates, duplicate keys, numbers beyond 64 bits, ``NaN``, too deep nesting are
+    refused, naming the field). Raises ``ChatLogError`` for those, bad fields, a
+    repeated ``conversation_id`` (naming both lines), an empty file, or a file that
+    cannot be read.
     """
     source = str(path)
     conversations: list[Conversation] = []
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as handle:
-        for number, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise ChatLogError(source, number, None, f"invalid JSON: {err.msg}") from None
-            conversation = parse_conversation(obj, source, number)
-            first = seen.setdefault(conversation.conversation_id, number)
-            if first != number:
-                raise ChatLogError(
-                    source,
-                    number,
-                    "conversation_id",
-                    f"{conversation.conversation_id!r} repeats line {first}",
-                )
-            conversations.append(conversation)
+    for number, obj in iter_jsonl(path, error=ChatLogError):
+        conversation = parse_conversation(obj, source, number)
+        first = seen.setdefault(conversation.conversation_id, number)
+        if first != number:
+            raise ChatLogError(
+                source,
+                number,
+                "conversation_id",
+                f"{conversation.conversation_id!r} repeats line {first}",
+            )
+        conversations.append(conversation)
     if not conversations:
         raise ChatLogError(source, None, None, "no conversations in the file")
     return conversations
