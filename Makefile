@@ -94,6 +94,7 @@ lint: setup
 
 bench: setup
 	$(PY) benchmarks/credit.py
+	$(PY) benchmarks/read_log.py --write
 
 bench-rollout: setup
 	$(PY) benchmarks/rollout.py

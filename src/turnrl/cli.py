@@ -40,20 +40,24 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_credit(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from turnrl.credit import compute_credit
     from turnrl.io import check_output_path
+    from turnrl.record_columns import read_columns
     from turnrl.records import copy_with_columns
-    from turnrl.table import TurnTable
+    from turnrl.table import TurnTable, default_node_id
 
     params = dict(parse_param(p) for p in args.param)
     check_output_path(args.output, option="-o/--output")
-    table = TurnTable.from_jsonl(args.input)
+    read = read_columns(args.input, default_node_id)
+    table = TurnTable.from_columns(read, source=args.input)
     credit = compute_credit(table, args.estimator, **params)
-    columns = {"advantage": credit.advantages.tolist()}
+    columns = {"advantage": credit.advantages}
     if credit.clip_factor is not None:
-        columns["clip_factor"] = credit.clip_factor.tolist()
-    assert table.records is not None
-    rewrite = [any(name in r.extra for name in columns) for r in table.records]
+        columns["clip_factor"] = credit.clip_factor
+    rewrite = np.frombuffer(read.computed, dtype=np.int8).astype(bool)
+    del read
     count = copy_with_columns(args.input, args.output, columns, rewrite=rewrite)
     print(f"wrote {count} records with '{args.estimator}' advantages to {args.output}")
     return 0

@@ -17,13 +17,15 @@ import json
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from turnrl.errors import TurnRecordError
-from turnrl.records import iter_records, validate_records
+from turnrl.record_columns import RecordColumns, read_columns
+from turnrl.records import validate_records
 from turnrl.types import TurnRecord
 
 
@@ -36,6 +38,8 @@ def default_node_id(task_id: str, prompt_ids: Sequence[int] | None, prompt: Any)
     """
     if prompt_ids is not None:
         context = "ids:" + ",".join(map(str, prompt_ids))
+    elif isinstance(prompt, str):  # what json.dumps writes for a string, without its overhead
+        context = "json:" + encode_basestring(prompt)
     elif prompt is not None:
         context = "json:" + json.dumps(prompt, sort_keys=True, ensure_ascii=False)
     else:
@@ -118,8 +122,36 @@ class TurnTable:
 
     @classmethod
     def from_jsonl(cls, path: str | Path) -> TurnTable:
-        """Read a JSONL file of turn records, validating every line."""
-        return cls._from_validated(iter_records(path), str(path))
+        """Read a JSONL file of turn records, validating every line (columns only:
+        ``records`` is ``None``; see :mod:`turnrl.record_columns`)."""
+        return cls.from_columns(read_columns(path, default_node_id), source=str(path))
+
+    @classmethod
+    def from_columns(cls, columns: RecordColumns, *, source: str) -> TurnTable:
+        """Build from the columns :func:`turnrl.record_columns.read_columns` read."""
+        node_names = np.array(
+            [n if isinstance(n, str) else f"row-{n[1]}" for n in columns.node.names()],
+            dtype=object,
+        )
+        return cls._checked(
+            task_code=columns.task.array(),
+            task_names=columns.task.names(),
+            traj_code=columns.traj.array(),
+            traj_names=columns.traj.names(),
+            turn=np.frombuffer(columns.turn, dtype=np.int64),
+            role_code=columns.role.array(),
+            role_names=columns.role.names(),
+            reward=np.frombuffer(columns.reward, dtype=np.float64),
+            done=np.frombuffer(columns.done, dtype=np.int8).astype(bool),
+            state_code=columns.state.array(),
+            state_names=columns.state.names(),
+            node_code=columns.node.array(),
+            node_names=node_names,
+            info_gain=np.frombuffer(columns.info_gain, dtype=np.float64),
+            q=np.frombuffer(columns.q, dtype=np.float64),
+            line=np.frombuffer(columns.line, dtype=np.int64),
+            source=source,
+        )
 
     @classmethod
     def _from_validated(cls, numbered: Iterable[tuple[int, TurnRecord]], source: str):
