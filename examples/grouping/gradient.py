@@ -324,7 +324,24 @@ def projection_table(rows: list[dict], cost: str, scale: float) -> list[str]:
     return lines
 
 
-def contrasts(rows: list[dict], cost: str, scale: float) -> list[str]:
+def overview(rows: list[dict], scale: float) -> list[str]:
+    """Every arm's total projection at every cost: where each arm's sign changes."""
+    lines = [
+        "| arm | " + " | ".join(f"cost {c:g}" for c in COSTS) + " |",
+        "|---|" + "---|" * len(COSTS),
+    ]
+    for arm in arms():
+        cells = []
+        for cost in COSTS:
+            v = np.array([row["projections"][f"{cost:g}"][arm.name][:2] for row in rows])
+            mean, low, high = bootstrap(v.sum(axis=1) * scale)
+            sign = "+" if low > 0 else "-" if high < 0 else "0"
+            cells.append(f"{mean:+.0f} [{low:+.0f}, {high:+.0f}] {sign}")
+        lines.append(f"| {arm.name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def contrast_values(rows: list[dict], cost: str) -> list[tuple[str, np.ndarray]]:
     """The differences that isolate each mechanism (paired over batches)."""
 
     def part(name: str, which: int | None) -> np.ndarray:
@@ -335,6 +352,10 @@ def contrasts(rows: list[dict], cost: str, scale: float) -> list[str]:
         (
             "group statistics: grpo_mixed - grpo, turn-0 rows (token-mean, all)",
             part("grpo_mixed/token-mean/all", 0) - part("grpo/token-mean/all", 0),
+        ),
+        (
+            "std division: node_std - node, turn-0 rows (token-mean, all)",
+            part("node_std/token-mean/all", 0) - part("node/token-mean/all", 0),
         ),
         (
             "loss weighting: grpo_mixed token-mean - rollout-mean, total",
@@ -352,8 +373,31 @@ def contrasts(rows: list[dict], cost: str, scale: float) -> list[str]:
             part("legacy", None) - part("grpo_mixed/token-mean/all", None),
         ),
     ]
+    return pairs
+
+
+def contrasts(rows: list[dict], cost: str, scale: float) -> list[str]:
     lines = ["| contrast | mean [95% CI] |", "|---|---|"]
-    lines += [f"| {label} | {cell(values, scale)} |" for label, values in pairs]
+    lines += [
+        f"| {label} | {cell(values, scale)} |" for label, values in contrast_values(rows, cost)
+    ]
+    return lines
+
+
+def contrast_overview(rows: list[dict], scale: float) -> list[str]:
+    """Every contrast at every cost (x scale, mean [95% CI] sign)."""
+    table = [contrast_values(rows, f"{cost:g}") for cost in COSTS]
+    lines = [
+        "| contrast | " + " | ".join(f"cost {c:g}" for c in COSTS) + " |",
+        "|---|" + "---|" * len(COSTS),
+    ]
+    for k, (label, _) in enumerate(table[0]):
+        cells = []
+        for pairs in table:
+            mean, low, high = bootstrap(pairs[k][1] * scale)
+            sign = "+" if low > 0 else "-" if high < 0 else "0"
+            cells.append(f"{mean:+.0f} [{low:+.0f}, {high:+.0f}] {sign}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -388,7 +432,7 @@ def figure(rows: list[dict], scale: float, path: Path) -> None:
         axes.set_title(title)
         axes.set_xlabel("per-turn cost")
         if k == 0:
-            axes.set_ylabel("projection on the tool-opening direction")
+            axes.set_ylabel("projection on the tool-opening direction x 1000")
     axes.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path)
@@ -403,6 +447,14 @@ def summarise(out: Path, figures: bool) -> str:
         "## The setting: expected return by opening (warm start, temperature 1)",
         "",
         *economics(rows),
+        "",
+        "## Total projection x 1000 by per-turn cost (mean [95% bootstrap CI], sign)",
+        "",
+        *overview(rows, scale),
+        "",
+        "## Contrasts x 1000 by per-turn cost (paired over batches; mean [95% CI], sign)",
+        "",
+        *contrast_overview(rows, scale),
     ]
     for cost in COSTS:
         key = f"{cost:g}"
