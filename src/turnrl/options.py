@@ -10,7 +10,8 @@ Two users, one rule set (pure Python, usable from every layer):
   types are reported with the allowed options, before any work is done.
 
 Supported hints: ``bool``, ``int``, ``float`` (an int widens; NaN and infinities are
-refused: TOML and JSON can spell them, and no option means them), ``str``, ``Path``,
+refused: TOML and JSON can spell them, and no option means them; ``int`` is signed
+64-bit: seeds and counts end up in torch and numpy), ``str``, ``Path``,
 ``Literal[...]``, optional and union types, ``list[...]``/``tuple[...]``,
 ``dict[str, ...]`` and ``Any``. A hint this module cannot check (a ``Sequence`` of
 tools, a callable, a class) accepts any value: the check must never refuse an option
@@ -89,7 +90,11 @@ def coerce(value: Any, tp: Any) -> Any:
         raise TypeMismatch(f"expected true or false, got {value!r}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
+            if -(2**63) <= value < 2**63:
+                return value
+            raise TypeMismatch(
+                f"expected a 64-bit integer, got an integer of {len(str(abs(value)))} digits"
+            )
         raise TypeMismatch(f"expected an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
