@@ -197,3 +197,18 @@ def test_an_output_that_replaces_its_input_is_written_atomically(
     expected = [(r - 0.75) / std for r in (0.0, 1.0, 2.0, 0.0)]
     assert [r["advantage"] for r in rows] == pytest.approx(expected, rel=1e-12)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_crediting_a_credited_log_replaces_its_advantages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from turnrl.records import read_records
+
+    log = log_with(tmp_path, json.dumps(GOOD[0] | {"traj_id": "b"}).encode())
+    once, twice = tmp_path / "once.jsonl", tmp_path / "twice.jsonl"
+    assert run(capsys, ["credit", str(log), "-o", str(once), "--estimator", "grpo"])[0] == 0
+    argv = ["credit", str(once), "-o", str(twice), "--estimator", "grpo", "--param"]
+    assert run(capsys, [*argv, "use_std=false"])[0] == 0
+    # Read strictly (a key twice would be refused): mean-centred rewards, no std.
+    rows = read_records(twice)
+    assert [r.extra["advantage"] for r in rows] == [-0.75, 0.25, 1.25, -0.75]

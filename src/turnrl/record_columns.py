@@ -194,7 +194,7 @@ def read_columns(path: str | os.PathLike[str], node_id: Any) -> RecordColumns:
     with open_input(path, error=TurnRecordError) as handle:
         for number, raw in enumerate(handle, start=1):
             raw = raw.rstrip(b"\r\n")
-            if not raw.strip():
+            if not raw or raw.isspace():
                 continue
             row: Any = _fast(raw)
             if row is None:  # the strict reader: the error naming the field, or the record

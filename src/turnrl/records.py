@@ -392,6 +392,8 @@ def copy_with_columns(
         for spaced in (False, True)
     }
     source_name = str(source)
+    flags = rewrite.tolist() if hasattr(rewrite, "tolist") else rewrite  # numpy: no scalars
+    rewritten = set() if flags is None else {i for i, flag in enumerate(flags) if flag}
     written = 0
     with open_input(source, error=TurnRecordError) as reader, atomic_open(target) as out:
         for number, raw in enumerate(reader, start=1):
@@ -400,8 +402,11 @@ def copy_with_columns(
                 continue
             if written >= n_rows:
                 raise TurnRecordError(source_name, number, None, "more lines than records")
-            spaced = b'": ' in line
-            if rewrite is not None and rewrite[written]:
+            # The line's style, from its first key (a search of the whole line for
+            # '": ' costs more than the rest of the copy).
+            first = line.find(b'":')
+            spaced = line[first + 2 : first + 3] == b" "
+            if written in rewritten:
                 obj = parse_json_line(line, source=source_name, line=number)
                 obj.update(
                     {name: json.loads(t[written]) for name, t in zip(names, texts, strict=True)}
@@ -413,6 +418,8 @@ def copy_with_columns(
                     separators=(", ", ": ") if spaced else (",", ":"),
                 )
                 out.write(text.encode("utf-8") + b"\n")
+            elif len(texts) == 1:
+                out.write(line[:-1] + keys[spaced][0] + texts[0][written].encode() + b"}\n")
             else:
                 tail = b"".join(
                     key + t[written].encode() for key, t in zip(keys[spaced], texts, strict=True)
