@@ -12,11 +12,11 @@ evaluation episodes whose first response is a tool call.
     python examples/grouping/run.py --cost 0.4 --summarise
     python examples/grouping/run.py --quick --out /tmp/gr   # smoke test
 
-Runs go to ``OUT/cost<c>/<arm>/seed<k>`` (one after the other, one torch thread;
+Runs go to ``OUT/cost<c>-steps<n>/<arm>/seed<k>`` (one after the other, one torch thread;
 rerunning resumes: finished runs are skipped, a killed one continues from its last
-checkpoint); ``OUT/cost<c>/summary.md`` holds every table
+checkpoint); ``OUT/cost<c>-steps<n>/summary.md`` holds every table
 docs/grouping-experiment.md quotes (with per-seed columns) and the verdict;
-``docs/img/grouping-learning-cost<c>.png`` the curves.
+``docs/img/grouping-learning-cost<c>-steps<n>.png`` the curves.
 """
 
 from __future__ import annotations
@@ -105,6 +105,29 @@ def verdict(change: dict[str, np.ndarray], paired: dict[str, np.ndarray]) -> str
     return "neither: the arms moved apart, but not in the pattern #489 describes"
 
 
+OUTCOMES = ("eval_return", "eval_success", "eval_turns")
+"""What the behaviour change bought: held-out return (cost included), success, turns."""
+
+
+def outcome_table(out: Path, names: list[str], seeds: int) -> list[str]:
+    """Start and end of each outcome metric per arm (mean ± std and per seed)."""
+    lines = [
+        "| arm | metric | start | end (mean ± std) | end per seed |",
+        "|---|---|---|---|---|",
+    ]
+    for name in names:
+        runs = [out / name.replace("/", "_") / f"seed{s}" for s in range(seeds)]
+        for key in OUTCOMES:
+            values = [series(r, key)[1] for r in runs]
+            start = np.array([v[0] for v in values])
+            end = np.array([v[-1] for v in values])
+            lines.append(
+                f"| {name} | {key} | {start.mean():.3f} | {end.mean():.3f} ± "
+                f"{end.std(ddof=1):.3f} | {', '.join(f'{v:.3f}' for v in end)} |"
+            )
+    return lines
+
+
 def summarise(out: Path, names: list[str], seeds: int, figure: Path | None) -> str:
     start, end = {}, {}
     curves: dict[str, list[tuple[list[int], list[float]]]] = {}
@@ -147,6 +170,7 @@ def summarise(out: Path, names: list[str], seeds: int, figure: Path | None) -> s
                     f"| {mixed} - {other} | {diff.mean():+.3f} ± {diff.std(ddof=1):.3f} "
                     f"| {', '.join(f'{v:+.3f}' for v in diff)} |"
                 )
+    lines += ["", *outcome_table(out, list(end), len(next(iter(end.values()), [])))]
     lines += ["", f"Verdict: {verdict(change, paired)}."]
     if figure is not None and curves:
         plot(curves, figure)
@@ -190,9 +214,10 @@ def main() -> None:
     selected = [arm_by_name(n) for n in names]
     seeds = 1 if args.quick else args.seeds
     root = Path(args.out)
-    out = root / f"cost{args.cost:g}"
+    steps = 4 if args.quick else args.steps
+    out = root / f"cost{args.cost:g}-steps{steps}"
     warm = Path(args.warm) if args.warm else root / "gradient" / "warm" / "warm_start"
-    overrides = [f"train.steps={4 if args.quick else args.steps}"]
+    overrides = [f"train.steps={steps}"]
     if args.quick:
         overrides += ["env.n_eval_tasks=4", "train.eval_every=2", "train.eval_samples=1"]
     if not args.summarise:
@@ -203,7 +228,7 @@ def main() -> None:
                 run_dir = out / arm.name.replace("/", "_") / f"seed{seed}"
                 print(f"{arm.name} seed {seed}", flush=True)
                 train(arm, seed, run_dir, warm, args.cost, overrides)
-    png = ROOT / "docs" / "img" / f"grouping-learning-cost{args.cost:g}.png"
+    png = ROOT / "docs" / "img" / f"grouping-learning-cost{args.cost:g}-steps{steps}.png"
     figure = None if args.quick else png
     text = summarise(out, names, seeds, figure)
     (out / "summary.md").write_text(text + "\n")
