@@ -50,7 +50,7 @@ FIGURES = ROOT / "docs" / "img"
 DOC = ROOT / "docs" / "search-agent.md"
 DOC_BEGIN = "<!-- tables: written by `examples/lookup/run.py --summarise`, do not edit -->"
 DOC_END = "<!-- end of tables -->"
-ARMS: dict[str, tuple[str, dict[str, Any]]] = {  # in the order they run within a seed
+ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("grpo", {}),
     "igpo": ("igpo", {}),
     "a2tgpo": ("a2tgpo", {}),
@@ -60,6 +60,8 @@ ARMS: dict[str, tuple[str, dict[str, Any]]] = {  # in the order they run within 
     "a2tgpo_no_rescale": ("a2tgpo", {"rescale": False}),
     "a2tgpo_no_clip": ("a2tgpo", {"beta": 0.0}),
 }
+MAIN_ARMS = ("grpo", "igpo", "a2tgpo", "gigpo", "turn_group")
+"""Run for every seed before the ablations."""
 HOPS = (1, 2, 3)
 POSITIONS = 5
 """Turn positions reported separately (0..4: up to three searches, an answer, a spare)."""
@@ -93,28 +95,32 @@ def read_rows(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def run_all(out: Path, seeds: int, steps: int, budget: list[str], warm_seeds: int) -> None:
-    """Every run, seed by seed (so that a cut-short study still has whole seeds).
+    """Every run: the warm starts, then the main arms seed by seed, then the ablations seed
+    by seed (so that a study cut short has every seed of the main comparison first).
 
     RL seed ``k`` starts from warm start ``k mod warm_seeds``: with ``warm_seeds = 1``
     every seed shares one warm start and the seed spread is the RL's alone."""
-    jobs: list[tuple[Path, list[str], int]] = []
-    for seed in range(seeds):
-        warm = out / "warm" / f"seed{seed % warm_seeds}"
-        common = [*budget, f"train.seed={seed}"]
-        if seed < warm_seeds:
-            jobs.append((warm, [*common, f"run_dir={warm}", "train.steps=0"], 0))
-        for arm, (estimator, params) in ARMS.items():
-            run_dir = out / arm / f"seed{seed}"
-            overrides = [
-                *common,
-                f"run_dir={run_dir}",
-                f"label={arm}",
-                f"train.steps={steps}",
-                f"credit.estimator={estimator}",
-                f"credit.params={toml_table(params)}",
-                f"warm_start.init_from={warm / 'warm_start'}",
-            ]
-            jobs.append((run_dir, overrides, steps))
+    warm = [out / "warm" / f"seed{w}" for w in range(warm_seeds)]
+    jobs: list[tuple[Path, list[str], int]] = [
+        (w, [*budget, f"train.seed={k}", f"run_dir={w}", "train.steps=0"], 0)
+        for k, w in enumerate(warm)
+    ]
+    for arms in (MAIN_ARMS, [arm for arm in ARMS if arm not in MAIN_ARMS]):
+        for seed in range(seeds):
+            for arm in arms:
+                estimator, params = ARMS[arm]
+                run_dir = out / arm / f"seed{seed}"
+                overrides = [
+                    *budget,
+                    f"train.seed={seed}",
+                    f"run_dir={run_dir}",
+                    f"label={arm}",
+                    f"train.steps={steps}",
+                    f"credit.estimator={estimator}",
+                    f"credit.params={toml_table(params)}",
+                    f"warm_start.init_from={warm[seed % warm_seeds] / 'warm_start'}",
+                ]
+                jobs.append((run_dir, overrides, steps))
     for index, (run_dir, overrides, n_steps) in enumerate(jobs, start=1):
         if finished(run_dir, n_steps):
             print(f"[{index}/{len(jobs)}] {run_dir} done already", flush=True)
