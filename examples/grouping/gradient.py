@@ -24,7 +24,7 @@ with the tool more likely. Arms:
 The per-turn cost only changes rewards (every turn pays it), so one set of
 rollouts serves every cost of ``COSTS``: each batch's rewards are re-costed.
 
-    python examples/grouping/gradient.py                 # = make grouping-gradient
+    python examples/grouping/gradient.py --batches 110   # = make grouping-gradient
     python examples/grouping/gradient.py --summarise     # tables and figures only
     python examples/grouping/gradient.py --quick --out /tmp/gq   # smoke test
 
