@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from results_file import write_section  # noqa: E402
 
-from turnrl.policy import build_tiny_policy  # noqa: E402
+from turnrl.policy import HFPolicy, build_tiny_policy  # noqa: E402
 from turnrl.serve import Gateway, GatewayConfig, GatewayServer  # noqa: E402
 from turnrl.train.agent_programs import make_program  # noqa: E402
 from turnrl.train.agent_runner import AgentRunner, GatewayLink  # noqa: E402
@@ -105,11 +105,20 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=128, help="episodes per measurement")
     parser.add_argument("--repeats", type=int, default=2, help="measurements per arm (ABAB)")
     parser.add_argument("--warm-steps", type=int, default=200)
+    parser.add_argument(
+        "--policy",
+        help="a saved policy directory (e.g. a run's warm_start/) instead of warm-starting here",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    policy = warm_policy(args.warm_steps, n_tasks=256)
+    if args.policy:
+        policy = HFPolicy.from_pretrained(args.policy)
+        source = f"the saved policy {args.policy}"
+    else:
+        policy = warm_policy(args.warm_steps, n_tasks=256)
+        source = f"tiny policy after {args.warm_steps} warm-start steps on teacher calls"
     tasks = calculator_task_set(args.episodes, seed=123)
     arms = {
         "max_batch 1 (no batching)": (1, 5.0),
@@ -126,8 +135,8 @@ def main() -> None:
     base = rows["max_batch 1 (no batching)"]["episodes_per_s"]
     lines = [
         f"{args.episodes} calculator episodes (openai-client agent, in-process threads), "
-        f"{args.agents} agents at a time, tiny policy after {args.warm_steps} warm-start steps "
-        f"on teacher calls, {MAX_TOKENS} new tokens at most, {args.threads} torch thread(s); "
+        f"{args.agents} agents at a time, {source}, "
+        f"{MAX_TOKENS} new tokens at most, {args.threads} torch thread(s); "
         f"mean of {args.repeats} alternating measurements per arm.",
         "",
         "| gateway | episodes/s | calls per episode | mean batch | largest batch | speed-up |",
@@ -142,7 +151,12 @@ def main() -> None:
     body = "\n".join(lines)
     print(body)
     if not args.no_write:
-        command = "make bench-agents  # .venv/bin/python benchmarks/agents.py"
+        arguments = " ".join(sys.argv[1:])
+        command = (
+            f".venv/bin/python benchmarks/agents.py {arguments}"
+            if arguments
+            else "make bench-agents  # .venv/bin/python benchmarks/agents.py"
+        )
         write_section(
             ROOT / "benchmarks" / "RESULTS.md",
             "Agent throughput through the gateway",

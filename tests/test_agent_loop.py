@@ -7,6 +7,7 @@ Every run binds its gateway to a free loopback port.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import threading
@@ -25,8 +26,9 @@ from turnrl.records import parse_record
 from turnrl.serve import PortInUseError
 from turnrl.table import TurnTable
 from turnrl.train.agent import AgentRunError, AgentTrainer, refuse_untrainable, rollout_metrics
-from turnrl.train.agent_programs import AgentConfigError
+from turnrl.train.agent_programs import AgentConfigError, make_program
 from turnrl.train.agent_runner import RolloutResult
+from turnrl.train.agent_teacher import load_teacher
 from turnrl.train.checkpoint import load_latest_checkpoint
 from turnrl.train.config import PPOConfig, RunConfig, load_config
 from turnrl.train.ppo import build_update_batch, ppo_update
@@ -357,3 +359,25 @@ def test_the_teacher_warm_start_trains_on_the_agent_s_own_calls(tmp_path: Path) 
     assert any(r["tool_call"] for r in demonstrations)
     assert len(json.loads((run / "warm_start_losses.json").read_text())) == 3
     assert (run / "warm_start" / "config.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("recipe", "estimator"),
+    [
+        ("calc_openai.toml", "grpo"),
+        ("calc_x/calc_x.toml", "grpo"),
+        ("solver_checker.toml", "role_turn"),
+    ],
+)
+def test_the_example_agent_configs_load_their_agent_and_teacher(
+    recipe: str, estimator: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if recipe.startswith("calc_x") and importlib.util.find_spec("autogen_agentchat") is None:
+        pytest.skip("needs the agents extra (autogen-agentchat, autogen-ext)")
+    monkeypatch.chdir(AGENTS.parents[1])  # the recipes name their files from the repo root
+    config = load_config(RunConfig, AGENTS / recipe, [])
+    validate(config)
+    assert config.credit.estimator == estimator
+    assert config.warm_start.teacher is not None
+    make_program(config.agent.entrypoint, None, config.agent.env)
+    load_teacher(config.warm_start.teacher)

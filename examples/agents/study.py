@@ -46,8 +46,28 @@ STUDIES = {
         ],
         "rl": [
             "rollout.tasks_per_step=8",
+            "rollout.group_size=4",
+            "train.steps=20",
+            "train.eval_every=10",
+            "train.checkpoint_every=10",
+        ],
+    },
+    # calc_openai with the grouping experiment's RL budget (40 steps x 8 problems x 8
+    # rollouts, 4x the episodes), one seed, from calc_openai's warm start.
+    "calc_openai_long": {
+        "config": AGENTS / "calc_openai.toml",
+        "estimators": ("grpo_mixed", "grpo", "node"),
+        "seeds": 1,
+        "warm_seeds": 1,
+        "warm_from": "calc_openai",
+        "warm": [
+            "warm_start.teacher_tasks=512",
+            "warm_start.steps=3000",
+        ],
+        "rl": [
+            "rollout.tasks_per_step=8",
             "rollout.group_size=8",
-            "train.steps=30",
+            "train.steps=40",
             "train.eval_every=10",
             "train.checkpoint_every=10",
         ],
@@ -105,7 +125,8 @@ def run_study(name: str, out: Path) -> None:
         # order tasks are drawn in.
         common = [f"train.seed={seed}"]
         warm_seed = seed % study["warm_seeds"]
-        warm = out / "warm" / f"seed{warm_seed}"
+        warm_out = out.parent / study["warm_from"] if "warm_from" in study else out
+        warm = warm_out / "warm" / f"seed{warm_seed}"
         train(
             study["config"],
             [
