@@ -308,10 +308,11 @@ def turnrl_trl_setup(work: Path, warm: Path, turns: int, steps: int) -> dict[str
     times = []
     for step in range(steps + 1):
         with timed() as seconds:
-            trainer.train_step()
+            row = trainer.train_step()
         if step > 0:
-            times.append(seconds)
-    return {k: statistics.mean(t[k] for t in times) for k in ("cpu", "wall")}
+            parts = {k: row[f"seconds_{k}"] for k in ("sampling", "env", "update")}
+            times.append({**seconds, **{f"{k}_wall": v for k, v in parts.items()}})
+    return {k: statistics.mean(t[k] for t in times) for k in times[0]}
 
 
 def trl_step(
@@ -359,17 +360,23 @@ def run_trl(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 def trl_table(results: list[dict[str, Any]]) -> str:
     lines = [
         "| setting | turnrl step CPU s | TRL step CPU s | turnrl / TRL "
-        "| TRL without checkpointing: CPU s | turnrl / TRL | wall s: turnrl | TRL |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| TRL without checkpointing: CPU s | turnrl / TRL | wall s: turnrl | TRL "
+        "| turnrl wall s: sampling | env | update |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if "skipped" in r:
-            lines.append(f"| {r['name']} | skipped: {r['skipped']} |" + " |" * 6)
+            lines.append(f"| {r['name']} | skipped: {r['skipped']} |" + " |" * 9)
             continue
         a, b, c = r["turnrl"], r["trl"], r["trl_plain"]
         lines.append(
             f"| {r['name']} | {a['cpu']:.2f} | {b['cpu']:.2f} | {a['cpu'] / b['cpu']:.2f}x "
-            f"| {c['cpu']:.2f} | {a['cpu'] / c['cpu']:.2f}x | {a['wall']:.2f} | {b['wall']:.2f} |"
+            f"| {c['cpu']:.2f} | {a['cpu'] / c['cpu']:.2f}x | {a['wall']:.2f} | {b['wall']:.2f} "
+            + "".join(
+                f"| {a[f'{k}_wall']:.2f} " if f"{k}_wall" in a else "| - "
+                for k in ("sampling", "env", "update")
+            )
+            + "|"
         )
     return "\n".join(lines)
 
