@@ -8,6 +8,9 @@ from one warm start (3000 SFT steps: 800 did not teach the tiny model to copy th
 numbers into the tool call through this agent's longer prompt), shared by every
 run (``warm_seeds``; one warm start per seed costs 3x its CPU time).
 
+``calc_openai_long``: calc_openai with the grouping experiment's RL budget (40 steps
+x 8 problems x 8 rollouts), one seed, from calc_openai's warm start.
+
 ``calc_x``: the autogen calc_x agent (examples/agents/calc_x/) from its teacher
 warm start, trained for 20 steps with ``grpo``.
 
@@ -78,7 +81,9 @@ STUDIES = {
         "seeds": 1,
         "warm_seeds": 1,
         "warm": ["warm_start.teacher_tasks=128", "warm_start.steps=1200"],
-        "rl": [],
+        # 2 problems per step and 16 held-out ones (the config: 4 and 32), to finish on
+        # a shared 2-core machine: every rollout starts an MCP server process.
+        "rl": ["rollout.tasks_per_step=2", "tasks.n_eval=16"],
     },
 }
 METRICS = (
