@@ -73,7 +73,7 @@ from turnrl.train.agent_teacher import TeacherGateway, load_teacher, teacher_exa
 from turnrl.train.config import RunConfig
 from turnrl.train.metrics import advantage_metrics, episode_metrics
 from turnrl.train.ppo import build_update_batch, ppo_update
-from turnrl.train.run import RunDirectory, build_policy, derive_seed, due, initial_policy
+from turnrl.train.run import RunDirectory, build_policy, derive_seed, due
 from turnrl.train.validate import validate
 from turnrl.types import Task, TurnRecord
 
@@ -390,29 +390,13 @@ class AgentTrainer:
 
     def setup(self) -> None:
         """A fresh warm start, or the state of the last checkpoint."""
-        run, cfg = self.run_directory, self.config
-        checkpoint = run.start()
-        if checkpoint is None:
-            self.policy = initial_policy(self.policy, cfg.warm_start, cfg.policy)
-            examples = self.demonstrations if self.teacher is not None else list
-            self.policy = run.warm_start(
-                self.policy, cfg.warm_start, examples, seed=cfg.train.seed, progress=True
-            )
-        else:
-            self.policy = run.load_warm_start()
-        if cfg.train.kl_coef > 0:
-            self.reference = run.load_warm_start().clone_frozen()
-        self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(), lr=cfg.train.lr, weight_decay=0.0
-        )
+        examples = self.demonstrations if self.teacher is not None else list
+        start = self.run_directory.start_training(self.policy, self.config, examples, self.sampler)
+        self.policy, self.reference, self.optimizer = start.policy, start.reference, start.optimizer
+        checkpoint = start.checkpoint
         if checkpoint is not None:
-            self.policy.load_state_dict(checkpoint.model)
-            assert checkpoint.optimizer is not None
-            self.optimizer.load_state_dict(checkpoint.optimizer)
-            self.sampler.bit_generator.state = checkpoint.extra["sampler"]
             self.step = checkpoint.step
             self.calls = int(checkpoint.extra["calls"])
-            checkpoint.restore_rng()
         self.policy.model.eval()
 
     def checkpoint(self) -> None:

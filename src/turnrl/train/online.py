@@ -44,7 +44,6 @@ from turnrl.train.run import (
     build_policy,
     derive_seed,
     due,
-    initial_policy,
     task_split,
     with_lora,
 )
@@ -147,34 +146,16 @@ class OnlineTrainer:
 
     def _setup(self) -> None:
         """Start the run: a fresh warm start, or the state of the last checkpoint."""
-        run = self.run_directory
-        cfg = self.config
-        checkpoint = run.start()
-        if checkpoint is None:
-            self.policy = initial_policy(self.policy, cfg.warm_start, cfg.policy)
-            self.policy = run.warm_start(
-                self.policy,
-                cfg.warm_start,
-                self._demonstrations,
-                seed=cfg.train.seed,
-                progress=True,
-            )
-        else:
-            self.policy = run.load_warm_start()
-        if cfg.train.kl_coef > 0:
-            self.reference = run.load_warm_start().clone_frozen()
-        self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(), lr=cfg.train.lr, weight_decay=0.0
+        start = self.run_directory.start_training(
+            self.policy, self.config, self._demonstrations, self.sampler
         )
+        self.policy, self.reference, self.optimizer = start.policy, start.reference, start.optimizer
+        checkpoint = start.checkpoint
         if checkpoint is not None:
-            self.policy.load_state_dict(checkpoint.model)
-            self.optimizer.load_state_dict(checkpoint.optimizer)
-            self.sampler.bit_generator.state = checkpoint.extra["sampler"]
             self.step = checkpoint.step
             self.env_steps = int(checkpoint.extra["env_steps"])
             self.tokens = int(checkpoint.extra["tokens"])
             self.policy_version = int(checkpoint.extra.get("policy_version", self.step))
-            checkpoint.restore_rng()  # after building models, which draw from it
         if self.pool is not None:
             self.pool.push_weights(self.policy.state_dict(), self.policy_version)
 

@@ -178,6 +178,18 @@ class Checkpoint:
         restore_rng_state(self.rng)
 
 
+@dataclass(frozen=True)
+class TrainingStart:
+    """What :meth:`RunDirectory.start_training` hands a trainer."""
+
+    policy: Any
+    reference: Any | None
+    """Frozen warm start for the KL penalty (``None`` when ``train.kl_coef`` is 0)."""
+    optimizer: Any
+    checkpoint: Checkpoint | None
+    """The checkpoint resumed from (``None``: a fresh run)."""
+
+
 # --------------------------------------------------------------------------- the run
 
 
@@ -374,6 +386,42 @@ class RunDirectory:
             if isinstance(value, PPOConfig):
                 return value.max_tokens_per_batch if value.update == "tree" else None
         return None
+
+    def start_training(
+        self,
+        policy: Any,
+        config: Any,
+        demonstrations: Callable[[], list[Any]],
+        sampler: np.random.Generator,
+    ) -> TrainingStart:
+        """Start or resume an RL run from a ``RunConfig``-shaped ``config``.
+
+        A fresh run warm-starts ``policy`` (:func:`initial_policy`, then
+        :meth:`warm_start` on ``demonstrations()``); a resumed one reloads the saved
+        warm start and then the last checkpoint's weights, optimiser state, ``sampler``
+        state and global RNGs. The frozen KL reference (the warm start, when
+        ``train.kl_coef > 0``) and the AdamW optimiser are built the same way in both
+        cases. The checkpoint's other ``extra`` counters are the caller's to read.
+        """
+        import torch
+
+        checkpoint = self.start()
+        if checkpoint is None:
+            policy = initial_policy(policy, config.warm_start, config.policy)
+            policy = self.warm_start(
+                policy, config.warm_start, demonstrations, seed=config.train.seed, progress=True
+            )
+        else:
+            policy = self.load_warm_start()
+        reference = self.load_warm_start().clone_frozen() if config.train.kl_coef > 0 else None
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=config.train.lr, weight_decay=0.0)
+        if checkpoint is not None:
+            policy.load_state_dict(checkpoint.model)
+            assert checkpoint.optimizer is not None  # RL checkpoints always carry one
+            optimizer.load_state_dict(checkpoint.optimizer)
+            sampler.bit_generator.state = checkpoint.extra["sampler"]
+            checkpoint.restore_rng()  # after building models, which draw from it
+        return TrainingStart(policy, reference, optimizer, checkpoint)
 
     def load_warm_start(self) -> Any:
         """The saved warm-start policy (to resume, or as a frozen reference), on the
