@@ -32,6 +32,10 @@ from turnrl.types import Env, Message, Task
 DemoOptions = Callable[[Task, random.Random, float, float], dict[str, Any]]
 """``(task, rng, tool_fraction, easy_tool_fraction) -> demonstration keyword arguments``."""
 
+DemoVariants = Callable[[Task, float, float], list[tuple[float, dict[str, Any]]]]
+"""``(task, tool_fraction, easy_tool_fraction) -> [(probability, demonstration keyword
+arguments), ...]``: every demonstration ``DemoOptions`` can draw, with its probability."""
+
 
 @dataclass(frozen=True)
 class EnvSpec:
@@ -45,6 +49,9 @@ class EnvSpec:
     calculator demonstrations call the tool, which lookup ones make a mistake)
     from the warm start's ``tool_fraction`` and ``easy_tool_fraction``; None: every
     demonstration is the ideal one."""
+    demo_variants: DemoVariants | None = None
+    """Every option set ``demo_options`` can draw for a task, with its probability: what
+    the warm start's ``mix = "per_draw"`` trains on (each task's mixture, not one draw)."""
 
 
 ENVS: dict[str, EnvSpec] = {}
@@ -82,10 +89,21 @@ def demonstration(name: str, task: Task, **kwargs: Any) -> list[Message]:
 
 register_env(
     "calculator",
-    EnvSpec(CalculatorEnv, calculator_tasks, calculator.demonstration, calculator.demo_options),
+    EnvSpec(
+        CalculatorEnv,
+        calculator_tasks,
+        calculator.demonstration,
+        calculator.demo_options,
+        calculator.demo_variants,
+    ),
 )
 register_env("frozenlake", EnvSpec(FrozenLakeEnv, frozenlake_tasks, frozenlake.demonstration))
-register_env("lookup", EnvSpec(LookupEnv, lookup_tasks, lookup.demonstration, lookup.demo_options))
+register_env(
+    "lookup",
+    EnvSpec(
+        LookupEnv, lookup_tasks, lookup.demonstration, lookup.demo_options, lookup.demo_variants
+    ),
+)
 
 from turnrl.envs.negotiation import SETTINGS as _NEGOTIATION  # noqa: E402 (needs EnvSpec above)
 

@@ -400,9 +400,23 @@ def demo_options(
 ) -> dict[str, Any]:
     """Whether the warm start's demonstration of ``task`` calls the tool: with probability
     ``tool_fraction`` on hard and medium tasks, ``easy_tool_fraction`` on the others."""
+    return {"use_tool": rng.random() < _tool_probability(task, tool_fraction, easy_tool_fraction)}
+
+
+def demo_variants(
+    task: Task, tool_fraction: float, easy_tool_fraction: float
+) -> list[tuple[float, dict[str, Any]]]:
+    """The two demonstrations :func:`demo_options` chooses between, with their
+    probabilities (a variant of probability 0 is left out)."""
+    p_tool = _tool_probability(task, tool_fraction, easy_tool_fraction)
+    variants = [(p_tool, {"use_tool": True}), (1.0 - p_tool, {"use_tool": False})]
+    return [(p, kwargs) for p, kwargs in variants if p > 0.0]
+
+
+def _tool_probability(task: Task, tool_fraction: float, easy_tool_fraction: float) -> float:
+    """``tool_fraction`` for hard and medium tasks, ``easy_tool_fraction`` for the rest."""
     needs_tool = "hard" in task.tags or "medium" in task.tags
-    fraction = tool_fraction if needs_tool else easy_tool_fraction
-    return {"use_tool": rng.random() < fraction}
+    return tool_fraction if needs_tool else easy_tool_fraction
 
 
 def _answer_text(value: str | float) -> str:

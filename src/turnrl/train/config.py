@@ -119,6 +119,9 @@ class WarmStartConfig:
     """Number of SFT optimiser steps; 0 skips the warm start."""
     lr: float = 1e-3
     """SFT learning rate."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """``"cosine"``: the rate falls from ``lr`` to 0 along a half cosine over ``steps``
+    (the last steps refine rather than jump about); ``"constant"``: ``lr`` throughout."""
     batch_size: int = 32
     """Demonstrations per SFT step."""
     tool_fraction: float = 0.5
@@ -126,6 +129,11 @@ class WarmStartConfig:
     rest answer directly), so RL starts from a policy that sometimes calls the tool."""
     easy_tool_fraction: float = 0.0
     """Share of easy-problem demonstrations that use the tool."""
+    mix: Literal["per_task", "per_draw"] = "per_task"
+    """How the shares are drawn: ``"per_task"``, one demonstration per task (a model that
+    memorises its tasks learns which ones got the tool); ``"per_draw"``, every variant of
+    every task weighted by its share, so the warm start calls the tool with exactly that
+    probability on every task (see :mod:`turnrl.train.sft`)."""
     init_from: str | None = None
     """A saved policy directory (e.g. another run's ``warm_start/``) to start from instead
     of training a warm start; lets several RL runs share one warm start."""

@@ -483,6 +483,7 @@ class IterativeGRPO:
                     tool_fraction=cfg.warm_start.tool_fraction,
                     easy_tool_fraction=cfg.warm_start.easy_tool_fraction,
                     env_kwargs=self._demonstration_kwargs(),
+                    mix=cfg.warm_start.mix,
                 )
                 + self._persona_examples()
             )

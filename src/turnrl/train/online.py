@@ -142,6 +142,7 @@ class OnlineTrainer:
             tool_fraction=cfg.warm_start.tool_fraction,
             easy_tool_fraction=cfg.warm_start.easy_tool_fraction,
             env_kwargs=cfg.env.env_kwargs,
+            mix=cfg.warm_start.mix,
         )
 
     def _setup(self) -> None:

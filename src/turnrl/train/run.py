@@ -374,6 +374,7 @@ class RunDirectory:
                     seed=seed,
                     progress=(bar, task) if progress else None,
                     max_tokens_per_batch=self._tree_budget(),
+                    lr_schedule=cfg.lr_schedule,
                 )
             atomic_write_json(self.path / "warm_start_losses.json", losses)
         policy.save(self.warm_start_dir)

@@ -20,13 +20,25 @@ demonstrations do; on ``lookup``, ``tool_fraction`` of demonstrations search
 every hop (the rest stop early or skip a hop). A warm start that is right only
 sometimes leaves RL something to learn: *when* to call the tool, when to stop
 searching.
+
+How the mix is drawn (``mix``): ``"per_task"`` draws one demonstration per task, so
+each task is seen with the tool or without it, always the same way; a model that
+can memorise its training tasks learns *which* tasks got the tool, and on new
+tasks decides by whatever it generalised from that (the calculator warm start
+did: after enough steps it called the tool on every held-out problem, though
+60% of its demonstrations answered directly). ``"per_draw"`` keeps every
+variant of every task and samples turns in proportion to the variant's
+probability, so the best fit is the mixture itself on every task: the policy
+calls the tool with probability ``tool_fraction`` whatever the task, and
+nothing about a task tells it more.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -42,6 +54,8 @@ class TurnExample:
 
     context: list[int]
     response: list[int]
+    weight: float = 1.0
+    """Relative probability of drawing this turn into an SFT batch."""
 
 
 def encode_response(policy: HFPolicy, text: str) -> list[int]:
@@ -74,19 +88,37 @@ def demonstration_examples(
     tool_fraction: float,
     easy_tool_fraction: float,
     env_kwargs: dict | None = None,
+    mix: str = "per_task",
 ) -> list[TurnExample]:
-    """Per-turn examples from one demonstration per task, mixed as configured.
+    """Per-turn examples of ``tasks``' demonstrations, mixed as configured.
 
-    The environment's ``demo_options`` (if it has one) draws each task's
-    demonstration options from ``tool_fraction`` and ``easy_tool_fraction``.
+    ``mix = "per_task"``: the environment's ``demo_options`` (if it has one) draws
+    each task's one demonstration from ``tool_fraction`` and ``easy_tool_fraction``.
+    ``mix = "per_draw"``: every variant its ``demo_variants`` lists, each turn
+    weighted by the variant's probability (see the module docstring); an
+    environment without ``demo_options`` has one variant, the ideal demonstration.
     """
+    spec = get_env_spec(env_name)
+    if mix == "per_draw" and spec.demo_options is not None:
+        if spec.demo_variants is None:
+            raise ValueError(f"environment {env_name!r} has no demo_variants for mix='per_draw'")
+        variants = spec.demo_variants
+        return [
+            replace(example, weight=probability)
+            for task in tasks
+            for probability, options in variants(task, tool_fraction, easy_tool_fraction)
+            for example in conversation_examples(
+                policy, demonstration(env_name, task, **{**(env_kwargs or {}), **options})
+            )
+        ]
+    if mix not in ("per_task", "per_draw"):
+        raise ValueError(f"mix must be 'per_task' or 'per_draw'; got {mix!r}")
     rng = random.Random(seed)
-    options = get_env_spec(env_name).demo_options
     examples: list[TurnExample] = []
     for task in tasks:
         kwargs = dict(env_kwargs or {})
-        if options is not None:
-            kwargs.update(options(task, rng, tool_fraction, easy_tool_fraction))
+        if spec.demo_options is not None:
+            kwargs.update(spec.demo_options(task, rng, tool_fraction, easy_tool_fraction))
         examples += conversation_examples(policy, demonstration(env_name, task, **kwargs))
     return examples
 
@@ -101,22 +133,30 @@ def supervised_warm_start(
     seed: int,
     progress: object | None = None,
     max_tokens_per_batch: int | None = None,
+    lr_schedule: str = "constant",
 ) -> list[float]:
     """Train on ``examples`` with AdamW; returns the loss of each step.
+
+    Each step draws ``batch_size`` turns with replacement, in proportion to their
+    ``weight`` (uniformly when all weights are equal).
 
     ``progress`` is an optional ``(rich Progress, task id)`` pair advanced per step.
     ``max_tokens_per_batch``: ``None`` recomputes every row on its own; a number uses
     the tree layout with forwards of at most that many positions (same loss).
+    ``lr_schedule``: ``"constant"`` or ``"cosine"`` (step ``i`` of ``steps`` at
+    ``lr * (1 + cos(pi * i / steps)) / 2``).
     """
     if not examples:
         raise ValueError("no demonstration examples to train on")
     generator = torch.Generator().manual_seed(seed)
+    weights = [e.weight for e in examples]
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     policy.model.train()
     losses = []
-    for _ in range(steps):
-        index = torch.randint(len(examples), (batch_size,), generator=generator).tolist()
-        batch = [examples[i] for i in index]
+    for step in range(steps):
+        batch = [examples[i] for i in batch_indices(weights, batch_size, generator)]
+        for group in optimizer.param_groups:
+            group["lr"] = lr * lr_factor(lr_schedule, step, steps)
         optimizer.zero_grad(set_to_none=True)
         loss = _nll_backward(policy, batch, max_tokens_per_batch)
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
@@ -127,6 +167,25 @@ def supervised_warm_start(
             bar.update(task_id, advance=1, description=f"warm start  loss {losses[-1]:.3f}")
     policy.model.eval()
     return losses
+
+
+def batch_indices(weights: Sequence[float], size: int, generator: torch.Generator) -> list[int]:
+    """``size`` indices drawn with replacement in proportion to ``weights``; equal weights
+    draw uniformly with ``torch.randint`` (the stream warm starts used before weights)."""
+    if all(w == weights[0] for w in weights):
+        return torch.randint(len(weights), (size,), generator=generator).tolist()
+    probabilities = torch.tensor(weights, dtype=torch.float64)
+    return torch.multinomial(probabilities, size, replacement=True, generator=generator).tolist()
+
+
+def lr_factor(schedule: str, step: int, steps: int) -> float:
+    """The learning-rate factor of 0-based ``step`` of ``steps`` under ``schedule``:
+    ``"constant"`` 1, ``"cosine"`` ``(1 + cos(pi * step / steps)) / 2``."""
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * step / steps))
+    raise ValueError(f"lr_schedule must be 'constant' or 'cosine'; got {schedule!r}")
 
 
 def _nll_backward(

@@ -312,6 +312,25 @@ def _run(config: RunConfig, p: Problems) -> None:
         )
     if not config.run_dir:
         p.add("run_dir", "must name a directory")
+    if config.agent.enabled and config.warm_start.mix == "per_draw":
+        p.add("warm_start.mix", "is for built-in environments; an agent's teacher sets its mix")
+    elif not config.agent.enabled:
+        _check_mix(config.warm_start, config.env.name, p)
+
+
+def _check_mix(warm: WarmStartConfig, env_name: str, p: Problems) -> None:
+    """``mix = "per_draw"`` needs an environment that lists its demonstration variants."""
+    from turnrl.envs import ENVS
+
+    spec = ENVS.get(env_name)
+    if warm.mix != "per_draw" or spec is None:
+        return
+    if spec.demo_options is not None and spec.demo_variants is None:
+        p.add(
+            "warm_start.mix",
+            f"'per_draw' needs the environment's demo_variants; {env_name!r} has none "
+            "(use 'per_task')",
+        )
 
 
 # --------------------------------------------------------------------------- agent loop
@@ -467,6 +486,7 @@ def _iterate(config: IterateConfig, p: Problems) -> None:
         p.add("run_dir", "must name a directory")
     if not config.env.name:
         return
+    _check_mix(config.warm_start, config.env.name, p)
     pool = config.env.n_train_tasks
     if config.deploy.tasks_per_iteration > pool >= 1:
         p.add(

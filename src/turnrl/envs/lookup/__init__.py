@@ -64,7 +64,7 @@ from turnrl.envs.lookup.kb import (
     lookup_tasks,
     valid_questions,
 )
-from turnrl.envs.lookup.teacher import demo_options, demonstration
+from turnrl.envs.lookup.teacher import demo_options, demo_variants, demonstration
 from turnrl.envs.lookup.tools import (
     TOOL_NAMES,
     TOOL_SCHEMAS,
@@ -88,6 +88,7 @@ __all__ = [
     "LookupTools",
     "Question",
     "demo_options",
+    "demo_variants",
     "demonstration",
     "is_correct",
     "lookup_tasks",

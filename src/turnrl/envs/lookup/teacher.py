@@ -86,3 +86,18 @@ def demo_options(
     if chain[0] == "mentor" and len(chain) > 1 and rng.random() < 0.5:
         return {"skip_first": True}
     return {"hops_searched": rng.randrange(len(chain))}
+
+
+def demo_variants(
+    task: Task, tool_fraction: float, easy_tool_fraction: float
+) -> list[tuple[float, dict[str, Any]]]:
+    """Every behaviour :func:`demo_options` draws for ``task``, with its probability
+    (a variant of probability 0 is left out)."""
+    chain = task.payload["chain"]
+    imperfect = 1.0 - tool_fraction
+    variants: list[tuple[float, dict[str, Any]]] = [(tool_fraction, {})]
+    if chain[0] == "mentor" and len(chain) > 1:
+        variants.append((imperfect / 2, {"skip_first": True}))
+        imperfect /= 2
+    variants += [(imperfect / len(chain), {"hops_searched": h}) for h in range(len(chain))]
+    return [(p, kwargs) for p, kwargs in variants if p > 0.0]
