@@ -61,7 +61,7 @@ setup-integrations: $(INT_STAMP) $(AGL_STAMP)
 # directory that holds a run unless told to --resume or --overwrite it).
 demo: setup
 	$(VENV)/bin/turnrl train --config examples/calculator.toml --overwrite
-	$(VENV)/bin/turnrl audit runs/calculator/rollouts/step-000060.jsonl
+	$(VENV)/bin/turnrl audit runs/calculator/rollouts/step-000040.jsonl
 
 # LoRA on SmolLM2-135M-Instruct (real pretrained model, CPU): about 10 minutes.
 demo-smol: $(SMOL_STAMP)

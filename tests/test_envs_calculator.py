@@ -299,3 +299,25 @@ def test_medium_tasks_are_additive_and_stay_single_digit() -> None:
         calculator_tasks(10, seed=0, medium_fraction=0.5, medium_max=10)
     with pytest.raises(ValueError, match=r"medium_fraction=0\.8"):
         calculator_tasks(10, seed=0, hard_fraction=0.5, medium_fraction=0.8)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10_000), st.integers(100, 990), st.integers(0, 9))
+def test_hard_operands_bound_every_hard_factor(seed: int, low: int, width: int) -> None:
+    tasks = calculator_tasks(40, seed, hard_fraction=0.5, hard_operands=[low, low + width])
+    hard = [t for t in tasks if "hard" in t.tags]
+    assert len(hard) == 20
+    for task in hard:
+        a, b = (int(x) for x in task.payload["expression"].split("*"))
+        assert low <= a <= low + width and low <= b <= low + width
+    # the default range is the hard_digits one, drawn exactly as before the option existed
+    assert calculator_tasks(40, seed, hard_fraction=0.5, hard_operands=[100, 999]) == (
+        calculator_tasks(40, seed, hard_fraction=0.5)
+    )
+
+
+def test_demo_recipe_products_all_have_six_digits() -> None:
+    tasks = calculator_tasks(512, 0, hard_fraction=1.0, hard_operands=(317, 999))
+    assert {len(str(int(t.payload["answer"]))) for t in tasks} == {6}
+    with pytest.raises(ValueError, match="hard_operands"):
+        calculator_tasks(4, 0, hard_operands=(999, 317))

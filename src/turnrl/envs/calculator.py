@@ -170,6 +170,7 @@ def calculator_tasks(
     word_fraction: float = 0.0,
     easy_max: int = 9,
     hard_digits: int = 3,
+    hard_operands: tuple[int, int] | list[int] | None = None,
     medium_fraction: float = 0.0,
     medium_operations: tuple[int, int] | list[int] = (1, 3),
     medium_max: int = 9,
@@ -179,7 +180,9 @@ def calculator_tasks(
     and ``round(n * medium_fraction)`` medium, the rest easy.
 
     Easy: ``a + b`` or ``a - b`` (a >= b) with operands in ``[0, easy_max]``.
-    Hard: ``a * b`` with ``hard_digits``-digit operands. Medium: a chain of
+    Hard: ``a * b`` with ``hard_digits``-digit operands, or operands drawn from the
+    closed range ``hard_operands`` (e.g. ``(317, 999)``: 3-digit operands whose
+    product always has 6 digits). Medium: a chain of
     ``medium_operations`` (a closed range, default 1 to 3) ``+``/``-`` steps whose
     running value stays in ``[0, medium_max]`` (single digits by default), with a
     step-by-step tool path (``medium_stepwise``) or one call on the whole expression
@@ -197,20 +200,22 @@ def calculator_tasks(
         or not 0.0 <= medium_fraction <= 1.0 - hard_fraction + 1e-12
         or not 1 <= low_ops <= high_ops
         or not 1 <= medium_max <= 9
+        or (hard_operands is not None and not 1 <= hard_operands[0] <= hard_operands[1])
     ):
         raise ValueError(
             f"need n >= 0, fractions in [0, 1] with hard + medium <= 1 and "
-            f"1 <= medium_operations[0] <= medium_operations[1], 1 <= medium_max <= 9; "
+            f"1 <= medium_operations[0] <= medium_operations[1], 1 <= medium_max <= 9, "
+            f"1 <= hard_operands[0] <= hard_operands[1]; "
             f"got n={n}, hard_fraction={hard_fraction}, medium_fraction={medium_fraction}, "
             f"word_fraction={word_fraction}, medium_operations={tuple(medium_operations)}, "
-            f"medium_max={medium_max}"
+            f"medium_max={medium_max}, hard_operands={hard_operands}"
         )
     rng = random.Random(seed)
     n_hard = round(n * hard_fraction)
     n_medium = min(round(n * medium_fraction), n - n_hard)
     kinds = ["hard"] * n_hard + ["medium"] * n_medium + ["easy"] * (n - n_hard - n_medium)
     rng.shuffle(kinds)
-    low, high = 10 ** (hard_digits - 1), 10**hard_digits - 1
+    low, high = hard_operands or (10 ** (hard_digits - 1), 10**hard_digits - 1)
     tasks: list[Task] = []
     seen: set[str] = set()
     for kind in kinds:
