@@ -228,3 +228,50 @@ def test_config_refuses_per_draw_without_variants_and_for_agents(tmp_path: Path)
     )
     agent = ("agent.entrypoint=examples.agents.calc_openai:run", "warm_start.mix=per_draw")
     assert "warm_start.mix" in _problems(tmp_path, *agent)
+
+
+def _sequence_logprob(policy: HFPolicy, context: list[int], ids: list[int]) -> float:
+    """log P(ids | context) by one plain forward over context + ids."""
+    with torch.no_grad():
+        logits = policy.model(torch.tensor([context + ids])).logits[0]
+    logp = logits.log_softmax(-1)
+    return sum(float(logp[len(context) - 1 + i, t]) for i, t in enumerate(ids))
+
+
+def test_per_draw_cosine_run_and_its_tool_probabilities(tmp_path: Path, tiny_train, capsys):
+    """A tiny run with the demo's warm-start options, then examples/tool_probability.py
+    on it: P(call) per task agrees with a plain forward of both openings."""
+    import importlib.util
+
+    from turnrl.envs import make_env
+    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.run import task_split
+
+    config = tiny_train(
+        tmp_path / "run",
+        "warm_start.mix=per_draw",
+        "warm_start.lr_schedule=cosine",
+        "train.steps=0",
+    )
+    OnlineTrainer(config, quiet=True).run()
+    losses = (tmp_path / "run" / "warm_start_losses.json").read_text()
+    assert len(losses.split(",")) == config.warm_start.steps
+
+    spec = importlib.util.spec_from_file_location(
+        "tool_probability", Path(__file__).parents[1] / "examples" / "tool_probability.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    policy = HFPolicy.from_pretrained(tmp_path / "run" / "warm_start")
+    policy.model.eval()
+    tasks = task_split(config.env).eval
+    probabilities = module.tool_probabilities(policy, config, tasks)
+    env = make_env(config.env.name, **config.env.env_kwargs)
+    for task, p in zip(tasks, probabilities, strict=True):
+        context = policy.encode_initial(env.reset(task))
+        call = _sequence_logprob(policy, context, module._ids(policy, "<call>"))
+        answer = _sequence_logprob(policy, context, module._ids(policy, "<answer>"))
+        assert p == pytest.approx(1 / (1 + math.exp(answer - call)), abs=1e-5)
+    module.main([str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert "mix = 'per_draw'" in out and "held-out  n=  4" in out

@@ -130,10 +130,10 @@ class WarmStartConfig:
     easy_tool_fraction: float = 0.0
     """Share of easy-problem demonstrations that use the tool."""
     mix: Literal["per_task", "per_draw"] = "per_task"
-    """How the shares are drawn: ``"per_task"``, one demonstration per task (a model that
-    memorises its tasks learns which ones got the tool); ``"per_draw"``, every variant of
-    every task weighted by its share, so the warm start calls the tool with exactly that
-    probability on every task (see :mod:`turnrl.train.sft`)."""
+    """How the shares are drawn: ``"per_task"``, one demonstration per task, always the
+    same; ``"per_draw"``, every variant of every task weighted by its share, so each
+    task's target is the mixture itself and every task teaches the tool path (see
+    :mod:`turnrl.train.sft`)."""
     init_from: str | None = None
     """A saved policy directory (e.g. another run's ``warm_start/``) to start from instead
     of training a warm start; lets several RL runs share one warm start."""

@@ -21,16 +21,16 @@ every hop (the rest stop early or skip a hop). A warm start that is right only
 sometimes leaves RL something to learn: *when* to call the tool, when to stop
 searching.
 
-How the mix is drawn (``mix``): ``"per_task"`` draws one demonstration per task, so
-each task is seen with the tool or without it, always the same way; a model that
-can memorise its training tasks learns *which* tasks got the tool, and on new
-tasks decides by whatever it generalised from that (the calculator warm start
-did: after enough steps it called the tool on every held-out problem, though
-60% of its demonstrations answered directly). ``"per_draw"`` keeps every
-variant of every task and samples turns in proportion to the variant's
-probability, so the best fit is the mixture itself on every task: the policy
-calls the tool with probability ``tool_fraction`` whatever the task, and
-nothing about a task tells it more.
+How the mix is drawn (``mix``): ``"per_task"`` draws one demonstration per task,
+so each task is seen with the tool or without it, always the same way, and only
+the tasks drawn to use the tool teach how to write a call and copy its result.
+``"per_draw"`` keeps every variant of every task and samples turns in
+proportion to the variant's probability: each task's first reply is the mixture
+itself (a model could not learn *which* tasks got the tool, because none did
+more than another), and every task teaches the tool path. On the calculator demo
+the tiny model did not memorise per-task choices either way: the probability of
+opening with a call was 0.39-0.41 on every task after a ``per_task`` warm start
+and 0.41-0.43 after ``per_draw`` (``examples/tool_probability.py``).
 """
 
 from __future__ import annotations
