@@ -86,16 +86,21 @@ def test_lookup_variant_shares_match_the_draws() -> None:
     )
 
 
-def test_per_draw_keeps_every_variant_weighted_by_its_share(tiny_policy) -> None:
-    examples = demonstration_examples(
-        tiny_policy,
+def _hard_and_easy(policy: HFPolicy, tool_fraction: float) -> list:
+    """Per-draw examples of HARD and EASY (easy tasks use the tool half the time)."""
+    return demonstration_examples(
+        policy,
         "calculator",
         [HARD, EASY],
         seed=0,
-        tool_fraction=0.25,
+        tool_fraction=tool_fraction,
         easy_tool_fraction=0.5,
         mix="per_draw",
     )
+
+
+def test_per_draw_keeps_every_variant_weighted_by_its_share(tiny_policy) -> None:
+    examples = _hard_and_easy(tiny_policy, tool_fraction=0.25)
     # hard: tool conversation (call, answer) at 0.25 each, direct answer at 0.75; easy: 0.5s
     assert [e.weight for e in examples] == [0.25, 0.25, 0.75, 0.5, 0.5, 0.5]
     first_turns = [e for e in examples if e.context == examples[0].context]
@@ -181,15 +186,7 @@ def test_cosine_warm_start_sets_each_steps_rate(tiny_policy, monkeypatch) -> Non
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.optim.AdamW, "step", spy)
-    examples = demonstration_examples(
-        tiny_policy,
-        "calculator",
-        [HARD, EASY],
-        seed=0,
-        tool_fraction=0.5,
-        easy_tool_fraction=0.5,
-        mix="per_draw",
-    )
+    examples = _hard_and_easy(tiny_policy, tool_fraction=0.5)
     supervised_warm_start(
         tiny_policy, examples, steps=4, lr=0.01, batch_size=2, seed=0, lr_schedule="cosine"
     )
