@@ -31,11 +31,9 @@ def tool_probabilities(policy: HFPolicy, config: RunConfig, tasks: list[Task]) -
     """P(first reply is a call) for each task, from the two replies' log-probabilities
     (the call on the task's own expression, the answer with its right number)."""
     env = make_env(config.env.name, **config.env.env_kwargs)
-    contexts, calls, answers = [], [], []
-    for task in tasks:
-        contexts.append(policy.encode_initial(env.reset(task)))
-        calls.append(_ids(policy, "<call>"))
-        answers.append(_ids(policy, "<answer>"))
+    contexts = [policy.encode_initial(env.reset(task)) for task in tasks]
+    calls = [_ids(policy, "<call>")] * len(tasks)
+    answers = [_ids(policy, "<answer>")] * len(tasks)
     with torch.no_grad():
         call_logp, call_mask = policy.response_logprobs(contexts, calls)
         answer_logp, answer_mask = policy.response_logprobs(contexts, answers)

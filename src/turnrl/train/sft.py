@@ -149,7 +149,7 @@ def supervised_warm_start(
     if not examples:
         raise ValueError("no demonstration examples to train on")
     generator = torch.Generator().manual_seed(seed)
-    weights = [e.weight for e in examples]
+    weights = torch.tensor([e.weight for e in examples], dtype=torch.float64)  # once
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     policy.model.train()
     losses = []
@@ -169,12 +169,14 @@ def supervised_warm_start(
     return losses
 
 
-def batch_indices(weights: Sequence[float], size: int, generator: torch.Generator) -> list[int]:
+def batch_indices(
+    weights: Sequence[float] | torch.Tensor, size: int, generator: torch.Generator
+) -> list[int]:
     """``size`` indices drawn with replacement in proportion to ``weights``; equal weights
     draw uniformly with ``torch.randint`` (the stream warm starts used before weights)."""
-    if all(w == weights[0] for w in weights):
-        return torch.randint(len(weights), (size,), generator=generator).tolist()
-    probabilities = torch.tensor(weights, dtype=torch.float64)
+    probabilities = torch.as_tensor(weights, dtype=torch.float64)
+    if bool((probabilities == probabilities[0]).all()):
+        return torch.randint(len(probabilities), (size,), generator=generator).tolist()
     return torch.multinomial(probabilities, size, replacement=True, generator=generator).tolist()
 
 
