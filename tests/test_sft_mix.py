@@ -272,3 +272,40 @@ def test_per_draw_cosine_run_and_its_tool_probabilities(tmp_path: Path, tiny_tra
     module.main([str(tmp_path / "run")])
     out = capsys.readouterr().out
     assert "mix = 'per_draw'" in out and "held-out  n=  4" in out
+
+
+def test_demo_seeds_summary_table(tmp_path: Path) -> None:
+    """examples/demo_seeds.py's table on hand-written metrics of two seeds."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location(
+        "demo_seeds", Path(__file__).parents[1] / "examples" / "demo_seeds.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def row(step: int, success: float, easy: float, tool: float) -> str:
+        return json.dumps(
+            {
+                "step": step,
+                "eval_success": success,
+                "eval_success_easy": easy,
+                "eval_success_hard": 0.5,
+                "eval_tool_rate": tool,
+            }
+        )
+
+    for seed, rows in (
+        (10, [row(0, 0.1, 0.2, 0.0), row(10, 0.5, 0.4, 1.0), row(20, 0.9, 0.8, 1.0)]),
+        (2, [row(0, 0.25, 0.5, 0.0), row(1, 0.0, 0.0, 0.0)]),
+    ):
+        (tmp_path / f"seed{seed}").mkdir()
+        (tmp_path / f"seed{seed}" / "metrics.jsonl").write_text(
+            "\n".join([*rows, json.dumps({"step": 1, "loss": 0.1})]) + "\n"
+        )
+    lines = module.summary(tmp_path).splitlines()
+    assert lines[2:] == [
+        "| 2 | 0.25 → 0.00 | 0.50 → 0.00 | 0.50 → 0.50 | 0.00 → 0.00 | 0.00 |",
+        "| 10 | 0.10 → 0.90 | 0.20 → 0.80 | 0.50 → 0.50 | 0.00 → 1.00 | 0.50 |",
+    ]

@@ -147,3 +147,13 @@ def test_new_sections_register_their_checks() -> None:
         ("train.epochs", "must be >= 1, got 0"),  # the PPO checks come with TrainConfig
     ]
     validate(AgentRun(agent=AgentSection(entrypoint="pkg.mod:run")))
+
+
+def test_task_values_the_generator_refuses_are_config_errors() -> None:
+    config = load_config(RunConfig, None, ["env.task_kwargs={hard_operands=[999, 317]}"])
+    with pytest.raises(ConfigError) as error:
+        validate(config, overrides=["env.task_kwargs={hard_operands=[999, 317]}"])
+    ((key, message),) = error.value.problems
+    assert key == "env.task_kwargs"
+    assert "1 <= hard_operands[0] <= hard_operands[1]" in message
+    assert "override 'env.task_kwargs={hard_operands=[999, 317]}'" in str(error.value)

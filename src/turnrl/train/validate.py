@@ -212,6 +212,11 @@ def _env(env: EnvConfig, p: Problems) -> None:
     if p.one_of("name", env.name, sorted(ENVS)):
         spec = ENVS[env.name]
         p.options("env_kwargs", spec.make_env, env.env_kwargs)
+        if not check_options(spec.make_tasks, env.task_kwargs, skip=2):
+            try:  # values the generator refuses (a reversed range...), before any work
+                spec.make_tasks(1, env.seed, **env.task_kwargs)
+            except ValueError as err:
+                p.add("task_kwargs", str(err))
         p.options("task_kwargs", spec.make_tasks, env.task_kwargs, skip=2)
 
 
