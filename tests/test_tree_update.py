@@ -252,3 +252,40 @@ def test_merge_loss_stats_sums_and_weights_by_tokens() -> None:
         "clip_frac": pytest.approx(0.125),
         "n_tokens": 8.0,
     }
+
+
+@pytest.mark.parametrize(("trees", "size"), [(2, 4), (2, 6), (3, 6), (1, 3)])
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_minibatches_cut_evenly_at_an_exact_boundary(trees: int, size: int, seed: int) -> None:
+    # Twelve trees of `trees` rows each, `size` rows per mini-batch: every boundary
+    # (a multiple of `size`) falls exactly after a whole tree, so every mini-batch holds
+    # exactly `size` rows; a cut made one tree late would give the first one more.
+    tree_B = [t for t in range(12) for _ in range(trees)]
+    groups = tree_minibatches(tree_B, size, torch.Generator().manual_seed(seed))
+    assert [len(g) for g in groups] == [size] * (12 * trees // size)
+
+
+@pytest.mark.parametrize(("update", "draw"), [("rows", "row_minibatches"), ("tree", "tree_minibatches")])
+def test_each_epoch_draws_a_new_minibatch_order(monkeypatch, update: str, draw: str) -> None:
+    """The epochs of one update continue one seeded stream of orders: the second
+    epoch's mini-batches are the stream's second draw, not the first one again."""
+    import turnrl.train.ppo as ppo
+
+    drawn: list[list[list[int]]] = []
+    real = getattr(ppo, draw)
+
+    def recording(*args):
+        drawn.append(real(*args))
+        return drawn[-1]
+
+    monkeypatch.setattr(ppo, draw, recording)
+    policy = _policy()
+    batch = _batch(policy, "token-mean", clip=False)
+    config = PPOConfig(minibatch_size=5, epochs=3, update=update)
+    steps, _ = _run(policy, batch, config, None)  # _run's seed is 3
+    generator = torch.Generator().manual_seed(3)
+    first = batch.tree_B.tolist() if update == "tree" else len(batch.contexts)
+    expected = [real(first, 5, generator) for _ in range(3)]
+    assert drawn == expected
+    assert drawn[0] != drawn[1] != drawn[2]
+    assert len(steps) == sum(len(groups) for groups in expected)
