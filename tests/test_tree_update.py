@@ -265,7 +265,9 @@ def test_tree_minibatches_cut_evenly_at_an_exact_boundary(trees: int, size: int,
     assert [len(g) for g in groups] == [size] * (12 * trees // size)
 
 
-@pytest.mark.parametrize(("update", "draw"), [("rows", "row_minibatches"), ("tree", "tree_minibatches")])
+@pytest.mark.parametrize(
+    ("update", "draw"), [("rows", "row_minibatches"), ("tree", "tree_minibatches")]
+)
 def test_each_epoch_draws_a_new_minibatch_order(monkeypatch, update: str, draw: str) -> None:
     """The epochs of one update continue one seeded stream of orders: the second
     epoch's mini-batches are the stream's second draw, not the first one again."""
