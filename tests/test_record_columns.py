@@ -88,7 +88,24 @@ def test_fast_and_strict_readers_build_the_same_table(tmp_path: Path, lines: lis
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     assert_same_table(TurnTable.from_jsonl(path), strict_table(path))
     computed = np.frombuffer(read_columns(path, default_node_id).computed, dtype=np.int8)
-    assert computed.tolist() == [int('"advantage"' in line) for line in lines]
+    # A line is flagged when its object has a computed field as a key (text elsewhere in
+    # the line, such as a response that says "advantage", does not count).
+    assert computed.tolist() == [
+        int(any(name in json.loads(line) for name in COMPUTED)) for line in lines
+    ]
+
+
+def test_the_computed_flag_reads_keys_not_text(tmp_path: Path) -> None:
+    lines = [
+        {"task_id": "t", "traj_id": "a", "turn": 0, "response": "advantage"},
+        {"task_id": "t", "traj_id": "b", "turn": 0, "prompt": "clip_factor", "note": "advantage"},
+        {"task_id": "t", "traj_id": "c", "turn": 0, "advantage": 0.5},
+        {"task_id": "t", "traj_id": "d", "turn": 0, "clip_factor": 1.0},
+    ]
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    computed = np.frombuffer(read_columns(path, default_node_id).computed, dtype=np.int8)
+    assert computed.tolist() == [0, 0, 1, 1]
 
 
 def test_plain_rollout_lines_take_the_fast_path() -> None:
