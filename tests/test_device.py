@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from builders import one_turn_records
 from turnrl.cli import main
 from turnrl.policy.device import resolve_device, resolve_dtype
-from turnrl.records import parse_record
 from turnrl.serve import cli as serve_cli
 from turnrl.table import TurnTable
 from turnrl.train.config import PolicyConfig, RunConfig, load_config
@@ -58,19 +58,7 @@ def test_serve_takes_device_and_dtype(capsys: pytest.CaptureFixture[str]) -> Non
 def _one_task_batch(policy):
     contexts = [policy.encode_initial([{"role": "user", "content": f"q{i % 2}"}]) for i in range(4)]
     samples = policy.sample(contexts, max_new_tokens=6, temperature=1.0, seed=0)
-    records = [
-        parse_record(
-            {
-                "task_id": f"t{i % 2}",
-                "traj_id": f"r{i}",
-                "turn": 0,
-                "prompt_ids": c,
-                "response_ids": list(s.response_ids),
-                "logprobs": [float(x) for x in s.logprobs],
-            }
-        )
-        for i, (c, s) in enumerate(zip(contexts, samples, strict=True))
-    ]
+    records = one_turn_records(contexts, samples, [f"t{i % 2}" for i in range(4)])
     table = TurnTable.from_records(records)
     return build_update_batch(records, table, np.array([1.0, -1.0, 0.5, -0.5]), None, "token-mean")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from builders import HAGGLE_LOG
 from turnrl.policy import build_tiny_policy
 from turnrl.train.chatlogs import (
     ChatLogError,
@@ -19,16 +20,8 @@ from turnrl.train.chatlogs import (
 torch.set_num_threads(1)
 
 GOOD = {
-    "conversation_id": "c1",
-    "messages": [
-        {"role": "system", "content": "Sell a lamp."},
-        {"role": "user", "content": "I'd pay 50."},
-        {"role": "assistant", "content": "<offer>90</offer>"},
-        {"role": "user", "content": "No. 60?"},
-        {"role": "assistant", "content": "<accept/>"},
-        {"role": "user", "content": "Thanks."},
-    ],
-    "outcome": 0.25,
+    **HAGGLE_LOG,
+    "messages": [*HAGGLE_LOG["messages"], {"role": "user", "content": "Thanks."}],
 }
 
 

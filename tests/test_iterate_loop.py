@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from builders import HAGGLE_LOG
 from conftest import TINY_ITERATE
 from turnrl.cli import main
 from turnrl.envs import make_env, make_tasks
@@ -32,17 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 TINY = list(TINY_ITERATE)
 
-LOG = {
-    "conversation_id": "c1",
-    "messages": [
-        {"role": "system", "content": "Sell a lamp."},
-        {"role": "user", "content": "I'd pay 50."},
-        {"role": "assistant", "content": "<offer>90</offer>"},
-        {"role": "user", "content": "No. 60?"},
-        {"role": "assistant", "content": "<accept/>"},
-    ],
-    "outcome": 0.25,
-}
+LOG = HAGGLE_LOG
 
 
 class CountingEnv(Env):

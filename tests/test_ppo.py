@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from builders import GradientRecorder, one_turn_records
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.table import TurnTable
 from turnrl.train.ppo import PPOConfig, UpdateBatch, build_update_batch, ppo_update
@@ -35,33 +36,10 @@ def sampled_batch(
     log-probs as sampled), one rollout (and one task) each."""
     contexts = [model.encode_initial([{"role": "user", "content": f"q{i}"}]) for i in range(ROWS)]
     samples = model.sample(contexts, max_new_tokens=5, temperature=temperature, seed=0)
-    records = [
-        {
-            "task_id": f"t{i}",
-            "traj_id": f"r{i}",
-            "turn": 0,
-            "prompt_ids": context,
-            "response_ids": list(sample.response_ids),
-            "logprobs": [float(x) for x in sample.logprobs],
-        }
-        for i, (context, sample) in enumerate(zip(contexts, samples, strict=True))
-    ]
+    records = one_turn_records(contexts, samples, [f"t{i}" for i in range(ROWS)])
     table = TurnTable.from_records(records)
     adv = np.linspace(-1.0, 1.0, ROWS) if advantages is None else advantages
     return build_update_batch(table.records, table, adv, clip_factor, "token-mean")
-
-
-class GradientRecorder(torch.optim.Optimizer):
-    """Records each step's gradients and leaves the parameters as they are."""
-
-    def __init__(self, params) -> None:
-        super().__init__(list(params), {})
-        self.steps: list[list[torch.Tensor]] = []
-
-    def step(self, closure=None) -> None:
-        self.steps.append(
-            [p.grad.detach().clone() for group in self.param_groups for p in group["params"]]
-        )
 
 
 def weights(model: HFPolicy) -> list[torch.Tensor]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from builders import TokenizerPolicy
 from turnrl import TurnTable
 from turnrl.envs import make_env, make_tasks
 from turnrl.policy import build_tiny_policy
@@ -13,31 +14,20 @@ from turnrl.types import Sample, TurnRecord
 torch.set_num_threads(1)
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(TokenizerPolicy):
     """The tiny policy's tokenizer, but responses are scripted per (task, turn)."""
 
     def __init__(self, script, max_context=None):
-        self.inner = build_tiny_policy(0)
+        super().__init__(max_context)
         self.script = script
-        self.eos_token_id = self.inner.eos_token_id
-        self.max_context = max_context
         self.calls = []
-
-    def encode_initial(self, messages):
-        return self.inner.encode_initial(messages)
-
-    def encode_observation(self, message):
-        return self.inner.encode_observation(message)
-
-    def decode(self, ids):
-        return self.inner.decode(ids)
 
     def sample(self, contexts, *, max_new_tokens, temperature=1.0, seed=None):
         self.calls.append(len(contexts))
         out = []
         for context in contexts:
             text, stop = self.script(self.decode(context))
-            ids = self.inner.tokenizer(text, add_special_tokens=False)["input_ids"][:max_new_tokens]
+            ids = self.tokens(text)[:max_new_tokens]
             if stop and len(ids) < max_new_tokens:
                 ids = [*ids, self.eos_token_id]
                 reason = "stop"

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from builders import GradientRecorder
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.records import parse_record
 from turnrl.table import TurnTable
@@ -21,19 +22,6 @@ from turnrl.train.ppo import PPOConfig, build_update_batch, merge_loss_stats, pp
 from turnrl.types import TurnRecord
 
 torch.set_num_threads(1)
-
-
-class GradientRecorder(torch.optim.Optimizer):
-    """Records each step's gradients and leaves the parameters as they are."""
-
-    def __init__(self, params) -> None:
-        super().__init__(list(params), {})
-        self.steps: list[list[torch.Tensor]] = []
-
-    def step(self, closure=None) -> None:
-        self.steps.append(
-            [p.grad.detach().clone() for group in self.param_groups for p in group["params"]]
-        )
 
 
 def _policy() -> HFPolicy:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import numpy as np
 
+from builders import TokenizerPolicy
 from turnrl.credit import compute_credit
-from turnrl.policy import build_tiny_policy
 from turnrl.rollout import StrategyContext
 from turnrl.table import TurnTable
 from turnrl.types import Sample, TurnRecord
@@ -17,29 +16,13 @@ Script = Callable[[str, int, int], str]
 """``script(context_text, call_number, row_in_call) -> response text``."""
 
 
-@functools.cache
-def _tiny():
-    return build_tiny_policy(0)
-
-
-class ScriptedPolicy:
+class ScriptedPolicy(TokenizerPolicy):
     """The tiny tokenizer, but each response comes from ``script``; records every call."""
 
     def __init__(self, script: Script) -> None:
-        self.inner = _tiny()  # only its tokenizer and chat template are used
+        super().__init__()
         self.script = script
-        self.eos_token_id = self.inner.eos_token_id
-        self.max_context = None
         self.contexts: list[list[list[int]]] = []
-
-    def encode_initial(self, messages):
-        return self.inner.encode_initial(messages)
-
-    def encode_observation(self, message):
-        return self.inner.encode_observation(message)
-
-    def decode(self, ids):
-        return self.inner.decode(ids)
 
     def sample(self, contexts, *, max_new_tokens, temperature=1.0, seed=None):
         call = len(self.contexts)
@@ -47,8 +30,7 @@ class ScriptedPolicy:
         out = []
         for row, context in enumerate(contexts):
             text = self.script(self.decode(context), call, row)
-            ids = self.inner.tokenizer(text, add_special_tokens=False)["input_ids"]
-            ids = [*ids[: max_new_tokens - 1], self.eos_token_id]
+            ids = [*self.tokens(text)[: max_new_tokens - 1], self.eos_token_id]
             out.append(Sample(ids, [-0.25] * len(ids), "stop", self.decode(ids)))
         return out
 

@@ -20,14 +20,13 @@ import numpy as np
 from turnrl.credit.groups import GROUP_KEYS, group_codes
 from turnrl.credit.registry import compute_credit, get_estimator, list_estimators
 from turnrl.credit.segments import dense_codes
+from turnrl.errors import TurnRecordError
 from turnrl.table import TurnTable
 
 ZERO = 1e-12
 MAX_TURN_COLUMNS = 8
 """Turn positions reported separately; later turns are pooled into the last column."""
 
-MEAN_ONLY = frozenset({"dr_grpo", "rloo", "gigpo", "node"})
-"""Estimators whose default scale is mean-only; compared with the mean-only node baseline."""
 
 
 @dataclass
@@ -186,12 +185,18 @@ def _by_turn(
     return [float(v) for v in mean], [float(v) for v in std]
 
 
-def _missing_inputs(table: TurnTable, estimator: str) -> str | None:
-    if estimator == "q" and np.isnan(table.q).any():
-        return "needs a 'q' value on every row"
-    if estimator in ("a2tgpo", "igpo") and np.isnan(table.info_gain).all():
-        return "needs 'info_gain' on some rows"
-    return None
+def _credit_or_reason(table: TurnTable, estimator: str) -> np.ndarray | str:
+    """The estimator's default advantages on ``table``, or why it cannot run on this
+    log: a field it declares in ``needs`` that no row has, or the record error it
+    raises (e.g. ``q`` missing on some rows)."""
+    for name in get_estimator(estimator).needs:
+        column = getattr(table, name, None)
+        if isinstance(column, np.ndarray) and column.dtype.kind == "f" and np.isnan(column).all():
+            return f"needs '{name}', which no row of this log has"
+    try:
+        return compute_credit(table, estimator).advantages
+    except TurnRecordError as err:
+        return str(err)
 
 
 def audit(table: TurnTable, estimators: list[str] | None = None) -> AuditReport:
@@ -210,11 +215,11 @@ def audit(table: TurnTable, estimators: list[str] | None = None) -> AuditReport:
     advantages: dict[str, np.ndarray] = {}
     needed = set(names) | {k.estimator for k in GROUP_KEYS.values()}
     for name in sorted(needed):
-        reason = _missing_inputs(table, name)
-        if reason is None:
-            advantages[name] = compute_credit(table, name).advantages
+        credit = _credit_or_reason(table, name)
+        if not isinstance(credit, str):
+            advantages[name] = credit
         elif name in names:
-            report.skipped[name] = reason
+            report.skipped[name] = credit
     node_std = compute_credit(table, "node", use_std=True).advantages
     node_sizes = np.bincount(table.node_code, minlength=len(table.node_names))
     has_peer = node_sizes[table.node_code] > 1
@@ -227,7 +232,7 @@ def audit(table: TurnTable, estimators: list[str] | None = None) -> AuditReport:
             continue
         adv = advantages[name]
         mean, std = _by_turn(adv, bucket, len(labels))
-        reference = advantages["node"] if name in MEAN_ONLY else node_std
+        reference = advantages["node"] if get_estimator(name).scale == "mean" else node_std
         gap = agreement = later_gap = None
         if turn0.any():
             ref0, adv0 = reference[turn0], adv[turn0]

@@ -88,7 +88,7 @@ def grpo(table: TurnTable, *, use_std: bool = True) -> Credit:
     return Credit(outcome_advantage(table, use_std=use_std))
 
 
-@register_estimator("dr_grpo", group_key="rollout")
+@register_estimator("dr_grpo", group_key="rollout", scale="mean")
 def dr_grpo(table: TurnTable) -> Credit:
     """Dr. GRPO: trajectory outcome minus the task's mean outcome (no std division).
 
@@ -100,7 +100,7 @@ def dr_grpo(table: TurnTable) -> Credit:
     return Credit(outcome_advantage(table, use_std=False))
 
 
-@register_estimator("rloo", group_key="rollout")
+@register_estimator("rloo", group_key="rollout", scale="mean")
 def rloo(table: TurnTable) -> Credit:
     """RLOO: trajectory outcome minus the mean outcome of the task's *other* trajectories.
 

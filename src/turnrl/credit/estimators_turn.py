@@ -64,7 +64,7 @@ def role_turn(table: TurnTable, *, gamma: float = 1.0, use_std: bool = True) -> 
     return Credit(normalised_return(table, keys, gamma=gamma, use_std=use_std))
 
 
-@register_estimator("gigpo", group_key="state")
+@register_estimator("gigpo", group_key="state", scale="mean")
 def gigpo(
     table: TurnTable,
     *,
@@ -93,7 +93,7 @@ def gigpo(
     return Credit(episode + omega * step)
 
 
-@register_estimator("node", group_key="node", aliases=("rtpo",))
+@register_estimator("node", group_key="node", aliases=("rtpo",), scale="mean")
 def node(table: TurnTable, *, gamma: float = 1.0, use_std: bool = False) -> Credit:
     """Exact decision points (tree rollouts / RTPO): return-to-go minus its node's mean.
 
@@ -117,7 +117,7 @@ def node(table: TurnTable, *, gamma: float = 1.0, use_std: bool = False) -> Cred
     return Credit(normalise_in_groups(scores, table.node_code, n_nodes, use_std=use_std))
 
 
-@register_estimator("q", group_key="node")
+@register_estimator("q", group_key="node", needs=("q",))
 def q(table: TurnTable, *, use_std: bool = True, std_floor: float = 0.0) -> Credit:
     """Iterative GRPO: learned turn-level Q score normalised among responses of one state.
 

@@ -40,7 +40,11 @@ class Estimator:
     summary: str
     needs: tuple[str, ...] = ()
     """Optional turn-record fields the estimator reads, which a trainer must fill in
-    before credit (``("info_gain",)`` for the IG estimators)."""
+    before credit (``("info_gain",)`` for the IG estimators, ``("q",)`` for ``q``)."""
+    scale: str = "std"
+    """How its default advantages are scaled: ``"std"`` (divided by a group std) or
+    ``"mean"`` (a mean-only baseline); the audit compares it with the exact ``node``
+    baseline of the same scale."""
 
     def params(self) -> dict[str, object]:
         """Keyword options and their defaults."""
@@ -52,6 +56,9 @@ class Estimator:
         }
 
 
+SCALES = ("std", "mean")
+"""The values of ``Estimator.scale``."""
+
 _REGISTRY: dict[str, Estimator] = {}
 _ALIASES: dict[str, str] = {}
 
@@ -62,18 +69,24 @@ def register_estimator(
     group_key: str,
     aliases: tuple[str, ...] = (),
     needs: tuple[str, ...] = (),
+    scale: str = "std",
 ) -> Callable[[EstimatorFn], EstimatorFn]:
     """Decorator: register ``fn(table, *, **params) -> Credit`` under ``name``.
 
     ``needs`` names the optional record fields it reads (e.g. ``("info_gain",)``),
-    so trainers know what to compute before calling it.
+    so trainers know what to compute before calling it and the audit skips it on a
+    log without them; ``scale`` says whether its default advantages are divided by a
+    std (``"std"``) or mean-only (``"mean"``). Both are read, never hard-coded, by
+    whoever needs them (:mod:`turnrl.credit.audit`, the trainers, ``validate``).
     """
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {', '.join(SCALES)}; got {scale!r}")
 
     def decorate(fn: EstimatorFn) -> EstimatorFn:
         if name in _REGISTRY or name in _ALIASES:
             raise ValueError(f"estimator {name!r} is already registered")
         summary = (inspect.getdoc(fn) or "").split("\n", 1)[0]
-        _REGISTRY[name] = Estimator(name, fn, group_key, summary, tuple(needs))
+        _REGISTRY[name] = Estimator(name, fn, group_key, summary, tuple(needs), scale)
         for alias in aliases:
             _ALIASES[alias] = name
         return fn
