@@ -39,8 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from turnrl.envs.episode_state import ImmutableStateEnv
 from turnrl.envs.safe_math import calculate, format_number
+from turnrl.envs.tool_question import ToolQuestionEnv
 from turnrl.envs.tools import (
     FinalAnswer,
     Malformed,
@@ -254,7 +254,7 @@ class _State:
     done: bool = False
 
 
-class CalculatorEnv(ImmutableStateEnv):
+class CalculatorEnv(ToolQuestionEnv):
     """Answer an arithmetic question, optionally with the calculator tool."""
 
     state_type = _State
@@ -277,24 +277,17 @@ class CalculatorEnv(ImmutableStateEnv):
                 f"truncation must be one of {', '.join(TRUNCATION_RULES)}; got {truncation!r}"
             )
         self.truncation = truncation
-        self.fmt = fmt
-        self.max_turns = max_turns
-        self.turn_cost = float(turn_cost)
-        self.registry = ToolRegistry(tools, default=default_tool)
-        if system_prompt is None:
-            tags_default = fmt == "tags" and default_tool == "calculator" and len(tools) == 1
-            system_prompt = TAGS_SYSTEM_PROMPT if tags_default else self.registry.describe(fmt)
-        self.system_prompt = system_prompt
-        self._state: _State | None = None
+        tags_default = fmt == "tags" and default_tool == "calculator" and len(tools) == 1
+        self._init_tools(
+            fmt=fmt,
+            max_turns=max_turns,
+            turn_cost=turn_cost,
+            registry=ToolRegistry(tools, default=default_tool),
+            system_prompt=system_prompt,
+            tags_prompt=TAGS_SYSTEM_PROMPT if tags_default else None,
+        )
 
-    # -- Env API ---------------------------------------------------------------
-
-    def reset(self, task: Task) -> list[Message]:
-        self._state = _State(task=task)
-        return [
-            {"role": "system", "content": self.system_prompt},
-            {"role": "user", "content": task.payload["question"]},
-        ]
+    # -- Env API (reset and check_response: ToolQuestionEnv) -------------------
 
     def step(self, response: str) -> StepResult:
         state = self._require_state()
@@ -357,10 +350,6 @@ class CalculatorEnv(ImmutableStateEnv):
             "state_key": self.state_key(),
         }
         return StepResult(None, 0.0 - self.turn_cost, True, info)
-
-    def check_response(self, task: Task, response: str) -> str | None:
-        action = self.registry.parse(response, self.fmt)
-        return action.reason if isinstance(action, Malformed) else None
 
     def reference_response(self, task: Task) -> str | None:
         return format_answer(_answer_text(task.payload["answer"]))

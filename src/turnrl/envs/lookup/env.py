@@ -36,7 +36,6 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Any
 
-from turnrl.envs.episode_state import ImmutableStateEnv
 from turnrl.envs.lookup.kb import KnowledgeBase
 from turnrl.envs.lookup.tools import (
     DEFAULT_K,
@@ -45,6 +44,7 @@ from turnrl.envs.lookup.tools import (
     render_results,
     search_ids,
 )
+from turnrl.envs.tool_question import ToolQuestionEnv
 from turnrl.envs.tools import FinalAnswer, Malformed, Tool, ToolCall, ToolRegistry, format_answer
 from turnrl.types import Message, StepResult, Task
 
@@ -78,7 +78,7 @@ class _State:
     done: bool = False
 
 
-class LookupEnv(ImmutableStateEnv):
+class LookupEnv(ToolQuestionEnv):
     """Multi-hop question answering over a per-task knowledge base with a BM25 search tool."""
 
     state_type = _State
@@ -94,24 +94,17 @@ class LookupEnv(ImmutableStateEnv):
     ) -> None:
         if max_turns < 1 or k < 1:
             raise ValueError(f"max_turns and k must be >= 1, got {max_turns} and {k}")
-        self.fmt = fmt
-        self.max_turns = max_turns
         self.k = k
-        self.turn_cost = float(turn_cost)
-        self.registry = ToolRegistry(TOOLS, default="search")
-        if system_prompt is None:
-            system_prompt = TAGS_SYSTEM_PROMPT if fmt == "tags" else self.registry.describe(fmt)
-        self.system_prompt = system_prompt
-        self._state: _State | None = None
+        self._init_tools(
+            fmt=fmt,
+            max_turns=max_turns,
+            turn_cost=turn_cost,
+            registry=ToolRegistry(TOOLS, default="search"),
+            system_prompt=system_prompt,
+            tags_prompt=TAGS_SYSTEM_PROMPT if fmt == "tags" else None,
+        )
 
-    # -- Env API ---------------------------------------------------------------
-
-    def reset(self, task: Task) -> list[Message]:
-        self._state = _State(task=task)
-        return [
-            {"role": "system", "content": self.system_prompt},
-            {"role": "user", "content": task.payload["question"]},
-        ]
+    # -- Env API (reset and check_response: ToolQuestionEnv) -------------------
 
     def step(self, response: str) -> StepResult:
         state = self._require_state()
@@ -153,10 +146,6 @@ class LookupEnv(ImmutableStateEnv):
             info.update(truncated=True, correct=False)
             return StepResult(None, reward, True, info)
         return StepResult(observation, reward, False, info)
-
-    def check_response(self, task: Task, response: str) -> str | None:
-        action = self.registry.parse(response, self.fmt)
-        return action.reason if isinstance(action, Malformed) else None
 
     def reference_response(self, task: Task) -> str | None:
         return format_answer(task.payload["answer"])
