@@ -4,6 +4,7 @@ worker killed mid-batch loses nothing (local Ray with 2 CPUs; skipped without Ra
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import sys
@@ -117,6 +118,19 @@ def test_shards_cover_the_batch_in_order(n: int, workers: int, per_call: int | N
     assert all(0 < len(c) <= (per_call or -(-n // workers)) for c in chunks)
     if per_call is None:
         assert len(chunks) <= workers
+
+
+def test_the_pool_takes_run_episodes_options() -> None:
+    """``RayRolloutPool.run`` takes ``run_episodes``' keyword options (same names and
+    defaults, less ``per_episode_seeds``), so the pool's ``run_episodes`` forwards them."""
+
+    def keywords(fn) -> dict[str, object]:
+        parameters = inspect.signature(fn).parameters.values()
+        return {p.name: p.default for p in parameters if p.kind is p.KEYWORD_ONLY}
+
+    expected = keywords(run_episodes)
+    del expected["per_episode_seeds"]
+    assert keywords(RayRolloutPool.run) == expected
 
 
 def run_config(run_dir: Path) -> RunConfig:

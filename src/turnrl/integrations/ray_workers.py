@@ -374,33 +374,17 @@ class RayRolloutPool:
         return batch
 
     def run_episodes(
-        self,
-        policy: Policy,
-        make_env: Callable[[], Env],
-        tasks: Sequence[Task],
-        *,
-        group_size: int,
-        max_new_tokens: int,
-        temperature: float,
-        seed: int,
-        traj_prefix: str = "",
-        max_turns: int = 32,
+        self, policy: Policy, make_env: Callable[[], Env], tasks: Sequence[Task], **options: Any
     ) -> RolloutBatch:
-        """``run`` with ``run_episodes``'s signature, for ``StrategyContext.runner``.
+        """:func:`turnrl.rollout.run_episodes` for ``StrategyContext.runner``: :meth:`run`
+        on the workers, with its keyword options (``run_episodes``' own, less
+        ``per_episode_seeds``: pool episodes always have their own seeds).
 
         ``policy`` and ``make_env`` are not used: the workers hold their own copies
         (with the pushed weights) and build environments from the pool's env name.
         """
         del policy, make_env
-        return self.run(
-            tasks,
-            group_size=group_size,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=seed,
-            traj_prefix=traj_prefix,
-            max_turns=max_turns,
-        )
+        return self.run(tasks, **options)
 
     # ---------------------------------------------------------------- closing
     def close(self) -> None:
