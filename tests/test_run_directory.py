@@ -14,12 +14,10 @@ from conftest import PARITY, REPO, TINY_ITERATE, TINY_TRAIN
 from turnrl.cli import main
 from turnrl.train.config import RunConfig, load_config
 from turnrl.train.run import (
-    SEED_STREAMS,
     RunDirectory,
     RunDirectoryError,
     config_changes,
     derive_seed,
-    register_seed_stream,
 )
 
 
@@ -125,13 +123,6 @@ def test_derive_seed_keeps_the_trainers_streams() -> None:
     assert derive_seed(2, "deploy_arm", 3) == 2 * 31 + 3
     with pytest.raises(ValueError, match="unknown seed stream 'rolout'; known: deploy_arm"):
         derive_seed(0, "rolout")
-    register_seed_stream("test_stream", 999_983)
-    try:
-        assert derive_seed(1, "test_stream", 2) == 999_985
-        with pytest.raises(ValueError, match="already registered"):
-            register_seed_stream("test_stream", 3)
-    finally:
-        del SEED_STREAMS["test_stream"]
 
 
 # --------------------------------------------------------------------------- CLI: no data loss

@@ -11,6 +11,8 @@ so code written against the standard exceptions keeps working.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 
 class TurnrlError(Exception):
     """Bad input a user can fix; the message says what and where (exit code 2)."""
@@ -48,7 +50,36 @@ class UsageError(TurnrlError, ValueError):
 
 
 class ConfigError(TurnrlError, ValueError):
-    """A bad configuration value; the message names the dotted key."""
+    """A bad configuration value; the message names the dotted key.
+
+    ``problems`` holds the ``(dotted key, message)`` pairs when the error reports every
+    problem of a config at once (:func:`turnrl.train.validate.validate`, through
+    :meth:`from_problems`); it is empty for an error raised about one value.
+    """
+
+    def __init__(self, message: str, problems: Sequence[tuple[str, str]] = ()) -> None:
+        self.problems = list(problems)
+        super().__init__(message)
+
+    @classmethod
+    def from_problems(
+        cls, problems: Sequence[tuple[str, str]], where: Mapping[str, str] | None = None
+    ) -> ConfigError:
+        """One error listing ``problems``; ``where`` maps a key to where its value came
+        from (``file.toml:12`` or ``override 'train.steps=-1'``), which prefixes the key."""
+        located = where or {}
+        lines = [
+            f"{located[key]}: {key}: {message}" if key in located else f"{key}: {message}"
+            for key, message in problems
+        ]
+        if len(lines) == 1:
+            text = f"config error: {lines[0]}"
+        else:
+            text = f"{len(lines)} config errors:\n" + "\n".join("  " + line for line in lines)
+        return cls(text, problems)
+
+    def __reduce__(self):  # keep the problems when pickled (Ray, multiprocessing)
+        return (type(self), (str(self), self.problems))
 
 
 class OutputError(TurnrlError, OSError):

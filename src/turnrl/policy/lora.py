@@ -33,12 +33,9 @@ import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import torch
-
-if TYPE_CHECKING:
-    from turnrl.policy.hf import HFPolicy
 
 PEFT_VERSION = "0.21.2"
 """The tested peft version."""
@@ -111,15 +108,28 @@ def add_lora(
         return peft.get_peft_model(model, config)
 
 
-def lora_policy(
-    policy: HFPolicy, *, rank: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS
-) -> HFPolicy:
-    """A policy on ``policy``'s model with LoRA adapters added (the model is wrapped in
-    place: do not keep using ``policy`` for training)."""
-    from turnrl.policy.hf import HFPolicy
+class ModelPolicy(Protocol):
+    """What ``lora_policy`` reads of a policy (``HFPolicy`` has it): its model,
+    tokenizer and end-of-turn token, and a constructor taking them back."""
 
+    model: Any
+    tokenizer: Any
+    end_of_turn: str
+
+    def __init__(self, model: Any, tokenizer: Any, *, end_of_turn: str | None = None) -> None: ...
+
+
+P = TypeVar("P", bound=ModelPolicy)
+
+
+def lora_policy(
+    policy: P, *, rank: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS
+) -> P:
+    """A policy of ``policy``'s class on its model with LoRA adapters added (the model is
+    wrapped in place: do not keep using ``policy`` for training). Built through
+    ``type(policy)``, so this module never imports ``turnrl.policy.hf``, which imports it."""
     model = add_lora(policy.model, rank=rank, alpha=alpha, targets=targets)
-    return HFPolicy(model, policy.tokenizer, end_of_turn=policy.end_of_turn)
+    return type(policy)(model, policy.tokenizer, end_of_turn=policy.end_of_turn)
 
 
 def adapter_state_dict(model: Any) -> dict[str, torch.Tensor]:

@@ -31,15 +31,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import importlib
-import importlib.util
 import inspect
 import io
 import json
 import math
 import os
 import queue
-import re
 import shutil
 import signal
 import sys
@@ -47,19 +44,15 @@ import threading
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
+from turnrl.entrypoints import load_object
 from turnrl.errors import ConfigError
 
 OUTPUT_TAIL_BYTES = 64 * 1024
 """How much of a command's stdout and stderr is kept (the end of each)."""
 KILL_GRACE_S = 2.0
 """How long to wait for a killed command's pipes to close before giving up on them."""
-
-ENTRYPOINT_FORMAT = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_]\w*)$")
-"""``module:function`` or ``path/to/file.py:function``."""
-_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
 class AgentConfigError(ConfigError):
@@ -204,22 +197,8 @@ def load_callable(spec: str, option: str, *, arity: int) -> Callable[..., Any]:
     the path); ``"path/to/file.py:function"`` loads that file. Raises
     :class:`AgentConfigError` naming ``option`` and what is wrong.
     """
-    match = ENTRYPOINT_FORMAT.match(spec.strip())
-    if match is None:
-        raise AgentConfigError(
-            f"{option}: expected 'package.module:function' or 'path/to/file.py:function', "
-            f"got {spec!r}"
-        )
-    target, name = match.group("module"), match.group("function")
-    if target.endswith(".py"):
-        module = _load_file(target, option)
-    elif _MODULE.match(target):
-        module = _import_module(target, option)
-    else:
-        raise AgentConfigError(f"{option}: {target!r} is neither a module name nor a .py file")
-    fn = getattr(module, name, None)
-    if fn is None:
-        raise AgentConfigError(f"{option}: {target} has no attribute {name!r}")
+    fn = load_object(spec, option, error=AgentConfigError)
+    target, name = spec.strip().rsplit(":", 1)
     if not callable(fn):
         raise AgentConfigError(f"{option}: {target}:{name} is not callable")
     try:
@@ -230,43 +209,6 @@ def load_callable(spec: str, option: str, *, arity: int) -> Callable[..., Any]:
     except ValueError:  # builtins without a signature: let the call decide
         pass
     return fn
-
-
-def _import_module(name: str, option: str) -> Any:
-    cwd = os.getcwd()
-    added = cwd not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        return importlib.import_module(name)
-    except Exception as exc:
-        raise AgentConfigError(
-            f"{option}: cannot import {name!r}: {type(exc).__name__}: {exc}"
-        ) from exc
-    finally:
-        if added:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(cwd)
-
-
-def _load_file(path: str, option: str) -> Any:
-    file = Path(path)
-    if not file.is_file():
-        raise AgentConfigError(f"{option}: no such file {path!r}")
-    module_name = f"turnrl_agent_{abs(hash(str(file.resolve())))}"
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:
-        raise AgentConfigError(f"{option}: cannot load {path!r} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        sys.modules.pop(module_name, None)
-        raise AgentConfigError(
-            f"{option}: {path} failed to import: {type(exc).__name__}: {exc}"
-        ) from exc
-    return module
 
 
 def _format_exception(exc: BaseException) -> str:

@@ -87,15 +87,8 @@ the mini-batch order of an update (index: the step); ``eval_tasks``: the held-ou
 task set (from ``env.seed``); ``deploy_arm``: one (temperature, persona) arm of an
 Iterative GRPO deployment; ``q_fit``: Q's initialisation and split; ``improve``:
 an improvement step's task draws, ``improve_sample`` its candidate sampling and
-``improve_probe`` its probe set. The agent loop adds its streams with
-:func:`register_seed_stream`."""
-
-
-def register_seed_stream(name: str, multiplier: int, offset: int = 0) -> None:
-    """Add a named random stream (re-registering a name is an error)."""
-    if name in SEED_STREAMS:
-        raise ValueError(f"seed stream {name!r} is already registered")
-    SEED_STREAMS[name] = (multiplier, offset)
+``improve_probe`` its probe set. A new stream is a new entry here, whose
+``(multiplier, offset)`` no other stream has."""
 
 
 def derive_seed(base: int, stream: str, index: int = 0) -> int:

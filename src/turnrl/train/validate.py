@@ -10,7 +10,8 @@ misspelt name or option, or a value of the wrong type, is refused with the allow
 ones named, not found after the warm start.
 
 Every problem names its dotted key (``train.minibatch_size``); all problems of a
-config are reported together in one :class:`ConfigError`.
+config are reported together in one :class:`~turnrl.errors.ConfigError` (its
+``problems`` holds them as ``(dotted key, message)`` pairs).
 
 A new section (the agent loop's ``[agent]``) registers its checks with::
 
@@ -32,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from turnrl import errors
+from turnrl.errors import ConfigError
 from turnrl.options import check_options, fits
 from turnrl.train.config import (
     AgentConfig,
@@ -57,29 +58,6 @@ from turnrl.train.iterate_config import (
 )
 
 C = TypeVar("C")
-
-
-class ConfigError(errors.ConfigError):
-    """A config that cannot run; ``problems`` holds ``(dotted key, message)`` pairs.
-
-    ``where`` maps a key to where its value came from (``file.toml:12`` or
-    ``override 'train.steps=-1'``), when known; it prefixes the key in the message.
-    """
-
-    def __init__(
-        self, problems: list[tuple[str, str]], where: Mapping[str, str] | None = None
-    ) -> None:
-        self.problems = problems
-        located = where or {}
-        lines = [
-            f"{located[key]}: {key}: {message}" if key in located else f"{key}: {message}"
-            for key, message in problems
-        ]
-        if len(lines) == 1:
-            text = f"config error: {lines[0]}"
-        else:
-            text = f"{len(lines)} config errors:\n" + "\n".join("  " + line for line in lines)
-        super().__init__(text)
 
 
 class Problems:
@@ -167,7 +145,7 @@ def validate(
             origin = config_origin(key, toml_path, overrides)
             if origin is not None:
                 where[key] = origin
-        raise ConfigError(problems, where)
+        raise ConfigError.from_problems(problems, where)
 
 
 def _sections(section: Any, prefix: str) -> Iterator[tuple[str, Any]]:
@@ -343,7 +321,7 @@ def _check_mix(warm: WarmStartConfig, env_name: str, p: Problems) -> None:
 
 @register_check(AgentConfig)
 def _agent(agent: AgentConfig, p: Problems) -> None:
-    from turnrl.train.agent_programs import ENTRYPOINT_FORMAT
+    from turnrl.entrypoints import ENTRYPOINT_FORMAT
 
     if agent.entrypoint is not None and agent.command:
         p.add("command", "set exactly one of agent.entrypoint and agent.command, not both")
@@ -412,7 +390,7 @@ def _agent_run(config: RunConfig, p: Problems) -> None:
     if teacher is not None and config.warm_start.init_from is not None:
         p.add("warm_start.teacher", "set either warm_start.teacher or warm_start.init_from")
     if teacher is not None:
-        from turnrl.train.agent_programs import ENTRYPOINT_FORMAT
+        from turnrl.entrypoints import ENTRYPOINT_FORMAT
 
         if not ENTRYPOINT_FORMAT.match(teacher):
             p.add("warm_start.teacher", f"expected 'module:function', got {teacher!r}")
