@@ -2,7 +2,8 @@
 
 ``make_env("calculator", max_turns=4)``, ``make_tasks("frozenlake", 100, seed=0)``
 and ``demonstration("calculator", task, use_tool=True)`` look environments up in
-:data:`ENVS`; :func:`register_env` adds more. No torch here; gymnasium is
+:data:`ENVS`; :func:`register_env` adds more, and a name ``"module:factory"`` loads a
+user's environment (:func:`load_env_spec`). No torch here; gymnasium is
 imported only when a FrozenLake environment is used, bm25s only when a lookup
 environment searches.
 """
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from turnrl.entrypoints import ENTRYPOINT_FORMAT, load_object
 from turnrl.envs import calculator, frozenlake, lookup
 from turnrl.envs.calculator import CalculatorEnv, calculator_tasks
 from turnrl.envs.frozenlake import FrozenLakeEnv, frozenlake_tasks
@@ -27,6 +29,7 @@ from turnrl.envs.tools import (
     ToolResult,
     parse_response,
 )
+from turnrl.errors import ConfigError
 from turnrl.types import Env, Message, Task
 
 DemoOptions = Callable[[Task, random.Random, float, float], dict[str, Any]]
@@ -65,11 +68,37 @@ def register_env(name: str, spec: EnvSpec) -> None:
 
 
 def get_env_spec(name: str) -> EnvSpec:
-    """The spec registered as ``name``; unknown names raise ``ValueError`` listing known ones."""
+    """The spec registered as ``name``, or named by ``name`` = ``"module:factory"`` (see
+    :func:`load_env_spec`); unknown names raise ``ValueError`` listing known ones."""
+    if name not in ENVS and ENTRYPOINT_FORMAT.match(name.strip()):
+        ENVS[name] = load_env_spec(name)
     try:
         return ENVS[name]
     except KeyError:
         raise ValueError(f"unknown environment {name!r}; known: {sorted(ENVS)}") from None
+
+
+def load_env_spec(spec: str, option: str = "env.name") -> EnvSpec:
+    """The :class:`EnvSpec` a user's code names: ``"package.module:factory"`` or
+    ``"path/to/file.py:factory"``, where ``factory`` is an ``EnvSpec`` or a function of no
+    arguments returning one. An environment then joins a run from the config alone
+    (``env.name = "mypkg.envs:make_env"``), as agents do, without editing this module.
+    Raises :class:`~turnrl.errors.ConfigError` naming ``option`` when the import fails,
+    the factory fails or returns something else."""
+    found = load_object(spec, option)
+    if isinstance(found, EnvSpec):
+        return found
+    if not callable(found):
+        raise ConfigError(f"{option}: {spec} is neither an EnvSpec nor a function returning one")
+    try:
+        made = found()
+    except Exception as exc:
+        raise ConfigError(f"{option}: {spec}() failed: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(made, EnvSpec):
+        raise ConfigError(
+            f"{option}: {spec}() must return a turnrl.envs.EnvSpec, got {type(made).__name__}"
+        )
+    return made
 
 
 def make_env(name: str, **kwargs: Any) -> Env:
@@ -126,6 +155,7 @@ __all__ = [
     "demonstration",
     "frozenlake_tasks",
     "get_env_spec",
+    "load_env_spec",
     "lookup_tasks",
     "make_env",
     "make_tasks",

@@ -181,12 +181,19 @@ def _run_checks(config: Any, prefix: str, problems: list[tuple[str, str]]) -> No
 
 @register_check(EnvConfig)
 def _env(env: EnvConfig, p: Problems) -> None:
-    from turnrl.envs import ENVS
+    from turnrl.entrypoints import ENTRYPOINT_FORMAT
+    from turnrl.envs import ENVS, get_env_spec
 
     if not env.name and env.ALLOW_NO_ENV:
         return
     p.at_least("n_train_tasks", env.n_train_tasks, 1)
     p.at_least("n_eval_tasks", env.n_eval_tasks, 1)
+    if env.name not in ENVS and ENTRYPOINT_FORMAT.match(env.name.strip()):
+        try:  # a user's environment, "module:factory": import it now, before any work
+            get_env_spec(env.name)
+        except ConfigError as err:
+            p.add("name", str(err).removeprefix(f"{p.key('name')}: "))
+            return
     if p.one_of("name", env.name, sorted(ENVS)):
         spec = ENVS[env.name]
         p.options("env_kwargs", spec.make_env, env.env_kwargs)
