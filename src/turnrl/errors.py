@@ -82,6 +82,11 @@ class ConfigError(TurnrlError, ValueError):
         return (type(self), (str(self), self.problems))
 
 
+class CapabilityError(TurnrlError, TypeError):
+    """An environment lacks an optional capability (``turnrl.types.Snapshots``...) that
+    what it is used for needs; the message names both."""
+
+
 class OutputError(TurnrlError, OSError):
     """An output path turnrl cannot or will not write (the message names it)."""
 

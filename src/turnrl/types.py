@@ -1,8 +1,9 @@
 """The whole contract between turnrl's layers, in one small module.
 
-Frozen dataclasses for data, ``Protocol``s for what other layers consume, and one
-ABC (``Env``) for what users subclass. Nothing here imports torch, so every layer
-(including ``credit``, ``envs`` and the integrations) can depend on it.
+Frozen dataclasses for data, ``Protocol``s for what other layers consume (and for an
+environment's optional capabilities), and one ABC (``Env``) for what users subclass.
+Nothing here imports torch, so every layer (including ``credit``, ``envs`` and the
+integrations) can depend on it.
 
 Conventions:
 
@@ -18,7 +19,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from turnrl.errors import CapabilityError
 
 Message = dict[str, str]
 """One chat message: ``{"role": "system"|"user"|"assistant"|"tool", "content": str}``."""
@@ -59,8 +62,16 @@ class StepResult:
 class Env(ABC):
     """A multi-turn environment: the agent's whole turn response is one action.
 
-    Subclass this. ``snapshot``/``restore`` must round-trip exactly, so that tree
-    rollouts can branch several responses from one saved state.
+    Subclass this and write ``reset`` and ``step``; that is all every rollout needs.
+    What only some algorithms need is an optional capability, a small protocol below
+    that an environment has by defining its methods (no registration, no base class):
+    :class:`Snapshots` (tree rollouts), :class:`StateKeys` (GiGPO's anchor states),
+    :class:`References` (information gain), :class:`ResponseChecks` (Iterative GRPO's
+    malformed candidates) and :class:`Truncation` (responses cut at the token limit).
+    Code that needs one asks for it with :func:`require`, which names the missing
+    capability in its error; code that can do without one falls back to what an
+    environment without it means (no state key, every response well formed, a cut
+    response stepped like any other).
     """
 
     @abstractmethod
@@ -71,45 +82,94 @@ class Env(ABC):
     def step(self, response: str) -> StepResult:
         """Apply the agent's response text and return what happened."""
 
-    def step_truncated(self, response: str) -> StepResult:
-        """Apply a response that was cut at the token limit (it never ended on its own).
 
-        The runner calls this instead of :meth:`step` when sampling stopped at
-        ``max_new_tokens``. Default: the cut text is applied like any response. An
-        environment may end the episode instead (e.g. the calculator's
-        ``truncation="zero_reward"``, verl's treatment of ``max_response_length``).
-        """
-        return self.step(response)
+# ------------------------------------------------------------ optional environment capabilities
 
-    @abstractmethod
+
+@runtime_checkable
+class Snapshots(Protocol):
+    """Saves and restores its state, so tree rollouts (PATR, RTPO, AT-GRPO) can branch
+    several responses from one saved state. The pair must round-trip exactly."""
+
     def snapshot(self) -> Any:
         """Return an opaque, independent copy of the current state."""
+        ...
 
-    @abstractmethod
     def restore(self, snapshot: Any) -> None:
         """Return to a state produced by ``snapshot`` (the snapshot stays reusable)."""
+        ...
+
+
+@runtime_checkable
+class StateKeys(Protocol):
+    """Names its current state: GiGPO's anchor states (the ``state`` group key) and
+    PATR's scorer. Without it a turn's ``state_key`` is null."""
 
     def state_key(self) -> str | None:
-        """An id of the current environment state (anchor state for GiGPO), if any."""
-        return None
+        """An id of the current environment state, if any."""
+        ...
+
+
+@runtime_checkable
+class References(Protocol):
+    """Knows the ideal final response to a task: information gain (A2TGPO, IGPO) is how
+    much each turn raises the policy's log-probability of it."""
 
     def reference_response(self, task: Task) -> str | None:
-        """The ideal final response to ``task``, if the environment knows one.
+        """The ideal final response to ``task`` (``None``: none for this task)."""
+        ...
 
-        Used to compute information gain (A2TGPO, IGPO): how much each turn raises
-        the policy's log-probability of this response. ``None``: no ground truth.
-        """
-        return None
+
+@runtime_checkable
+class ResponseChecks(Protocol):
+    """Checks a response's action syntax without an episode, so code that must not talk
+    to the environment (Iterative GRPO's improvement step) can still reject malformed
+    candidates. Without it every response counts as well formed."""
 
     def check_response(self, task: Task, response: str) -> str | None:
-        """Why ``response`` is not a well-formed action for ``task`` (``None``: it is).
+        """Why ``response`` is not a well-formed action for ``task`` (``None``: it is);
+        a pure check that starts no episode and touches no state."""
+        ...
 
-        A pure check of the action syntax the environment would parse, made
-        without starting an episode or touching any state, so code that must not
-        talk to the environment (Iterative GRPO's improvement step) may still
-        reject malformed candidates. Default: every response is well formed.
-        """
-        return None
+
+@runtime_checkable
+class Truncation(Protocol):
+    """Treats a response cut at the token limit (it never ended on its own) its own way,
+    e.g. ends the episode with no success reward (the calculator's
+    ``truncation="zero_reward"``, verl's ``max_response_length``). Without it the
+    runner steps the cut text like any response."""
+
+    def step_truncated(self, response: str) -> StepResult:
+        """Apply a response that sampling stopped at ``max_new_tokens``."""
+        ...
+
+
+CAPABILITIES: dict[type, str] = {
+    Snapshots: "snapshots (snapshot() and restore(snapshot))",
+    StateKeys: "state keys (state_key())",
+    References: "reference responses (reference_response(task))",
+    ResponseChecks: "response checks (check_response(task, response))",
+    Truncation: "truncation handling (step_truncated(response))",
+}
+"""Each optional capability and how an error names it."""
+
+C = TypeVar("C")
+
+
+def require(env: Any, capability: type[C], purpose: str) -> C:
+    """``env`` as a ``capability``, or :class:`~turnrl.errors.CapabilityError` saying that
+    ``purpose`` needs it and which methods ``env``'s class lacks."""
+    if isinstance(env, capability):
+        return env
+    raise CapabilityError(
+        f"{purpose} needs an environment with {CAPABILITIES.get(capability, capability.__name__)}"
+        f"; {type(env).__name__} has none"
+    )
+
+
+def state_key_of(env: Any) -> str | None:
+    """``env.state_key()``, or ``None`` for an environment without :class:`StateKeys`."""
+    return env.state_key() if isinstance(env, StateKeys) else None
 
 
 @dataclass(frozen=True)

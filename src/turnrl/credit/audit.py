@@ -28,7 +28,6 @@ MAX_TURN_COLUMNS = 8
 """Turn positions reported separately; later turns are pooled into the last column."""
 
 
-
 @dataclass
 class GroupKeyAudit:
     key: str

@@ -8,7 +8,7 @@ state (the parent is replaced by its children; the first child keeps the
 parent's ``traj_id``); middling branches just continue. A branch whose last
 ``repeats`` (Theta) responses are identical is pruned at once. Pruned branches
 stay in the group as leaves, labelled with the outcome they reached (no success
-reward): negatives. Children branch from ``Env.snapshot()`` and share the KV
+reward): negatives. Children branch from the environment's ``snapshot()`` and share the KV
 cache of their common prefix (``prefix_cache``).
 
 Records: every root-to-leaf path is a trajectory (shared turns are copies, see

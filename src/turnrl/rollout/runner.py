@@ -8,8 +8,9 @@ context. Contexts are never re-rendered from text, so a record's
 scores exactly those tokens.
 
 A response cut at ``max_new_tokens`` (``stop_reason == "length"``) is passed to
-the environment's ``step_truncated`` (by default the same as ``step``: usually a
-malformed action; an environment may end the episode instead); if the episode
+the environment's ``step_truncated`` when it has one (:class:`~turnrl.types.Truncation`;
+otherwise to ``step``: usually a malformed action; an environment may end the episode
+instead); if the episode
 goes on, the end-of-turn token is appended to the context as part of the next
 observation (it was not sampled, so it is not trained on).
 """
@@ -21,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnrl.types import Env, Policy, Task, TurnRecord
+from turnrl.types import Env, Policy, Task, Truncation, TurnRecord, state_key_of
 
 
 @dataclass
@@ -207,10 +208,11 @@ def step_episodes(
     started = time.perf_counter()
     records = []
     for episode, sample in zip(live, samples, strict=True):
-        state_key = episode.env.state_key()
+        state_key = state_key_of(episode.env)
         truncated = sample.stop_reason == "length"
         env = episode.env
-        result = env.step_truncated(sample.text) if truncated else env.step(sample.text)
+        cut = truncated and isinstance(env, Truncation)
+        result = env.step_truncated(sample.text) if cut else env.step(sample.text)
         info = result.info
         record = TurnRecord(
             task_id=episode.task.task_id,

@@ -37,7 +37,7 @@ import numpy as np
 
 from turnrl.envs import CalculatorEnv, FrozenLakeEnv, LookupEnv
 from turnrl.rollout.tree import Branch
-from turnrl.types import Env, Policy
+from turnrl.types import Env, Policy, state_key_of
 
 
 class Scorer(Protocol):
@@ -74,7 +74,7 @@ def frozenlake_progress(branch: Branch) -> float:
     size = len(rows[0])
     if branch.episode.done and not branch.episode.correct:
         return -2.0 * size + branch.episode.outcome
-    key = branch.episode.env.state_key() or ""
+    key = state_key_of(branch.episode.env) or ""
     position = int(key.rsplit(":", 1)[1])  # FrozenLakeEnv's key is "<task_id>:<cell>"
     goal = "".join(rows).index("G")
     (r, c), (gr, gc) = divmod(position, size), divmod(goal, size)

@@ -22,8 +22,8 @@ the JSON line in the ordinary case):
 Whether copies are trained is the strategy's choice: PATR trains them (GRPO over
 leaves: each leaf's whole path is a sample), RTPO and AT-GRPO do not.
 
-Environments branch through ``Env.snapshot()`` restored into a fresh
-environment; the policy samples through :class:`~turnrl.rollout.tokens.PrefixReuse`.
+Environments branch through ``snapshot()`` (:class:`~turnrl.types.Snapshots`) restored
+into a fresh environment; the policy samples through :class:`~turnrl.rollout.tokens.PrefixReuse`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from turnrl.rollout.runner import Episode, RolloutBatch, step_episodes
 from turnrl.rollout.strategies import StepExperience, StrategyContext
 from turnrl.rollout.tokens import token_metrics
-from turnrl.types import Env, Policy, TurnRecord
+from turnrl.types import Env, Policy, Snapshots, TurnRecord, require
 
 
 @dataclass
@@ -60,9 +60,11 @@ class Branch:
 
 def clone_episode(episode: Episode, make_env: Callable[[], Env], traj_id: str) -> Episode:
     """An independent copy of ``episode`` under ``traj_id``: a fresh environment restored
-    from ``episode.env.snapshot()``; the context and counters are copied."""
+    from ``episode.env.snapshot()``; the context and counters are copied. The
+    environment needs :class:`~turnrl.types.Snapshots` (a clear error says so)."""
+    purpose = "a tree rollout (branching from a saved state)"
     env = make_env()
-    env.restore(episode.env.snapshot())
+    require(env, Snapshots, purpose).restore(require(episode.env, Snapshots, purpose).snapshot())
     return dataclasses.replace(episode, traj_id=traj_id, env=env, context=list(episode.context))
 
 

@@ -29,7 +29,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from turnrl.rollout import RolloutBatch
-from turnrl.types import Env, Message, Policy, StepResult, Task
+from turnrl.types import (
+    Env,
+    Message,
+    Policy,
+    References,
+    ResponseChecks,
+    Snapshots,
+    StepResult,
+    Task,
+    Truncation,
+    require,
+    state_key_of,
+)
 
 
 def with_instruction(messages: Sequence[Message], instruction: str) -> list[Message]:
@@ -48,7 +60,10 @@ class PersonaEnv(Env):
 
     Everything else is the wrapped environment's. ``plain_messages`` and
     ``instructed_messages`` keep the last reset's two versions, so the logs can be
-    rewritten to the plain state (:func:`hide_personas`).
+    rewritten to the plain state (:func:`hide_personas`). It has every optional
+    capability its wrapped environment may have; one the wrapped environment lacks
+    means what it means without it (no state key, no reference, every response well
+    formed, a cut response stepped as any), and a snapshot is refused by name.
     """
 
     def __init__(self, inner: Env, instruction: str) -> None:
@@ -68,24 +83,31 @@ class PersonaEnv(Env):
         return self.inner.step(response)
 
     def step_truncated(self, response: str) -> StepResult:
-        return self.inner.step_truncated(response)
+        if isinstance(self.inner, Truncation):
+            return self.inner.step_truncated(response)
+        return self.inner.step(response)
 
     def snapshot(self) -> Any:
-        return (self.inner.snapshot(), self.plain_messages, self.instructed_messages)
+        inner = require(self.inner, Snapshots, "a persona environment's snapshot").snapshot()
+        return (inner, self.plain_messages, self.instructed_messages)
 
     def restore(self, snapshot: Any) -> None:
         inner, plain, instructed = snapshot
-        self.inner.restore(inner)
+        require(self.inner, Snapshots, "a persona environment's restore").restore(inner)
         self.plain_messages, self.instructed_messages = list(plain), list(instructed)
 
     def state_key(self) -> str | None:
-        return self.inner.state_key()
+        return state_key_of(self.inner)
 
     def reference_response(self, task: Task) -> str | None:
-        return self.inner.reference_response(task)
+        if isinstance(self.inner, References):
+            return self.inner.reference_response(task)
+        return None
 
     def check_response(self, task: Task, response: str) -> str | None:
-        return self.inner.check_response(task, response)
+        if isinstance(self.inner, ResponseChecks):
+            return self.inner.check_response(task, response)
+        return None
 
 
 def persona_env_factory(make_env: Callable[[], Env], instruction: str) -> Callable[[], Env]:

@@ -91,7 +91,7 @@ from turnrl.train.run import (
 )
 from turnrl.train.sft import TurnExample, conversation_examples, demonstration_examples
 from turnrl.train.validate import validate
-from turnrl.types import Env, Sample, Task, TurnRecord
+from turnrl.types import Env, ResponseChecks, Sample, Task, TurnRecord
 
 Scorer = Callable[[list[list[int]], list[list[int]]], np.ndarray]
 """Scores candidate responses: ``(contexts, responses) -> Q per row``."""
@@ -274,7 +274,7 @@ def improve_policy(
     deployed policy did, so it has no data on, and often over-rates, malformed
     near-copies of good moves; a policy optimised against Q learns them (see
     ``docs/iterative-grpo.md``). The check is a pure syntax check
-    (:meth:`turnrl.types.Env.check_response`), not an environment call.
+    (:class:`turnrl.types.ResponseChecks`), not an environment call.
 
     Takes no environment: everything it needs is the logged contexts. The whole
     step runs inside :func:`forbid_env_calls`, so a scorer or sampler that
@@ -651,13 +651,17 @@ class IterativeGRPO:
     def _format_check(self) -> FormatCheck | None:
         """The environment's pure action-syntax check for logged states of known tasks.
 
-        ``None`` without an environment (logs only). States of tasks the run does
+        ``None`` without an environment (logs only) or for one without
+        :class:`~turnrl.types.ResponseChecks` (every response counts as well formed,
+        as before environments declared the check). States of tasks the run does
         not know (imported logs) are not checked: the check may need the task
         (e.g. a negotiation's offer ranges).
         """
         if not self.has_env:
             return None
         env = self._make_env()
+        if not isinstance(env, ResponseChecks):
+            return None  # every response counts as well formed
         tasks = {task.task_id: task for task in self.train_tasks}
 
         def check(state: LoggedState, text: str) -> str | None:

@@ -49,7 +49,7 @@ from turnrl.train.run import (
 )
 from turnrl.train.sft import demonstration_examples
 from turnrl.train.validate import validate
-from turnrl.types import Task, TurnRecord
+from turnrl.types import References, Task, TurnRecord, require
 
 __all__ = ["TIMING_KEYS", "OnlineTrainer", "build_policy", "with_lora"]
 
@@ -130,7 +130,8 @@ class OnlineTrainer:
 
     def _reference_response(self, task_id: str) -> str | None:
         task = self.tasks_by_id.get(task_id)
-        return None if task is None else self._reference_env.reference_response(task)
+        env = require(self._reference_env, References, "information gain (credit.estimator)")
+        return None if task is None else env.reference_response(task)
 
     def _demonstrations(self) -> list[Any]:
         cfg = self.config

@@ -306,6 +306,33 @@ def _run(config: RunConfig, p: Problems) -> None:
         p.add("warm_start.mix", "is for built-in environments; an agent's teacher sets its mix")
     elif not config.agent.enabled:
         _check_mix(config.warm_start, config.env.name, p)
+        _check_capabilities(config, p)
+
+
+def _check_capabilities(config: RunConfig, p: Problems) -> None:
+    """The optional environment capabilities the run's strategy and estimator need
+    (:mod:`turnrl.types`), checked on the environment's class when it is one (a
+    factory function is checked when the run first needs the capability)."""
+    from turnrl.credit import get_estimator, list_estimators
+    from turnrl.envs import ENVS
+    from turnrl.types import CAPABILITIES, References, Snapshots
+
+    spec = ENVS.get(config.env.name)
+    if spec is None or not isinstance(spec.make_env, type):
+        return
+    needed = []
+    if config.rollout.strategy != "independent":
+        needed.append(("rollout.strategy", Snapshots, f"{config.rollout.strategy!r}"))
+    known = config.credit.estimator in list_estimators(with_aliases=True)
+    if known and "info_gain" in get_estimator(config.credit.estimator).needs:
+        needed.append(("credit.estimator", References, f"{config.credit.estimator!r}"))
+    for key, capability, what in needed:
+        if not issubclass(spec.make_env, capability):
+            p.add(
+                key,
+                f"{what} needs an environment with {CAPABILITIES[capability]}; "
+                f"{config.env.name!r} ({spec.make_env.__name__}) has none",
+            )
 
 
 def _check_mix(warm: WarmStartConfig, env_name: str, p: Problems) -> None:
