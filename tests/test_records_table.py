@@ -75,7 +75,7 @@ def test_records_are_typed_and_unknown_keys_kept_for_write_back() -> None:
     record = table.records[0]
     assert isinstance(record, TurnRecord) and record.reward == 0.0 and record.role == "agent"
     assert record.extra == {"extra": {"k": 1}, "zeta": [1, None]}
-    # written back: DESIGN fields with their defaults, then the unknown keys in order
+    # written back: the turn record's fields with their defaults, then the unknown keys in order
     assert record_to_json(record) == {
         "task_id": "t",
         "traj_id": "a",

@@ -46,7 +46,8 @@ RECORD_FIELDS: tuple[str, ...] = (
     "info_gain",
     "q",
 )
-"""The fields of DESIGN.md, in documentation order."""
+"""The turn record's fields (docs/architecture.md, docs/turn-records.md), in documentation
+order."""
 
 REQUIRED_FIELDS: tuple[str, ...] = ("task_id", "traj_id", "turn")
 
@@ -310,9 +311,10 @@ def read_records(path: str | Path) -> list[TurnRecord]:
 
 
 def record_to_json(record: TurnRecord, columns: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON object of ``record``: DESIGN.md's fields in documentation order, then
-    the named optional fields that are set, then ``extra`` in its order, then
-    ``columns`` (e.g. ``advantage``), which replace keys of ``extra`` of the same name.
+    """The JSON object of ``record``: the turn record's fields (docs/architecture.md) in
+    documentation order, then the named optional fields that are set, then ``extra`` in
+    its order, then ``columns`` (e.g. ``advantage``), which replace keys of ``extra`` of
+    the same name.
 
     Left out: ``None`` fields, ``train`` when true, ``pruned`` when false. Tuples
     are written as lists.

@@ -271,7 +271,7 @@ class TurnRecord:
     out of the line. Read and validate with ``turnrl.records.parse_record``.
     """
 
-    # ---- the fields of DESIGN.md
+    # ---- the turn record's fields (docs/architecture.md, docs/turn-records.md)
     task_id: str
     """The question / episode seed the rollout started from."""
     traj_id: str

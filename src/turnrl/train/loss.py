@@ -20,7 +20,7 @@ Departures from / choices among the papers:
   whenever mini-batches have different token counts.)
 * ``rollout-mean`` is turnrl's own mode: every trajectory weighs the same however many
   turns it took, so multi-turn trajectories do not dominate the gradient (the
-  length-weighting problem described in DESIGN.md, at the loss level).
+  length-weighting problem described in docs/architecture.md (Peers), at the loss level).
 * Asymmetric clipping (``clip_high > clip_low``, "clip-higher" from DAPO) is allowed.
 * ``clip_factor_B`` scales both clip widths per row: A2TGPO's adaptive per-turn clip
   range. How the factor is derived from information gain lives in ``turnrl.credit``;
