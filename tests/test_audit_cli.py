@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from turnrl import TurnTable
 from turnrl.cli import main
 from turnrl.credit.audit import audit
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "logs" / "mixed_grouping.jsonl"
 Q = [{"role": "user", "content": "q"}]
 

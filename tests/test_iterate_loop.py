@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from builders import HAGGLE_LOG
-from conftest import TINY_ITERATE
+from conftest import REPO, TINY_ITERATE
 from turnrl.cli import main
 from turnrl.envs import make_env, make_tasks
 from turnrl.envs.negotiation import HaggleEnv
@@ -29,9 +29,6 @@ from turnrl.train.iterate_config import ImproveConfig, IterateConfig
 from turnrl.types import Env, StepResult
 
 torch.set_num_threads(1)
-REPO = Path(__file__).resolve().parents[1]
-
-TINY = list(TINY_ITERATE)
 
 LOG = HAGGLE_LOG
 
@@ -148,7 +145,7 @@ def rows(run_dir: Path) -> list[dict]:
 
 
 def test_tiny_run_end_to_end_without_env_calls_in_improvement(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_iterate
 ) -> None:
     calls = {"step": 0, "during_improve": 0}
     original_step = HaggleEnv.step
@@ -167,9 +164,7 @@ def test_tiny_run_end_to_end_without_env_calls_in_improvement(
         return out
 
     monkeypatch.setattr(IterativeGRPO, "improve", watched_improve)
-    config = load_config(
-        IterateConfig, REPO / "examples" / "iterate_haggle.toml", [*TINY, f"run_dir={tmp_path}"]
-    )
+    config = tiny_iterate(tmp_path)
     run = IterativeGRPO(config, quiet=True).run()
     assert calls["step"] > 0 and calls["during_improve"] == 0
     metrics = rows(run)
@@ -213,7 +208,13 @@ def test_from_logs_without_env_stops_after_improving(tmp_path: Path) -> None:
     config = load_config(
         IterateConfig,
         None,
-        [*TINY, "env.name=", "iterations=3", "warm_start.steps=2", f"run_dir={tmp_path / 'run'}"],
+        [
+            *TINY_ITERATE,
+            "env.name=",
+            "iterations=3",
+            "warm_start.steps=2",
+            f"run_dir={tmp_path / 'run'}",
+        ],
     )
     run = IterativeGRPO(config, from_logs=logs, quiet=True).run()
     metrics = rows(run)
@@ -247,7 +248,7 @@ def test_cli_iterate_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
             "--quiet",
             "--run-dir",
             str(tmp_path),
-            *TINY,
+            *TINY_ITERATE,
             "iterations=1",
         ]
     )
@@ -326,13 +327,9 @@ def comparable(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in m.items() if k not in TIMING} for m in rows(run_dir)]
 
 
-def test_killed_run_resumes_to_the_same_numbers(tmp_path: Path) -> None:
+def test_killed_run_resumes_to_the_same_numbers(tmp_path: Path, tiny_iterate) -> None:
     def config(run_dir: Path) -> IterateConfig:
-        return load_config(
-            IterateConfig,
-            REPO / "examples" / "iterate_haggle.toml",
-            [*TINY, "iterations=3", f"run_dir={run_dir}"],
-        )
+        return tiny_iterate(run_dir, "iterations=3")
 
     straight = IterativeGRPO(config(tmp_path / "a"), quiet=True).run()
     killed = IterativeGRPO(config(tmp_path / "b"), quiet=True).run(stop_after=1)
@@ -365,8 +362,8 @@ def test_killed_run_resumes_to_the_same_numbers(tmp_path: Path) -> None:
 def test_cli_resume_extends_a_finished_run(tmp_path: Path) -> None:
     args = ["iterate", "--config", str(REPO / "examples" / "iterate_haggle.toml"), "--quiet"]
     args += ["--run-dir", str(tmp_path)]
-    assert main([*args, *TINY, "iterations=1"]) == 0
-    assert main([*args, "--resume", *TINY, "iterations=2"]) == 0
+    assert main([*args, *TINY_ITERATE, "iterations=1"]) == 0
+    assert main([*args, "--resume", *TINY_ITERATE, "iterations=2"]) == 0
     assert [m["step"] for m in rows(tmp_path)] == [0, 1, 2]
     assert [m["conversations"] for m in rows(tmp_path)] == [0, 6, 12]
 

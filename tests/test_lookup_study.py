@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("bm25s", reason="the lookup environment needs the 'lookup' extra (bm25s)")
 
+from conftest import REPO
 from turnrl.train.config import RunConfig, load_config
 from turnrl.train.online import OnlineTrainer
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = [
     "warm_start.steps=4",
     "warm_start.batch_size=8",

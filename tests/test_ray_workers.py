@@ -16,6 +16,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conftest import REPO
 from turnrl.envs import make_env, make_tasks
 from turnrl.integrations.ray_workers import RayRolloutPool, shard, train_with_workers
 from turnrl.policy import build_tiny_policy
@@ -33,7 +34,6 @@ from turnrl.train.online import OnlineTrainer
 torch.set_num_threads(1)
 
 ENV = "calculator"
-REPO = Path(__file__).resolve().parents[1]
 TINY_RUN = [
     "warm_start.steps=2",
     "warm_start.batch_size=4",

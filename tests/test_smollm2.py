@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import REPO
 from turnrl.envs import demonstration, make_env, make_tasks
 from turnrl.policy import pretrained
 from turnrl.policy.pretrained import (
@@ -26,8 +27,6 @@ from turnrl.policy.pretrained import (
 )
 from turnrl.train.config import PolicyConfig, RunConfig, load_config
 from turnrl.train.online import OnlineTrainer, build_policy
-
-REPO = Path(__file__).resolve().parents[1]
 
 # ----------------------------------------------------------------------------- fast
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import REPO
 from turnrl.table import TurnTable
 from turnrl.train.config import RunConfig, load_config
 from turnrl.train.online import OnlineTrainer
 
 torch.set_num_threads(1)
-REPO = Path(__file__).resolve().parents[1]
 TINY = [
     "warm_start.steps=4",
     "warm_start.batch_size=8",
