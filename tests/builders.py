@@ -1,5 +1,6 @@
-"""Builders several test files share: turn records sampled from a policy, an optimiser
-that records gradients, a scripted policy on the tiny tokenizer, a chat log.
+"""Builders several test files share: turn records sampled from a policy, a finished
+agent rollout, an optimiser that records gradients, a scripted policy on the tiny
+tokenizer, a chat log.
 
 ``conftest.py`` holds the tiny training runs' settings and fixtures; this module holds
 plain objects and functions a test imports (``from builders import ...``).
@@ -15,7 +16,7 @@ import torch
 
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.records import parse_record
-from turnrl.types import Message, Sample, TurnRecord
+from turnrl.types import Message, Sample, Task, TurnRecord
 
 HAGGLE_LOG: dict[str, Any] = {
     "conversation_id": "c1",
@@ -49,6 +50,31 @@ def one_turn_records(
         )
         for i, (context, sample, task) in enumerate(zip(contexts, samples, tasks, strict=True))
     ]
+
+
+def agent_rollout(name: str, versions: Sequence[int], temperatures: Sequence[float]) -> Any:
+    """A finished agent rollout (``RolloutResult``) of task ``t`` whose turn ``k`` was
+    sampled by policy version ``versions[k]`` at ``temperatures[k]``; reward 1 at the end."""
+    from turnrl.train.agent_runner import RolloutResult  # the agent loop: heavy imports
+
+    last = len(versions) - 1
+    records = [
+        parse_record(
+            {
+                "traj_id": name,
+                "task_id": "t",
+                "turn": turn,
+                "prompt": "q",
+                "response": "a",
+                "reward": 1.0 if turn == last else 0.0,
+                "done": turn == last,
+                "policy_version": version,
+                "temperature": temperature,
+            }
+        )
+        for turn, (version, temperature) in enumerate(zip(versions, temperatures, strict=True))
+    ]
+    return RolloutResult(name, Task("t", {}), records=records, reward=1.0)
 
 
 class GradientRecorder(torch.optim.Optimizer):

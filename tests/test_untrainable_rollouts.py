@@ -6,32 +6,14 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnrl.records import parse_record
+from builders import agent_rollout
 from turnrl.train.agent import refuse_untrainable
 from turnrl.train.agent_runner import RolloutResult
-from turnrl.types import Task
 
 
 def _rollout(name: str, temperatures: list[float]) -> RolloutResult:
-    """A finished rollout of one policy version whose turn ``k`` was sampled at
-    ``temperatures[k]``."""
-    records = [
-        parse_record(
-            {
-                "traj_id": name,
-                "task_id": "t",
-                "turn": turn,
-                "prompt": "q",
-                "response": "a",
-                "reward": 1.0 if turn == len(temperatures) - 1 else 0.0,
-                "done": turn == len(temperatures) - 1,
-                "policy_version": 2,
-                "temperature": temperature,
-            }
-        )
-        for turn, temperature in enumerate(temperatures)
-    ]
-    return RolloutResult(name, Task("t", {}), records=records, reward=1.0)
+    """A rollout of one policy version whose turn ``k`` was sampled at ``temperatures[k]``."""
+    return agent_rollout(name, [2] * len(temperatures), temperatures)
 
 
 def test_one_turn_at_another_temperature_refuses_the_whole_rollout() -> None:
