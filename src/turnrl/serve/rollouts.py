@@ -30,6 +30,9 @@ from turnrl.types import Message, TurnRecord
 CLOSED_IDS_KEPT = 65_536
 """Closed rollout ids remembered (oldest forgotten first), to refuse late calls."""
 
+PROBLEMS_KEPT = 8
+"""Refused calls and refused rewards remembered per rollout (the last ones)."""
+
 
 @dataclass
 class Conversation:
@@ -70,7 +73,17 @@ class Rollout:
     reward: float | None = None
     rebuilds: int = 0
     closed: str | None = None
-    """Why the rollout was closed without finishing (``timeout`` or ``discarded: ...``)."""
+    """Why the rollout was closed without finishing (``timeout``, ``idle`` or
+    ``discarded: ...``)."""
+    secret: str | None = None
+    """The rollout's own secret (``open_rollout``): every call and reward naming it
+    must carry it; ``None`` for rollouts a first call started (``turnrl serve``)."""
+    last_active: float = 0.0
+    """When a request on it last ended (or it was opened): the idle clock."""
+    refusals: deque[str] = field(default_factory=lambda: deque(maxlen=PROBLEMS_KEPT))
+    """The gateway's answers to its refused calls (``"400 messages[0].role: ..."``)."""
+    refused_rewards: deque[float] = field(default_factory=lambda: deque(maxlen=PROBLEMS_KEPT))
+    """Rewards posted after its reward, different from it (refused with a 409)."""
 
     def policy_versions(self) -> tuple[int, ...]:
         """Distinct versions of the weights its turns were sampled with, sorted."""
@@ -116,7 +129,7 @@ class ClosedRollout:
     task_id: str
     turns: int
     reason: str
-    """``"timeout"`` or ``"discarded: <the caller's reason>"``."""
+    """``"timeout"``, ``"idle"`` or ``"discarded: <the caller's reason>"``."""
 
 
 @dataclass(frozen=True)
@@ -130,17 +143,22 @@ class RolloutTable:
     """Open rollouts by id, closed ids, and the counters, under one condition."""
 
     def __init__(
-        self, *, timeout_s: float | None, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        timeout_s: float | None,
+        idle_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cond = threading.Condition()
         """Guards everything here; notified whenever a rollout's request ends."""
         self.timeout_s = timeout_s
+        self.idle_s = idle_s
         self.clock = clock
         self.open: OrderedDict[str, Rollout] = OrderedDict()
         self._closed: OrderedDict[str, _Tombstone] = OrderedDict()
         self.closed_log: deque[ClosedRollout] = deque(maxlen=CLOSED_IDS_KEPT)
         """Rollouts closed without a reward, not yet collected by ``pop_closed``."""
-        self.counts = {"finished": 0, "timed_out": 0, "discarded": 0}
+        self.counts = {"finished": 0, "timed_out": 0, "idle_closed": 0, "discarded": 0}
 
     # ----------------------------------------------------------------- lookups
     def refuse_closed(self, rollout_id: str) -> None:
@@ -164,16 +182,21 @@ class RolloutTable:
             raise GatewayError(404, f"unknown rollout {rollout_id!r}", param="rollout_id")
         return state
 
-    def get_or_create(self, rollout_id: str, task_id: str | None, *, pinned: bool) -> Rollout:
+    def get_or_create(
+        self, rollout_id: str, task_id: str | None, *, pinned: bool, secret: str | None = None
+    ) -> Rollout:
         state = self.open.get(rollout_id)
         if state is None:
             self.refuse_closed(rollout_id)
+            now = self.clock()
             state = Rollout(
                 rollout_id,
                 task_id or rollout_id,
                 task_id is not None,
-                opened_at=self.clock(),
+                opened_at=now,
                 pinned=pinned,
+                secret=secret,
+                last_active=now,
             )
             self.open[rollout_id] = state
         return state
@@ -192,21 +215,29 @@ class RolloutTable:
         self._bury(state, _Tombstone(reason))
         closed = ClosedRollout(state.rollout_id, state.task_id, len(state.records), reason)
         self.closed_log.append(closed)
-        self.counts["timed_out" if reason == "timeout" else "discarded"] += 1
+        counter = {"timeout": "timed_out", "idle": "idle_closed"}.get(reason, "discarded")
+        self.counts[counter] += 1
         return closed
 
     def forget_finished(self, state: Rollout) -> None:
         """Forget a finished rollout (collected, or past the keep limit)."""
         self._bury(state, _Tombstone("finished", state.reward))
 
-    def expired(self, now: float) -> list[Rollout]:
-        """Unfinished rollouts opened more than ``timeout_s`` before ``now``."""
-        if self.timeout_s is None:
-            return []
-        out = []
+    def expired(self, now: float) -> list[tuple[Rollout, str]]:
+        """Unfinished rollouts past a deadline at ``now``, with the reason: ``"timeout"``
+        (opened more than ``timeout_s`` ago) or ``"idle"`` (no request for ``idle_s``,
+        none in flight). Finished rollouts (kept until collected) are never expired,
+        however old: their reward is in."""
+        out: list[tuple[Rollout, str]] = []
         for state in self.open.values():
-            if state.opened_at + self.timeout_s > now:
-                break  # opened in order: the rest are younger
-            if not state.finished:
-                out.append(state)
+            if state.finished:
+                continue
+            if self.timeout_s is not None and state.opened_at + self.timeout_s <= now:
+                out.append((state, "timeout"))
+            elif (
+                self.idle_s is not None
+                and state.in_flight is None
+                and state.last_active + self.idle_s <= now
+            ):
+                out.append((state, "idle"))
         return out
