@@ -282,7 +282,9 @@ class GatewayLink:
         if refused:
             raise AgentFailed(
                 f"the agent posted a second, different reward ({refused[0]:g} after "
-                f"{posted:g}); a rollout has one reward"
+                f"{posted:g}); a rollout has one reward",
+                f"posted reward: {posted:g}; refused (409) later rewards: "
+                + ", ".join(f"{value:g}" for value in refused),
             )
         return posted
 
