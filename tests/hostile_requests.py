@@ -290,3 +290,27 @@ def without_key(task: dict[str, Any], llm: Any) -> float:
         _log({"rollout": llm.rollout_id, "key": key is not None, "status": answer.status})
     _own_call(llm)
     return 1.0
+
+
+# ------------------------------------------------------------- remote agents
+
+
+def key_checks(server: str, key: str) -> list[tuple[str, int]]:
+    """What a remote agent sees: a call without the key, with a wrong one, with the right
+    one, then its reward; ``(what, status)`` of each."""
+    chat = f"{server}/rollouts/remote-1/v1/chat/completions"
+    out = [
+        ("no key", send(chat, body=chat_json()).status),
+        ("wrong key", send(chat, body=chat_json(), key=key[::-1]).status),
+        ("right key", send(chat, body=chat_json(), key=key).status),
+    ]
+    reward = send(f"{server}/rollouts/remote-1/v1/reward", body=reward_json(1.0), key=key)
+    out.append(("reward", reward.status))
+    return out
+
+
+if __name__ == "__main__":  # python hostile_requests.py key-checks URL KEY (in another netns)
+    import sys
+
+    if sys.argv[1:2] == ["key-checks"]:
+        print(json.dumps(key_checks(sys.argv[2], sys.argv[3])))
