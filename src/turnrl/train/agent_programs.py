@@ -96,7 +96,8 @@ class LLM:
     timeout_s: float
     """The rollout's time limit (also a sensible per-request timeout)."""
     reward_url: str
-    """Where to POST ``{"reward": x}`` instead of returning it."""
+    """Where to POST ``{"reward": x}`` instead of returning it (with the key:
+    ``Authorization: Bearer`` ``api_key``); it carries this rollout's secret."""
     env: dict[str, str] = field(default_factory=dict, repr=False)
     """The gateway's environment variables for this rollout (``OPENAI_BASE_URL``,
     ``OPENAI_API_KEY`` and Agent Lightning's ``AGL_*``), handed to commands."""
