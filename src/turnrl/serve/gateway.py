@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hmac
 import logging
 import secrets
 import threading
@@ -78,6 +77,7 @@ from turnrl.serve.rollouts import (
     FinishedRollout,
     Rollout,
     RolloutTable,
+    check_secret,
 )
 from turnrl.serve.toolcalls import parse_reply, to_policy_message, to_policy_messages
 from turnrl.types import Message, Policy, TurnRecord
@@ -332,39 +332,20 @@ class Gateway:
             self._rollouts.get_or_create(rollout_id, task_id, pinned=True, secret=secret)
         return secret
 
-    @staticmethod
-    def _check_secret(state: Rollout, secret: str | None) -> None:
-        """403 unless ``secret`` is the rollout's (``None``: an in-process caller, trusted;
-        rollouts a first call started have no secret)."""
-        if state.secret is None or secret is None:
-            return
-        if not hmac.compare_digest(state.secret.encode(), secret.encode()):
-            raise GatewayError(
-                403,
-                f"rollout {state.rollout_id!r}: wrong or missing rollout secret; use the "
-                "URLs the training loop handed to this rollout's agent",
-                param="rollout_id",
-                code="wrong_rollout_secret",
-            )
-
     def note_refusal(self, rollout_id: str, secret: str | None, error: GatewayError) -> None:
         """Remember that a call on ``rollout_id`` was refused (kept for the rollout's
         failure report; ignored for unknown rollouts and wrong secrets)."""
+        where = f" ({error.param})" if error.param else ""
         with self._rollouts.cond:
-            state = self._rollouts.open.get(rollout_id)
-            if state is None or (state.secret is not None and secret != state.secret):
-                return
-            where = f" ({error.param})" if error.param else ""
-            state.refusals.append(f"HTTP {error.status}{where}: {error.message}")
+            self._rollouts.note_refusal(
+                rollout_id, secret, f"HTTP {error.status}{where}: {error.message}"
+            )
 
     def problems(self, rollout_id: str) -> tuple[list[str], list[float]]:
         """The refused calls (the gateway's answers) and refused second rewards of an
-        open rollout, oldest first (the last ``PROBLEMS_KEPT`` of each)."""
+        open rollout, oldest first (the last few of each)."""
         with self._rollouts.cond:
-            state = self._rollouts.open.get(rollout_id)
-            if state is None:
-                return [], []
-            return list(state.refusals), list(state.refused_rewards)
+            return self._rollouts.problems(rollout_id)
 
     def discard(self, rollout_id: str, reason: str) -> ClosedRollout | None:
         """Drop a rollout (an agent that failed); counted as ``discarded``. ``None``
@@ -499,8 +480,11 @@ class Gateway:
         role = request.role
         table = self._rollouts
 
+        def lookup() -> Rollout:
+            return table.lookup(rollout_id, task_id, secret, create=self.config.auto_open)
+
         with table.cond:
-            state = self._wait_idle(lambda: self._lookup(rollout_id, task_id, secret))
+            state = self._wait_idle(lookup)
             conversation = state.conversations.get(role)
             if (
                 conversation is not None
@@ -519,32 +503,13 @@ class Gateway:
             state.in_flight = (role, request)
             return state, conversation or Conversation()
 
-    def _lookup(self, rollout_id: str, task_id: str | None, secret: str | None) -> Rollout:
-        """The rollout a call names (started here when ``auto_open``); 404 when this
-        gateway serves only opened rollouts and it is not one, 409 when closed, 403 for
-        a wrong secret. The caller holds the lock."""
-        table = self._rollouts
-        if self.config.auto_open or rollout_id in table.open:
-            state = table.get_or_create(rollout_id, task_id, pinned=False)
-        else:
-            table.refuse_closed(rollout_id)
-            raise GatewayError(
-                404,
-                f"unknown rollout {rollout_id!r}: this gateway serves only the rollouts "
-                "its training loop opened",
-                param="rollout_id",
-                code="rollout_not_open",
-            )
-        self._check_secret(state, secret)
-        return state
-
     def check_access(self, rollout_id: str, secret: str | None) -> None:
         """Raise what a call naming ``rollout_id`` with ``secret`` would get before any
         work (subclasses that do work before :meth:`complete` call this first)."""
         check_id(rollout_id, "rollout_id")
         with self._rollouts.cond:
             if rollout_id in self._rollouts.open or not self.config.auto_open:
-                self._lookup(rollout_id, None, secret)
+                self._rollouts.lookup(rollout_id, None, secret, create=False)
 
     def _wait_idle(self, lookup: Callable[[], Rollout]) -> Rollout:
         """The rollout ``lookup`` finds (again after every wake-up), once it answers no
@@ -762,7 +727,7 @@ class Gateway:
             if tomb is not None and tomb.reason == "finished" and tomb.reward == value:
                 return {"rollout_id": rollout_id, "finished": True, "reward": value}
             state = self._wait_idle(lambda: table.get(rollout_id))  # 409 closed, 404 unknown
-            self._check_secret(state, secret)
+            check_secret(state, secret)
             if state.finished:
                 if state.reward == value:
                     return {**state.summary(), "reward": value}
@@ -804,7 +769,7 @@ class Gateway:
         when ``secret`` is not its secret; ``None``: in-process, trusted)."""
         with self._rollouts.cond:
             state = self._rollouts.get(rollout_id)
-            self._check_secret(state, secret)
+            check_secret(state, secret)
             return {**state.summary(), "records": [record_to_json(r) for r in state.records]}
 
     def rollouts(self) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ which makes the timeout sweep stop at the first one still in time.
 
 from __future__ import annotations
 
+import hmac
 import threading
 import time
 from collections import OrderedDict, deque
@@ -99,6 +100,21 @@ class Rollout:
             "context_rebuilds": self.rebuilds,
             "policy_versions": list(self.policy_versions()),
         }
+
+
+def check_secret(state: Rollout, secret: str | None) -> None:
+    """403 unless ``secret`` is the rollout's (``None``: an in-process caller, trusted;
+    rollouts a first call started have no secret). Compared in constant time."""
+    if state.secret is None or secret is None:
+        return
+    if not hmac.compare_digest(state.secret.encode(), secret.encode()):
+        raise GatewayError(
+            403,
+            f"rollout {state.rollout_id!r}: wrong or missing rollout secret; use the "
+            "URLs the training loop handed to this rollout's agent",
+            param="rollout_id",
+            code="wrong_rollout_secret",
+        )
 
 
 @dataclass(frozen=True)
@@ -200,6 +216,46 @@ class RolloutTable:
             )
             self.open[rollout_id] = state
         return state
+
+    def lookup(
+        self, rollout_id: str, task_id: str | None, secret: str | None, *, create: bool
+    ) -> Rollout:
+        """The rollout a call names, started here when ``create`` (``turnrl serve``); 404
+        when not open and not ``create`` (the agent loop serves only what it opened), 409
+        when closed, 403 for a wrong secret."""
+        if create or rollout_id in self.open:
+            state = self.get_or_create(rollout_id, task_id, pinned=False)
+        else:
+            self.refuse_closed(rollout_id)
+            raise GatewayError(
+                404,
+                f"unknown rollout {rollout_id!r}: this gateway serves only the rollouts "
+                "its training loop opened",
+                param="rollout_id",
+                code="rollout_not_open",
+            )
+        check_secret(state, secret)
+        return state
+
+    # ----------------------------------------------------------------- problems
+    def note_refusal(self, rollout_id: str, secret: str | None, text: str) -> None:
+        """Remember a refused call's answer on its rollout (not for unknown rollouts, nor
+        for a caller without the rollout's secret: it cannot write into its report)."""
+        state = self.open.get(rollout_id)
+        if state is None:
+            return
+        try:
+            check_secret(state, secret)
+        except GatewayError:
+            return
+        state.refusals.append(text)
+
+    def problems(self, rollout_id: str) -> tuple[list[str], list[float]]:
+        """Refused calls and refused second rewards of an open rollout (none if unknown)."""
+        state = self.open.get(rollout_id)
+        if state is None:
+            return [], []
+        return list(state.refusals), list(state.refused_rewards)
 
     # ----------------------------------------------------------------- closing
     def _bury(self, state: Rollout, tomb: _Tombstone) -> None:
