@@ -215,6 +215,7 @@ def test_only_opened_rollouts_are_served_and_only_with_their_secret(
         answer = hostile.send(f"{server.url}{path}", body=hostile.chat_json(), key=key)
         assert (answer.status, answer.body["error"]["code"]) == (403, "wrong_rollout_secret")
     assert gateway.rollout("s1-0000-0")["turns"] == 0
+    assert gateway.problems("s1-0000-0") == ([], [])  # a forger writes nothing in its report
     listing = hostile.send(f"{server.url}/v1/rollouts", method="GET", key=key)
     assert listing.status == 404  # agents cannot list each other's ids
     peek = hostile.send(f"{server.url}/v1/rollouts/s1-0000-0", method="GET", key=key)
@@ -439,6 +440,24 @@ def test_half_sent_headers_and_short_bodies_are_closed(
     assert gateway.rollouts() == []  # nothing was started by either
     status, _ = raw_http(server, "POST", f"/rollouts/after{CHAT}", chat_body())
     assert status == 200  # and the server still serves
+
+
+def test_a_kept_alive_connection_gets_a_deadline_for_its_next_request(
+    served: tuple[Gateway, GatewayServer, Loader],
+) -> None:
+    _, server, _ = served  # request_timeout_s=1.0; keep-alive 5 s
+    with hostile._connect("127.0.0.1", server.port) as sock:
+        sock.sendall(
+            f"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {server.api_key}\r\n\r\n".encode()
+        )
+        first = b""
+        while b"\r\n\r\n" not in first or not first.rstrip().endswith(b"}"):
+            first += sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 OK")
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and no more
+        rest, closed = hostile._read_until_closed(sock, limit_s=20)
+    assert closed and rest.startswith(b"HTTP/1.1 408 Request Timeout")
 
 
 def test_abandoned_rollouts_are_closed_when_idle(tiny: HFPolicy) -> None:

@@ -12,6 +12,11 @@ still sending headers gets a 408 and the connection is closed; one still
 sending its body is disconnected (the app's body read then ends; nothing is
 recorded). A request that has fully arrived is never timed out here: sampling
 may take as long as it takes.
+
+The subclass reads uvicorn's per-connection state (``conn``, ``transport``,
+``loop``) and hooks ``connection_made``, ``data_received`` and
+``on_response_complete``: uvicorn is pinned (pyproject.toml) for this reason,
+and ``tests/test_hostile_gateway.py`` checks the behaviour on every upgrade.
 """
 
 from __future__ import annotations
