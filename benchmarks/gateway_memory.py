@@ -29,6 +29,7 @@ import http.client
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -59,11 +60,16 @@ def _kib(pid: int, field: str) -> int:
     return int(match.group(1))
 
 
+API_KEY = secrets.token_urlsafe(32)
+"""The key the benchmark's server is started with (``TURNRL_API_KEY``)."""
+
+
 def _post(port: int, path: str, body: bytes, timeout: float = 600) -> tuple[int, dict, float]:
     start = time.perf_counter()
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"}
+        connection.request("POST", path, body=body, headers=headers)
         response = connection.getresponse()
         payload = json.loads(response.read())
     finally:
@@ -74,7 +80,8 @@ def _post(port: int, path: str, body: bytes, timeout: float = 600) -> tuple[int,
 def _start_server(extra: list[str]) -> tuple[subprocess.Popen[str], int]:
     command = [sys.executable, "-m", "turnrl.cli", "serve", "--policy", "tiny", "--port", "0"]
     command += ["--log-level", "warning", *extra]
-    child = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "TURNRL_API_KEY": API_KEY}
+    child = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     assert child.stderr is not None
     line = child.stderr.readline()
     match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)

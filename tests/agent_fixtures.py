@@ -103,7 +103,7 @@ def no_call(task: dict[str, Any], llm: Any) -> float:
 
 def posts_reward(task: dict[str, Any], llm: Any) -> None:
     _chat(llm.openai_client(), llm.model, [{"role": "user", "content": "hi"}], llm.rollout_id)
-    _post(llm.reward_url, 0.25)
+    _post(llm.reward_url, 0.25, llm.api_key)
 
 
 def fails_on_odd(task: dict[str, Any], llm: Any) -> float:
@@ -118,11 +118,11 @@ def wrong_signature(task: dict[str, Any]) -> float:
     return 0.0
 
 
-def _post(url: str, reward: float) -> None:
+def _post(url: str, reward: float, api_key: str) -> None:
     request = urllib.request.Request(
         url,
         data=json.dumps({"reward": reward}).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"},
         method="POST",
     )
     urllib.request.urlopen(request, timeout=30).read()
@@ -134,8 +134,9 @@ def _post(url: str, reward: float) -> None:
 class _RawClient:
     """Just enough of ``openai.OpenAI`` for ``_chat``, over urllib (no slow imports)."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, api_key: str) -> None:
         self.base_url = base_url
+        self.api_key = api_key
         self.chat = self
         self.completions = self
 
@@ -143,7 +144,7 @@ class _RawClient:
         request = urllib.request.Request(
             f"{self.base_url}/chat/completions",
             data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"},
             method="POST",
         )
         reply = json.loads(urllib.request.urlopen(request, timeout=60).read())
@@ -161,7 +162,7 @@ def _command(name: str) -> int:
         print("about to hang", file=sys.stderr, flush=True)
         time.sleep(3600)
     task = json.loads(os.environ["TURNRL_TASK"])
-    client = _RawClient(os.environ["OPENAI_BASE_URL"])  # plain HTTP: starts fast
+    client = _RawClient(os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"])
     model = os.environ["OPENAI_MODEL"]
     rollout = os.environ["TURNRL_ROLLOUT_ID"]
     if name == "good":
@@ -171,7 +172,7 @@ def _command(name: str) -> int:
         print(json.dumps({"reward": parity(reply), "info": {"success": True}}))
     elif name == "posts":
         _chat(client, model, [{"role": "user", "content": "hi"}], rollout)
-        _post(os.environ["TURNRL_REWARD_URL"], 0.75)
+        _post(os.environ["TURNRL_REWARD_URL"], 0.75, os.environ["OPENAI_API_KEY"])
     elif name == "exits":
         _chat(client, model, [{"role": "user", "content": "hi"}], rollout)
         print("something went wrong in the agent", file=sys.stderr)

@@ -131,6 +131,11 @@ def calculator_agent(client: openai.OpenAI, question: str, *, max_turns: int = 4
     return 0.0
 
 
+def auth(server: GatewayServer) -> dict[str, str]:
+    """The ``Authorization`` header of ``server``'s key (for plain ``httpx`` calls)."""
+    return {"Authorization": f"Bearer {server.api_key}"}
+
+
 def post_reward(client: openai.OpenAI, reward: float) -> dict[str, Any]:
     """Report the final reward through the same client (``base_url`` + ``/reward``)."""
     return client.post("/reward", body={"reward": reward}, cast_to=object)
@@ -153,10 +158,12 @@ def raw_http(
     body: bytes | None = None,
     headers: dict[str, str] | None = None,
 ) -> tuple[int, Any]:
-    """One HTTP request with the standard library (for malformed bodies)."""
+    """One HTTP request with the standard library (for malformed bodies), with the
+    server's key and a JSON content type unless ``headers`` set them."""
+    sent = {"Authorization": f"Bearer {server.api_key}", "Content-Type": "application/json"}
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     try:
-        connection.request(method, path, body=body, headers=headers or {})
+        connection.request(method, path, body=body, headers={**sent, **(headers or {})})
         response = connection.getresponse()
         text = response.read().decode()
     finally:

@@ -85,7 +85,9 @@ def _serve(policy: Policy, **config: Any) -> tuple[Gateway, GatewayServer]:
 
 def test_tool_agent_records_exact_turns(served: tuple[Gateway, GatewayServer]) -> None:
     gateway, server = served
-    client = openai.OpenAI(base_url=server.base_url("calc-run-1", "calc-12*13"), api_key="-")
+    client = openai.OpenAI(
+        base_url=server.base_url("calc-run-1", "calc-12*13"), api_key=server.api_key
+    )
     messages: list[Any] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": "Compute 12*13."},
@@ -160,7 +162,7 @@ def test_headers_carry_ids_and_message_objects_echo(served: tuple[Gateway, Gatew
     gateway, server = served
     client = openai.OpenAI(
         base_url=server.base_url(),
-        api_key="-",
+        api_key=server.api_key,
         default_headers={"X-Rollout-Id": "hdr-1", "X-Task-Id": "task-hdr"},
     )
     messages: list[Any] = [{"role": "user", "content": "Compute 7*8."}]
@@ -184,7 +186,7 @@ def test_headers_carry_ids_and_message_objects_echo(served: tuple[Gateway, Gatew
 def test_real_tiny_policy_end_to_end(tiny: HFPolicy) -> None:
     gateway, server = _serve(tiny, default_max_tokens=12)
     try:
-        client = openai.OpenAI(base_url=server.base_url("tiny-1"), api_key="-")
+        client = openai.OpenAI(base_url=server.base_url("tiny-1"), api_key=server.api_key)
         messages: list[Any] = [{"role": "user", "content": "Compute 2+3."}]
         for _ in range(3):
             response = client.chat.completions.create(
@@ -227,7 +229,7 @@ def test_concurrent_rollouts_are_kept_apart(served: tuple[Gateway, GatewayServer
 
     def run(rollout_id: str) -> None:
         try:
-            client = openai.OpenAI(base_url=server.base_url(rollout_id), api_key="-")
+            client = openai.OpenAI(base_url=server.base_url(rollout_id), api_key=server.api_key)
             rewards[rollout_id] = calculator_agent(client, f"Compute {problems[rollout_id]}.")
             post_reward(client, rewards[rollout_id])
         except BaseException as exc:
@@ -256,7 +258,7 @@ def test_concurrent_rollouts_are_kept_apart(served: tuple[Gateway, GatewayServer
 
 def test_rewritten_history_is_rebuilt_and_counted(served: tuple[Gateway, GatewayServer]) -> None:
     gateway, server = served
-    client = openai.OpenAI(base_url=server.base_url("rewrite-1"), api_key="-")
+    client = openai.OpenAI(base_url=server.base_url("rewrite-1"), api_key=server.api_key)
     messages: list[Any] = [{"role": "user", "content": "Compute 3*3."}]
     reply = client.chat.completions.create(model="m", messages=messages, tools=[CALCULATOR_TOOL])
     call = reply.choices[0].message.tool_calls[0]
@@ -284,7 +286,7 @@ def test_rewritten_history_is_rebuilt_and_counted(served: tuple[Gateway, Gateway
 
 def test_several_new_messages_keep_sampled_tokens(served: tuple[Gateway, GatewayServer]) -> None:
     gateway, server = served
-    client = openai.OpenAI(base_url=server.base_url("multi-1"), api_key="-")
+    client = openai.OpenAI(base_url=server.base_url("multi-1"), api_key=server.api_key)
     messages: list[Any] = [{"role": "user", "content": "Compute 4*4."}]
     reply = client.chat.completions.create(model="m", messages=messages, tools=[CALCULATOR_TOOL])
     messages += [
@@ -306,7 +308,7 @@ def test_stream_sends_content_then_tool_calls_then_finish(
     served: tuple[Gateway, GatewayServer],
 ) -> None:
     gateway, server = served
-    client = openai.OpenAI(base_url=server.base_url("stream-1"), api_key="-")
+    client = openai.OpenAI(base_url=server.base_url("stream-1"), api_key=server.api_key)
     chunks = list(
         client.chat.completions.create(
             model="m",
@@ -340,7 +342,7 @@ def test_stream_of_plain_text_has_no_usage_chunk_unless_asked(
     served: tuple[Gateway, GatewayServer],
 ) -> None:
     _, server = served
-    client = openai.OpenAI(base_url=server.base_url("stream-2"), api_key="-")
+    client = openai.OpenAI(base_url=server.base_url("stream-2"), api_key=server.api_key)
     chunks = list(
         client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "Hello."}], stream=True
@@ -355,7 +357,9 @@ def test_records_file_and_finished_rollouts(scripted: ScriptedPolicy, tmp_path: 
     path = tmp_path / "out" / "records.jsonl"
     gateway, server = _serve(scripted, records_path=str(path))
     try:
-        client = openai.OpenAI(base_url=server.base_url("file-1", "calc-2*9"), api_key="-")
+        client = openai.OpenAI(
+            base_url=server.base_url("file-1", "calc-2*9"), api_key=server.api_key
+        )
         assert calculator_agent(client, "Compute 2*9.") == 1.0
         assert not path.exists()  # nothing is written before the reward
         assert gateway.finished_records() == [] and len(gateway.records()) == 2
@@ -469,7 +473,9 @@ def test_bad_requests_get_openai_error_bodies(
 def test_context_too_long_is_a_400(tiny: HFPolicy) -> None:
     gateway, server = _serve(ScriptedPolicy(tiny, calculator_reply, max_context=24))
     try:
-        client = openai.OpenAI(base_url=server.base_url("long-1"), api_key="-", max_retries=0)
+        client = openai.OpenAI(
+            base_url=server.base_url("long-1"), api_key=server.api_key, max_retries=0
+        )
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "x" * 40}]

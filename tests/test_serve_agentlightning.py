@@ -32,7 +32,7 @@ def test_agent_lightnings_tracer_reads_the_exact_tokens() -> None:
     try:
         policy = ScriptedPolicy(build_tiny_policy(seed=0), calculator_reply)
         with Gateway(policy) as gateway, GatewayServer(gateway) as server:
-            client = openai.OpenAI(base_url=server.base_url("agl-trace"), api_key="-")
+            client = openai.OpenAI(base_url=server.base_url("agl-trace"), api_key=server.api_key)
             messages = [{"role": "user", "content": "Compute 2*3."}]
             tracer.trace_run(lambda: client.chat.completions.create(model="m", messages=messages))
             (record,) = gateway.rollout("agl-trace")["records"]

@@ -32,11 +32,11 @@ def calculator(expression: str) -> str:
     return calculate(expression)
 
 
-async def _run_agent(base_url: str, *, stream: bool) -> list[object]:
+async def _run_agent(base_url: str, api_key: str, *, stream: bool) -> list[object]:
     client = models.OpenAIChatCompletionClient(
         model="calc",
         base_url=base_url,
-        api_key="-",
+        api_key=api_key,
         model_info={
             "vision": False,
             "function_calling": True,
@@ -63,7 +63,9 @@ async def _run_agent(base_url: str, *, stream: bool) -> list[object]:
 def test_autogen_reflection_and_streamed_tool_calls(stream: bool) -> None:
     policy = ScriptedPolicy(build_tiny_policy(seed=0), calculator_reply)
     with Gateway(policy) as gateway, GatewayServer(gateway) as server:
-        messages = asyncio.run(_run_agent(server.base_url("autogen-1"), stream=stream))
+        messages = asyncio.run(
+            _run_agent(server.base_url("autogen-1"), server.api_key, stream=stream)
+        )
         records = gateway.rollout("autogen-1")["records"]
     kinds = [type(m).__name__ for m in messages]
     assert "ToolCallExecutionEvent" in kinds  # the tool call reached autogen and ran

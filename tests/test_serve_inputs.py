@@ -23,7 +23,7 @@ import openai
 import pytest
 import torch
 
-from serve_scripted import ScriptedPolicy, as_json, calculator_reply, chat_body, raw_http
+from serve_scripted import ScriptedPolicy, as_json, auth, calculator_reply, chat_body, raw_http
 from turnrl.cli import main
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.serve import (
@@ -321,24 +321,33 @@ def test_a_running_server_reloads_a_policy_directory(tiny: HFPolicy, tmp_path: P
         Gateway(build_tiny_policy(seed=0)) as gateway,
         GatewayServer(gateway, reload=serve_cli.load_policy) as server,
     ):
-        client = openai.OpenAI(base_url=server.base_url("before"), api_key="-")
+        client = openai.OpenAI(base_url=server.base_url("before"), api_key=server.api_key)
         before = client.chat.completions.create(**request)
-        answer = httpx.post(f"{server.url}/admin/reload", json={"policy": str(tmp_path / "v1")})
+        answer = httpx.post(
+            f"{server.url}/admin/reload",
+            json={"policy": str(tmp_path / "v1")},
+            headers=auth(server),
+        )
         assert answer.json() == {"policy": str(tmp_path / "v1"), "policy_version": 1}
-        client = openai.OpenAI(base_url=server.base_url("after"), api_key="-")
+        client = openai.OpenAI(base_url=server.base_url("after"), api_key=server.api_key)
         after = client.chat.completions.create(**request)
         assert [t.logprob for t in before.choices[0].logprobs.content] != [
             t.logprob for t in after.choices[0].logprobs.content
         ]
         assert after.model_extra["turnrl"]["policy_version"] == 1
-        bad = httpx.post(f"{server.url}/admin/reload", json={"policy": str(tmp_path)})
+        bad = httpx.post(
+            f"{server.url}/admin/reload", json={"policy": str(tmp_path)}, headers=auth(server)
+        )
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "policy"
         assert gateway.policy_version == 1
 
 
 def test_reload_is_absent_unless_the_server_has_a_loader(tiny: HFPolicy) -> None:
     with Gateway(tiny) as gateway, GatewayServer(gateway) as server:
-        assert httpx.post(f"{server.url}/admin/reload", json={"policy": "x"}).status_code == 404
+        reload = httpx.post(
+            f"{server.url}/admin/reload", json={"policy": "x"}, headers=auth(server)
+        )
+        assert reload.status_code == 404
 
 
 def test_the_socket_is_not_reusable_while_served(tiny: HFPolicy) -> None:

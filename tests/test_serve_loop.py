@@ -28,6 +28,7 @@ from serve_scripted import (
     ScriptedPolicy,
     as_json,
     assert_exact_prefixes,
+    auth,
     calculator_reply,
     chat_body,
 )
@@ -73,13 +74,18 @@ def test_open_rollout_gives_a_scoped_endpoint_and_a_finished_rollout(
 ) -> None:
     gateway, server = served
     endpoint = server.open_rollout("run-1", "calc-2*3")
-    assert endpoint.base_url == f"{server.url}/tasks/calc-2%2A3/rollouts/run-1/v1"
+    secret = endpoint.secret
+    assert secret is not None and len(secret) == 32 and endpoint.api_key == server.api_key
+    assert endpoint.base_url == f"{server.url}/tasks/calc-2%2A3/rollouts/run-1/secret/{secret}/v1"
+    assert endpoint.reward_url == f"{endpoint.base_url}/reward"
     assert endpoint.env() == {
         "OPENAI_BASE_URL": endpoint.base_url,
-        "OPENAI_API_KEY": endpoint.api_key,
-        "AGL_OPENAI_BASE_URL": f"{server.url}/proxy/rollout/run-1/attempt/a0/mode/train/openai/v1",
-        "AGL_EVENT_URL": f"{server.url}/api/rollouts/run-1/attempt/a0/events",
-        "AGL_KEY": endpoint.api_key,
+        "OPENAI_API_KEY": server.api_key,
+        "AGL_OPENAI_BASE_URL": (
+            f"{server.url}/proxy/rollout/run-1/attempt/{secret}/mode/train/openai/v1"
+        ),
+        "AGL_EVENT_URL": f"{server.url}/api/rollouts/run-1/attempt/{secret}/events",
+        "AGL_KEY": server.api_key,
     }
     with pytest.raises(ValueError, match="already open"):
         server.open_rollout("run-1", "calc-2*3")
@@ -94,7 +100,7 @@ def test_open_rollout_gives_a_scoped_endpoint_and_a_finished_rollout(
     assert _ask(client, messages, tools=[CALCULATOR_TOOL]).choices[0].message.content == (
         "<answer>6</answer>"
     )
-    summary = httpx.post(endpoint.reward_url, json={"reward": 1.0}).json()
+    summary = httpx.post(endpoint.reward_url, json={"reward": 1.0}, headers=auth(server)).json()
     assert summary["finished"] is True and summary["turns"] == 2
     (finished,) = gateway.pop_finished_rollouts()
     assert isinstance(finished, FinishedRollout)
@@ -167,7 +173,7 @@ def test_a_later_call_without_tools_stays_prefix_exact(tiny: HFPolicy) -> None:
     """autogen's reflect_on_tool_use: the call after a tool result sends no tools."""
     always_calls = ScriptedPolicy(tiny, lambda context: "Again<call>1+1</call>")
     with Gateway(always_calls) as gateway, GatewayServer(gateway) as server:
-        client = openai.OpenAI(base_url=server.base_url("reflect-1"), api_key="-")
+        client = openai.OpenAI(base_url=server.base_url("reflect-1"), api_key=server.api_key)
         messages: list[Any] = [
             {"role": "system", "content": "Be brief."},
             {"role": "user", "content": "Compute 1+1."},
@@ -194,7 +200,7 @@ def test_a_later_call_without_tools_stays_prefix_exact(tiny: HFPolicy) -> None:
 
 def test_roles_keep_their_own_conversations(served: tuple[Gateway, GatewayServer]) -> None:
     gateway, server = served
-    client = openai.OpenAI(base_url=server.base_url("duo-1", "calc-3*4"), api_key="-")
+    client = openai.OpenAI(base_url=server.base_url("duo-1", "calc-3*4"), api_key=server.api_key)
     solver: list[Any] = [{"role": "user", "content": "Compute 3*4."}]
     checker: list[Any] = [{"role": "user", "content": "Check: Compute 3*4."}]
     for conversation, role in ((solver, "solver"), (checker, "checker")):
@@ -234,7 +240,7 @@ def test_a_retried_request_is_answered_once_and_recorded_once(tiny: HFPolicy) ->
     with Gateway(policy) as gateway, GatewayServer(gateway) as server:
         client = openai.OpenAI(
             base_url=server.base_url("retry-1"),
-            api_key="-",
+            api_key=server.api_key,
             timeout=1.0,
             max_retries=8,
             http_client=http,
@@ -359,7 +365,9 @@ def test_agent_lightning_routes_finish_a_rollout(served: tuple[Gateway, GatewayS
         1.0,
         "auto",
     )
-    bad = httpx.post(env["AGL_EVENT_URL"], json={"event_type": "reward", "data": {}})
+    bad = httpx.post(
+        env["AGL_EVENT_URL"], json={"event_type": "reward", "data": {}}, headers=headers
+    )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "data.value"
 
 
@@ -367,7 +375,7 @@ def test_the_reward_event_is_accepted_on_the_reward_routes(
     served: tuple[Gateway, GatewayServer],
 ) -> None:
     gateway, server = served
-    client = openai.OpenAI(base_url=server.base_url("agl-2"), api_key="-")
+    client = openai.OpenAI(base_url=server.base_url("agl-2"), api_key=server.api_key)
     _ask(client, [{"role": "user", "content": "hi"}])
     event = {"event_type": "reward", "data": {"value": 0.5}}
     assert client.post("/reward", body=event, cast_to=object)["reward"] == 0.5
@@ -409,7 +417,7 @@ def test_shutdown_leaves_no_thread_and_frees_the_port(tiny: HFPolicy) -> None:
         Gateway(ScriptedPolicy(tiny, calculator_reply)) as gateway,
         GatewayServer(gateway) as server,
     ):
-        client = openai.OpenAI(base_url=server.base_url("bye-1"), api_key="-")
+        client = openai.OpenAI(base_url=server.base_url("bye-1"), api_key=server.api_key)
         _ask(client, [{"role": "user", "content": "hi"}])
         client.close()
         port = server.port

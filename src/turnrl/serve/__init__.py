@@ -4,6 +4,8 @@ An agent written against any OpenAI client points its ``base_url`` at the
 gateway; every chat completion is sampled from the policy and recorded as a
 turn record with exact prompt/response token ids and log-probs, grouped into
 trajectories by a rollout id; the agent posts the final reward at the end.
+Every request needs the gateway's key, and browsers are refused
+(:mod:`turnrl.serve.guard`; ``docs/gateway.md``, "Trust model").
 See ``docs/gateway.md`` (its first section is the in-process API a training
 loop uses: :class:`Gateway`, :class:`GatewayServer`, :func:`bind_socket`).
 

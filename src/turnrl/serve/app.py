@@ -1,7 +1,8 @@
 """The HTTP face of the gateway: an OpenAI-compatible Starlette (ASGI) app.
 
 Routes (``PREFIX`` is empty, ``/rollouts/{rollout_id}``,
-``/tasks/{task_id}/rollouts/{rollout_id}`` or Agent Lightning's
+``/tasks/{task_id}/rollouts/{rollout_id}``, either followed by ``/secret/{secret}``,
+or Agent Lightning's
 ``/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai``, so an
 unmodified OpenAI client can carry the ids in its ``base_url``)::
 
@@ -13,15 +14,21 @@ unmodified OpenAI client can carry the ids in its ``base_url``)::
                                            Agent Lightning's event route (AGL_EVENT_URL):
                                            {"event_type": "reward", "data": {"value": 1.0}}
     GET  /v1/rollouts/{rollout_id}         a rollout's summary and turn records
-    GET  /v1/rollouts                      summaries of all rollouts
+    GET  /v1/rollouts                      summaries of all rollouts (unless list_rollouts=False)
     GET  /health                           liveness and counters
     POST /admin/reload                     {"policy": DIR}: serve another policy directory
                                            (only when the app has a loader; loopback callers only)
 
 Without a path prefix the ids come from the ``X-Rollout-Id`` and ``X-Task-Id``
 headers (a path and a header that disagree are a 400). The reward routes also
-accept Agent Lightning's reward event as the body. An ``Authorization`` header
-is accepted and not checked (the gateway serves loopback callers).
+accept Agent Lightning's reward event as the body.
+
+A rollout opened by the training loop has a secret (:meth:`Gateway.open_rollout`):
+a call or reward naming it must carry it, in ``/secret/{secret}``, as Agent
+Lightning's ``attempt_id``, or in the ``X-Rollout-Secret`` header. A refused
+chat call is remembered on its rollout (the agent loop reports it when the
+agent then fails). The key, browser and ``Host`` checks wrap this app
+(:mod:`turnrl.serve.guard`).
 
 Every error is an OpenAI-style body ``{"error": {"message", "type", "param",
 "code"}}``; unexpected failures are logged on the server (logger
@@ -31,6 +38,7 @@ run in worker threads so the event loop stays responsive while sampling.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -40,7 +48,7 @@ import anyio
 import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -57,14 +65,23 @@ logger = logging.getLogger("turnrl.serve")
 AGL_PREFIX = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai"
 """Agent Lightning's LLM proxy path (its ``AGL_OPENAI_BASE_URL`` minus ``/v1``)."""
 
-PREFIXES = ("", "/rollouts/{rollout_id}", "/tasks/{task_id}/rollouts/{rollout_id}", AGL_PREFIX)
-"""Path prefixes that carry the rollout (and task) id for ``base_url``-only clients."""
+PREFIXES = (
+    "",
+    "/rollouts/{rollout_id}",
+    "/tasks/{task_id}/rollouts/{rollout_id}",
+    "/rollouts/{rollout_id}/secret/{secret}",
+    "/tasks/{task_id}/rollouts/{rollout_id}/secret/{secret}",
+    AGL_PREFIX,
+)
+"""Path prefixes that carry the rollout (and task) id, and the rollout's secret, for
+``base_url``-only clients."""
 
 AGL_EVENTS = "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events"
 """Agent Lightning's event route (its ``AGL_EVENT_URL``)."""
 
 ROLLOUT_HEADER = "X-Rollout-Id"
 TASK_HEADER = "X-Task-Id"
+SECRET_HEADER = "X-Rollout-Secret"
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -98,13 +115,25 @@ def _id_from(request: Request, path_key: str, header: str) -> str | None:
     return in_path if in_path is not None else in_header
 
 
+def _secret_of(request: Request) -> str:
+    """The rollout secret the request carries (``""`` when none): the path's
+    ``secret``, Agent Lightning's ``attempt_id``, or the ``X-Rollout-Secret`` header."""
+    params = request.path_params
+    found = params.get("secret", params.get("attempt_id"))
+    return found if found is not None else request.headers.get(SECRET_HEADER, "")
+
+
 async def _read_body(request: Request, limit: int, why: str) -> bytearray:
-    """The raw body; 413 as soon as it passes ``limit`` bytes (``why`` says whence)."""
+    """The raw body; 413 as soon as it passes ``limit`` bytes (``why`` says whence);
+    400 when the client goes away before sending all of it (no answer reaches it)."""
     raw = bytearray()
-    async for chunk in request.stream():
-        if len(raw) + len(chunk) > limit:
-            raise GatewayError(413, f"request body over {limit} bytes ({why})")
-        raw += chunk
+    try:
+        async for chunk in request.stream():
+            if len(raw) + len(chunk) > limit:
+                raise GatewayError(413, f"request body over {limit} bytes ({why})")
+            raw += chunk
+    except ClientDisconnect:
+        raise bad_request("the client disconnected before sending the whole body") from None
     return raw
 
 
@@ -145,13 +174,15 @@ def create_app(
     max_body_bytes: int = 16 * 2**20,
     max_threads: int = 256,
     reload: Callable[[str], Policy] | None = None,
+    list_rollouts: bool = True,
 ) -> Starlette:
     """The ASGI app serving ``gateway``.
 
     ``max_body_bytes`` caps a request body (413 past it); ``max_threads`` caps
     the worker threads that wait on sampling or on a busy rollout (more
     concurrent requests queue). ``reload`` loads a policy directory for
-    ``POST /admin/reload`` (no such route without it).
+    ``POST /admin/reload`` (no such route without it). ``list_rollouts=False``
+    leaves out ``GET /v1/rollouts`` (so agents cannot list each other's ids).
     """
     limiters: list[anyio.CapacityLimiter] = []
 
@@ -175,16 +206,24 @@ def create_app(
 
     async def chat_completions(request: Request) -> Response:
         rollout_id = _id_from(request, "rollout_id", ROLLOUT_HEADER)
-        task_id = _id_from(request, "task_id", TASK_HEADER)
-        body = await _json_body(request)
-        chat = parse_chat_request(body)
-        if rollout_id is None:
-            raise bad_request(
-                f"no rollout id: send the {ROLLOUT_HEADER} header or use base_url "
-                "http://HOST:PORT/rollouts/ROLLOUT_ID/v1",
-                ROLLOUT_HEADER,
+        secret = _secret_of(request)
+        try:
+            task_id = _id_from(request, "task_id", TASK_HEADER)
+            body = await _json_body(request)
+            chat = parse_chat_request(body)
+            if rollout_id is None:
+                raise bad_request(
+                    f"no rollout id: send the {ROLLOUT_HEADER} header or use base_url "
+                    "http://HOST:PORT/rollouts/ROLLOUT_ID/v1",
+                    ROLLOUT_HEADER,
+                )
+            result = await in_thread(
+                functools.partial(gateway.complete, chat, rollout_id, task_id, secret=secret)
             )
-        result = await in_thread(gateway.complete, chat, rollout_id, task_id)
+        except GatewayError as exc:
+            if rollout_id is not None and 400 <= exc.status < 500:
+                gateway.note_refusal(rollout_id, secret, exc)
+            raise
         if chat.stream:
             return _sse(stream_chunks(result, include_usage=chat.include_usage))
         return JSONResponse(result)
@@ -196,7 +235,10 @@ def create_app(
         if task_id is not None and in_body is not None and in_body != task_id:
             raise bad_request(f"task_id {in_body!r} differs from {task_id!r}", "task_id")
         task_id = task_id if task_id is not None else in_body
-        return JSONResponse(await in_thread(gateway.reward, rollout_id, value, task_id))
+        post = functools.partial(
+            gateway.reward, rollout_id, value, task_id, secret=_secret_of(request)
+        )
+        return JSONResponse(await in_thread(post))
 
     async def event(request: Request) -> Response:
         """Agent Lightning's event route: a reward finishes the rollout; other
@@ -206,10 +248,12 @@ def create_app(
         if not isinstance(body, dict) or not isinstance(body.get("event_type"), str):
             raise bad_request("an event is an object with a string event_type", "event_type")
         answer = {"event_type": body["event_type"], "rollout_id": rollout_id}
+        await in_thread(gateway.check_access, rollout_id, _secret_of(request))
         if body["event_type"] != "reward":
             return JSONResponse({**answer, "recorded": False})
         value, _ = reward_of(body)
-        summary = await in_thread(gateway.reward, rollout_id, value, None)
+        post = functools.partial(gateway.reward, rollout_id, value, secret=_secret_of(request))
+        summary = await in_thread(post)
         return JSONResponse({**answer, "recorded": True, "rollout": summary})
 
     async def reload_policy(request: Request) -> Response:
@@ -236,7 +280,8 @@ def create_app(
         return JSONResponse({"policy": body["policy"], "policy_version": gateway.policy_version})
 
     async def rollout(request: Request) -> Response:
-        return JSONResponse(gateway.rollout(request.path_params["rollout_id"]))
+        rollout_id = request.path_params["rollout_id"]
+        return JSONResponse(gateway.rollout(rollout_id, secret=_secret_of(request)))
 
     async def rollouts(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": gateway.rollouts()})
@@ -266,9 +311,10 @@ def create_app(
         Route("/v1/rollouts/{rollout_id}/reward", _guarded(reward), methods=["POST"]),
         Route(AGL_EVENTS, _guarded(event), methods=["POST"]),
         Route("/v1/rollouts/{rollout_id}", _guarded(rollout), methods=["GET"]),
-        Route("/v1/rollouts", _guarded(rollouts), methods=["GET"]),
         Route("/health", _guarded(health), methods=["GET"]),
     ]
+    if list_rollouts:
+        routes.append(Route("/v1/rollouts", _guarded(rollouts), methods=["GET"]))
     if reload is not None:
         routes.append(Route("/admin/reload", _guarded(reload_policy), methods=["POST"]))
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

@@ -4,21 +4,35 @@ Registered in the top-level CLI through :func:`add_serve_command`. Heavy
 imports (torch, transformers, starlette, uvicorn) happen only when the command
 runs, so ``turnrl --help`` stays fast.
 
-Start-up order: the port is bound and the records path checked before the
-policy is loaded, so a busy port, a bad ``--records`` or ``--policy`` fails in
-a moment with exit 2 and a message naming the option.
+Start-up order: the key is read and the port is bound and the records path
+checked before the policy is loaded, so a bad key, a busy port, a bad
+``--records`` or ``--policy`` fails in a moment with exit 2 and a message
+naming the option.
+
+The key: ``--api-key-file FILE`` (read; written with a fresh key, mode 0600,
+when the file does not exist), else ``TURNRL_API_KEY``, else a fresh key
+printed on stderr at start-up. A non-loopback ``--host`` needs one of the
+first two (a key you chose to hand to remote agents).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from turnrl.serve.gateway import GatewayConfig
+from turnrl.serve.guard import REQUEST_TIMEOUT_S
 
 EXIT_BAD_INPUT = 2
+
+API_KEY_ENV = "TURNRL_API_KEY"
+"""Environment variable holding the key when ``--api-key-file`` is not given."""
+
+IDLE_TIMEOUT_S = 600.0
+"""``--idle-timeout`` default: an abandoned rollout's memory is freed after this long."""
 
 KEEP_FINISHED = 1000
 """Finished rollouts ``turnrl serve`` keeps for ``GET /v1/rollouts/ID`` (their records
@@ -89,7 +103,34 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
         rollout_timeout_s=args.rollout_timeout,
         max_request_chars=args.max_request_chars,
         max_finished_kept=KEEP_FINISHED,
+        idle_timeout_s=args.idle_timeout,
     )
+
+
+def api_key(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The key and where it came from (``None``: generated here, to be printed)."""
+    from turnrl.serve.guard import check_api_key, new_api_key
+
+    if args.api_key_file is not None:
+        path = Path(args.api_key_file)
+        if not path.exists():
+            key = new_api_key()
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as handle:
+                    handle.write(key + "\n")
+            except OSError as exc:
+                raise ServeOptionError(f"--api-key-file {path}: cannot write it: {exc}") from exc
+            return key, f"new key written to {path}"
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ServeOptionError(f"--api-key-file {path}: cannot read it: {exc}") from exc
+        return check_api_key(lines[0].strip() if lines else "", f"--api-key-file {path}"), str(path)
+    from_env = os.environ.get(API_KEY_ENV)
+    if from_env is not None:
+        return check_api_key(from_env.strip(), API_KEY_ENV), API_KEY_ENV
+    return new_api_key(), None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -101,16 +142,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from turnrl.serve.recordsfile import RecordsPathError, check_records_path
     from turnrl.serve.server import uvicorn_config
 
+    for name in ("rollout_timeout", "idle_timeout", "request_timeout"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            return _fail(f"--{name.replace('_', '-')} must be > 0 seconds, got {value}")
     try:
-        sock = bind_socket(args.host, args.port, allow_remote=args.allow_remote)
+        key, key_source = api_key(args)
+    except ValueError as exc:
+        return _fail(str(exc))
+    try:
+        sock = bind_socket(args.host, args.port, keyed=key_source is not None)
     except BindError as exc:  # PortInUseError included
         return _fail(f"--host/--port: {exc}")
     with sock:
         try:
             if args.records is not None:
                 check_records_path(args.records)
-            if args.rollout_timeout is not None and not args.rollout_timeout > 0:
-                raise ServeOptionError("--rollout-timeout must be > 0 seconds")
             policy = load_policy(args.policy, seed=args.seed, device=args.device, dtype=args.dtype)
             gateway = Gateway(policy, gateway_config(args))
         except RecordsPathError as exc:
@@ -124,12 +171,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port = sock.getsockname()[1]
         with gateway:
             server = uvicorn.Server(
-                uvicorn_config(gateway, args.host, port, args.log_level, reload=reload)
+                uvicorn_config(
+                    gateway,
+                    args.host,
+                    port,
+                    args.log_level,
+                    api_key=key,
+                    reload=reload,
+                    allowed_hosts=tuple(args.allowed_host),
+                    request_timeout_s=args.request_timeout,
+                )
             )
             print(
                 f"turnrl serve: http://{args.host}:{port}/rollouts/ROLLOUT_ID/v1 (OpenAI "
                 f"base_url); records -> {args.records or 'memory only'}",
                 file=sys.stderr,
+            )
+            shown = key if key_source is None else f"from {key_source}"
+            print(
+                f"turnrl serve: API key (send as the client's api_key): {shown}",
+                file=sys.stderr,
+                flush=True,
             )
             try:
                 server.run(sockets=[sock])
@@ -196,10 +258,34 @@ def add_serve_command(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="weights seed of the tiny policy")
     p.add_argument("--device", default="auto", help="auto (default: CUDA if seen), cpu, cuda")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
-    p.add_argument("--log-level", default="info", help="uvicorn log level")
     p.add_argument(
-        "--allow-remote",
-        action="store_true",
-        help="allow a non-loopback --host (the gateway has no authentication)",
+        "--idle-timeout",
+        type=float,
+        default=IDLE_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"close (and count) rollouts with no request this long (default {IDLE_TIMEOUT_S:g})",
     )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=REQUEST_TIMEOUT_S,
+        metavar="SECONDS",
+        help="close a connection that takes longer to send one request, headers and body "
+        f"(default {REQUEST_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help=f"the key clients must send (created with a fresh key if missing); else "
+        f"${API_KEY_ENV}, else a fresh key printed at start-up",
+    )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a further Host name to answer (a TLS proxy's public name); repeatable",
+    )
+    p.add_argument("--log-level", default="info", help="uvicorn log level")
+    p.add_argument("--allow-remote", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=cmd_serve)

@@ -13,11 +13,13 @@ from typing import Any
 
 ERROR_TYPES: dict[int, str] = {
     400: "invalid_request_error",
+    401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     500: "server_error",
     503: "server_error",
 }

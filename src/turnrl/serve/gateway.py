@@ -57,6 +57,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import secrets
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -76,6 +77,7 @@ from turnrl.serve.rollouts import (
     FinishedRollout,
     Rollout,
     RolloutTable,
+    check_secret,
 )
 from turnrl.serve.toolcalls import parse_reply, to_policy_message, to_policy_messages
 from turnrl.types import Message, Policy, TurnRecord
@@ -105,6 +107,9 @@ MESSAGE_OVERHEAD_BYTES = 64
 
 SWEEP_INTERVAL_S = 1.0
 """Requests close timed-out rollouts at most this often (or a quarter of the timeout)."""
+
+ROLLOUT_SECRET_BYTES = 24
+"""Random bytes in a rollout's secret (``secrets.token_urlsafe``: 32 characters)."""
 
 _PROBE: list[Message] = [
     {"role": "system", "content": "s"},
@@ -147,6 +152,14 @@ class GatewayConfig:
     max_finished_kept: int | None = None
     """Forget the oldest finished rollouts past this many (``turnrl serve``: their
     records are in ``records_path``); ``None`` keeps them until collected."""
+    idle_timeout_s: float | None = None
+    """Close a rollout with no request for this long (and none in flight): an
+    abandoned rollout's memory is freed (counted as ``idle_closed``). ``turnrl
+    serve`` sets 600 s; ``None``: never."""
+    auto_open: bool = True
+    """A call naming an unknown rollout id starts that rollout (``turnrl serve``,
+    where clients choose ids). The agent loop sets ``False``: only rollouts it
+    opened with :meth:`Gateway.open_rollout` are served, any other id is a 404."""
 
 
 def check_id(value: Any, what: str) -> str:
@@ -183,15 +196,17 @@ class Gateway:
         get_format(self.config.tool_format)  # unknown formats fail here, not per request
         if not 1 <= self.config.default_max_tokens <= self.config.max_tokens_limit:
             raise ValueError("need 1 <= default_max_tokens <= max_tokens_limit")
-        timeout = self.config.rollout_timeout_s
+        timeout, idle = self.config.rollout_timeout_s, self.config.idle_timeout_s
         if timeout is not None and not timeout > 0:
             raise ValueError(f"rollout_timeout_s must be > 0, got {timeout}")
+        if idle is not None and not idle > 0:
+            raise ValueError(f"idle_timeout_s must be > 0, got {idle}")
         self.context_rebuilds = 0
         """Turns whose context had to be re-encoded from text (history rewritten)."""
         self._policy_lock = threading.RLock()
         """Held while sampling, tokenising and changing weights (re-entrant:
         ``load_weights`` runs inside ``updating``)."""
-        self._rollouts = RolloutTable(timeout_s=timeout)
+        self._rollouts = RolloutTable(timeout_s=timeout, idle_s=idle)
         self._next_sweep = 0.0
         self._closing = False
         self._records_file = (
@@ -301,16 +316,36 @@ class Gateway:
             self._batcher.version = version
 
     # ------------------------------------------------------------------ rollouts
-    def open_rollout(self, rollout_id: str, task_id: str | None = None) -> None:
-        """Register a rollout before its first call: fixes its task id and starts its
-        timeout clock (so an agent that never calls is closed and counted too)."""
+    def open_rollout(self, rollout_id: str, task_id: str | None = None) -> str:
+        """Register a rollout before its first call: fixes its task id, starts its
+        timeout clock (so an agent that never calls is closed and counted too), and
+        returns its secret (``secrets``-made): every HTTP call and reward naming the
+        rollout must carry it (:class:`~turnrl.serve.server.RolloutEndpoint` puts it
+        in the URLs), so no other agent or process can add turns or a reward to it."""
         check_id(rollout_id, "rollout_id")
         if task_id is not None:
             check_id(task_id, "task_id")
+        secret = secrets.token_urlsafe(ROLLOUT_SECRET_BYTES)
         with self._rollouts.cond:
             if rollout_id in self._rollouts.open:
                 raise ValueError(f"rollout {rollout_id!r} is already open")
-            self._rollouts.get_or_create(rollout_id, task_id, pinned=True)
+            self._rollouts.get_or_create(rollout_id, task_id, pinned=True, secret=secret)
+        return secret
+
+    def note_refusal(self, rollout_id: str, secret: str | None, error: GatewayError) -> None:
+        """Remember that a call on ``rollout_id`` was refused (kept for the rollout's
+        failure report; ignored for unknown rollouts and wrong secrets)."""
+        where = f" ({error.param})" if error.param else ""
+        with self._rollouts.cond:
+            self._rollouts.note_refusal(
+                rollout_id, secret, f"HTTP {error.status}{where}: {error.message}"
+            )
+
+    def problems(self, rollout_id: str) -> tuple[list[str], list[float]]:
+        """The refused calls (the gateway's answers) and refused second rewards of an
+        open rollout, oldest first (the last few of each)."""
+        with self._rollouts.cond:
+            return self._rollouts.problems(rollout_id)
 
     def discard(self, rollout_id: str, reason: str) -> ClosedRollout | None:
         """Drop a rollout (an agent that failed); counted as ``discarded``. ``None``
@@ -325,29 +360,37 @@ class Gateway:
 
     def close_expired(self, now: float | None = None) -> list[ClosedRollout]:
         """Close the rollouts without a reward ``rollout_timeout_s`` after they were
-        opened (counted as ``timed_out``); returns those closed now."""
+        opened (counted as ``timed_out``) or idle for ``idle_timeout_s`` (counted as
+        ``idle_closed``); returns those closed now. Finished rollouts are kept."""
         with self._rollouts.cond:
             table = self._rollouts
-            closed = [
-                table.close(s, "timeout")
-                for s in table.expired(table.clock() if now is None else now)
-            ]
+            expired = table.expired(table.clock() if now is None else now)
+            closed = [table.close(state, reason) for state, reason in expired]
         for c in closed:
+            limit = (
+                f"timed out after {self.config.rollout_timeout_s} s"
+                if c.reason == "timeout"
+                else f"was idle for {self.config.idle_timeout_s} s"
+            )
             logger.warning(
-                "rollout %r (task %r) timed out after %s s without a reward; dropped (%d turns)",
+                "rollout %r (task %r) %s without a reward; dropped (%d turns)",
                 c.rollout_id,
                 c.task_id,
-                self.config.rollout_timeout_s,
+                limit,
                 c.turns,
             )
         return closed
 
     def _sweep(self) -> None:
-        """Close timed-out rollouts (not more often than ``SWEEP_INTERVAL_S``)."""
+        """Close expired rollouts (not more often than ``SWEEP_INTERVAL_S``, or a quarter
+        of the shortest timeout)."""
         now = self._rollouts.clock()
-        if self.config.rollout_timeout_s is None or now < self._next_sweep:
+        limits = [
+            t for t in (self.config.rollout_timeout_s, self.config.idle_timeout_s) if t is not None
+        ]
+        if not limits or now < self._next_sweep:
             return
-        self._next_sweep = now + min(SWEEP_INTERVAL_S, self.config.rollout_timeout_s / 4)
+        self._next_sweep = now + min(SWEEP_INTERVAL_S, min(limits) / 4)
         self.close_expired(now)
 
     def pop_closed(self) -> list[ClosedRollout]:
@@ -359,19 +402,25 @@ class Gateway:
 
     # ---------------------------------------------------------------- completions
     def complete(
-        self, request: ChatRequest, rollout_id: str, task_id: str | None = None
+        self,
+        request: ChatRequest,
+        rollout_id: str,
+        task_id: str | None = None,
+        *,
+        secret: str | None = None,
     ) -> dict[str, Any]:
         """Sample a reply for ``request`` in rollout ``rollout_id``; record the turn.
 
         Returns the OpenAI ``chat.completion`` body. Raises ``GatewayError`` for
-        requests the gateway refuses.
+        requests the gateway refuses. ``secret`` is what the HTTP request carried
+        (``""`` when nothing); ``None`` is an in-process caller, which is trusted.
         """
         self._check_size(request)
         check_id(rollout_id, "rollout_id")
         if task_id is not None:
             check_id(task_id, "task_id")
         self._sweep()
-        claimed = self._claim(request, rollout_id, task_id)
+        claimed = self._claim(request, rollout_id, task_id, secret)
         if isinstance(claimed, dict):
             return claimed  # a retry: the result of the call it repeats
         state, conversation = claimed
@@ -380,6 +429,7 @@ class Gateway:
         finally:
             with self._rollouts.cond:
                 state.in_flight = None
+                state.last_active = self._rollouts.clock()
                 if not state.records and not state.pinned and state.closed is None:
                     self._rollouts.open.pop(state.rollout_id, None)  # a failed first call
                 self._rollouts.cond.notify_all()
@@ -423,14 +473,18 @@ class Gateway:
             )
 
     def _claim(
-        self, request: ChatRequest, rollout_id: str, task_id: str | None
+        self, request: ChatRequest, rollout_id: str, task_id: str | None, secret: str | None
     ) -> tuple[Rollout, Conversation] | dict[str, Any]:
         """Take the rollout for ``request``: waits while it answers another request;
         returns the stored result instead when ``request`` repeats the role's last."""
         role = request.role
         table = self._rollouts
+
+        def lookup() -> Rollout:
+            return table.lookup(rollout_id, task_id, secret, create=self.config.auto_open)
+
         with table.cond:
-            state = self._wait_idle(lambda: table.get_or_create(rollout_id, task_id, pinned=False))
+            state = self._wait_idle(lookup)
             conversation = state.conversations.get(role)
             if (
                 conversation is not None
@@ -448,6 +502,14 @@ class Gateway:
                 self._set_task(state, task_id)
             state.in_flight = (role, request)
             return state, conversation or Conversation()
+
+    def check_access(self, rollout_id: str, secret: str | None) -> None:
+        """Raise what a call naming ``rollout_id`` with ``secret`` would get before any
+        work (subclasses that do work before :meth:`complete` call this first)."""
+        check_id(rollout_id, "rollout_id")
+        with self._rollouts.cond:
+            if rollout_id in self._rollouts.open or not self.config.auto_open:
+                self._rollouts.lookup(rollout_id, None, secret, create=False)
 
     def _wait_idle(self, lookup: Callable[[], Rollout]) -> Rollout:
         """The rollout ``lookup`` finds (again after every wake-up), once it answers no
@@ -635,12 +697,21 @@ class Gateway:
             return logprobs_content(ids, logprobs, lambda i: self.policy.decode([i]))
 
     # --------------------------------------------------------------------- reward
-    def reward(self, rollout_id: str, reward: Any, task_id: str | None = None) -> dict[str, Any]:
+    def reward(
+        self,
+        rollout_id: str,
+        reward: Any,
+        task_id: str | None = None,
+        *,
+        secret: str | None = None,
+    ) -> dict[str, Any]:
         """Put the final ``reward`` on the rollout's last turn and finish it.
 
-        ``task_id`` (optional) names the task if the calls did not. Waits for a
+        ``task_id`` (optional) names the task if the calls did not; ``secret`` is
+        the one the HTTP request carried (``None``: in-process, trusted). Waits for a
         request still being answered. Posting the same reward again answers as
-        the first time; a different one is a 409. The finished trajectory is
+        the first time; a different one is a 409, and remembered
+        (:meth:`problems`: the agent loop fails such a rollout). The finished trajectory is
         appended to ``records_path`` when configured (``records_written`` says
         whether it got there; if not it is kept and retried, see
         :class:`~turnrl.serve.recordsfile.RecordsFile`). Unknown rollouts are a
@@ -656,9 +727,11 @@ class Gateway:
             if tomb is not None and tomb.reason == "finished" and tomb.reward == value:
                 return {"rollout_id": rollout_id, "finished": True, "reward": value}
             state = self._wait_idle(lambda: table.get(rollout_id))  # 409 closed, 404 unknown
+            check_secret(state, secret)
             if state.finished:
                 if state.reward == value:
                     return {**state.summary(), "reward": value}
+                state.refused_rewards.append(value)
                 raise GatewayError(
                     409,
                     f"rollout {rollout_id!r} already has reward {state.reward}, not {value}",
@@ -691,10 +764,12 @@ class Gateway:
         return self._records_file.flush() if self._records_file is not None else 0
 
     # -------------------------------------------------------------------- queries
-    def rollout(self, rollout_id: str) -> dict[str, Any]:
-        """Summary and records of one open rollout (404 if unknown, 409 if closed)."""
+    def rollout(self, rollout_id: str, *, secret: str | None = None) -> dict[str, Any]:
+        """Summary and records of one open rollout (404 if unknown, 409 if closed, 403
+        when ``secret`` is not its secret; ``None``: in-process, trusted)."""
         with self._rollouts.cond:
             state = self._rollouts.get(rollout_id)
+            check_secret(state, secret)
             return {**state.summary(), "records": [record_to_json(r) for r in state.records]}
 
     def rollouts(self) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""Decoding request bodies: JSON whose integers are bounded, errors that name the field.
+"""Decoding request bodies: JSON whose integers are bounded and whose strings are text,
+errors that name the field.
 
 Python's ``json`` turns any integer literal into an ``int`` (up to 4300 digits,
 then a ``ValueError``), and a 400-digit reward then fails far from the parser
@@ -7,7 +8,9 @@ then a ``ValueError``), and a 400-digit reward then fails far from the parser
 :class:`HugeInt` markers, and :func:`decode_json` refuses the body with a 400
 naming the first such field as a JSON path (``messages[0].content[1].n``).
 Floats too large for a double decode as infinity and are refused by the
-field's own finiteness check.
+field's own finiteness check. A JSON ``\\ud800`` escape decodes to a lone
+surrogate, which is not text (no tokenizer, no UTF-8 records file takes it):
+refused here too, with the field's path (``messages[0].content``).
 """
 
 from __future__ import annotations
@@ -39,14 +42,43 @@ def _child_path(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else key
 
 
-def find_huge_int(obj: Any) -> tuple[str, HugeInt] | None:
-    """The JSON path and marker of the first :class:`HugeInt` in ``obj`` (depth first)."""
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is valid Unicode text (no lone surrogate such as ``"\\ud800"``,
+    which JSON escapes allow and no tokenizer or UTF-8 file accepts)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _surrogate_at(value: str) -> int:
+    return next(i for i, c in enumerate(value) if "\ud800" <= c <= "\udfff")
+
+
+def find_bad_value(obj: Any) -> tuple[str, str] | None:
+    """The JSON path of the first value no field can hold (depth first) and why: an
+    integer literal too long (:class:`HugeInt`) or a string (or key) with a lone
+    surrogate."""
     stack: list[tuple[str, Any]] = [("", obj)]
     while stack:
         path, value = stack.pop()
         if isinstance(value, HugeInt):
-            return path, value
+            return path, (
+                f"an integer of {value.chars} characters is out of range (at most {MAX_INT_CHARS})"
+            )
+        if isinstance(value, str):
+            if not _is_text(value):
+                at = _surrogate_at(value)
+                return path, (
+                    f"a lone surrogate (U+{ord(value[at]):04X}) at character {at} is not text; "
+                    "send valid UTF-8 (a surrogate pair only as two halves of one character)"
+                )
+            continue
         if isinstance(value, dict):
+            for key in value:
+                if not _is_text(key):
+                    return path or "the body", f"a key holds a lone surrogate: {key!r}"
             items: list[tuple[str | int, Any]] = list(value.items())
         elif isinstance(value, list):
             items = list(enumerate(value))
@@ -57,7 +89,8 @@ def find_huge_int(obj: Any) -> tuple[str, HugeInt] | None:
 
 
 def decode_json(raw: bytes | bytearray) -> Any:
-    """The decoded body; 400 when it is empty, not JSON, too deep, or holds a huge integer."""
+    """The decoded body; 400 when it is empty, not JSON, too deep, or holds a value no
+    field can hold (a huge integer, a lone surrogate), naming its JSON path."""
     if not raw.strip():
         raise bad_request("the request body is empty; send a JSON object")
     try:
@@ -68,14 +101,10 @@ def decode_json(raw: bytes | bytearray) -> Any:
         ) from exc
     except (UnicodeDecodeError, RecursionError) as exc:
         raise bad_request(f"invalid JSON body: {type(exc).__name__}") from exc
-    found = find_huge_int(obj)
+    found = find_bad_value(obj)
     if found is not None:
-        path, marker = found
-        raise bad_request(
-            f"{path or 'the body'}: an integer of {marker.chars} characters is out of range "
-            f"(at most {MAX_INT_CHARS})",
-            path or None,
-        )
+        path, why = found
+        raise bad_request(f"{path or 'the body'}: {why}", path or None)
     return obj
 
 

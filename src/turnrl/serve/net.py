@@ -3,8 +3,9 @@
 :func:`bind_socket` binds before any expensive work (loading a model), so a busy
 or invalid port fails at once with a message naming the address, and the bound
 socket is then handed to the server (no window in which another process could
-take the port). The gateway has no authentication, so it binds only to loopback
-addresses unless remote binding is allowed explicitly.
+take the port). Every gateway checks a key (:mod:`turnrl.serve.guard`); it binds
+beyond loopback only when the user gave that key (so they can hand it to remote
+agents, and did not leave the choice to a generated one nobody will see).
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_host(host: str, allow_remote: bool) -> None:
-    """Refuse a non-loopback bind address unless explicitly allowed."""
-    if not allow_remote and not is_loopback(host):
+def check_host(host: str, keyed: bool) -> None:
+    """Refuse a non-loopback bind address unless the user gave the gateway a key."""
+    if not keyed and not is_loopback(host):
         raise BindError(
-            f"refusing to bind the unauthenticated gateway to {host!r}; use a loopback "
-            "address (127.0.0.1) or pass allow_remote=True / --allow-remote"
+            f"refusing to bind the gateway to {host!r} without an API key of your own: "
+            "remote agents need the key, and nothing else keeps other machines out; "
+            "give one (turnrl serve --api-key-file FILE or TURNRL_API_KEY; "
+            "GatewayServer(api_key=...)) or bind a loopback address (127.0.0.1)"
         )
 
 
@@ -51,14 +54,15 @@ def check_port(port: int) -> int:
     return port
 
 
-def bind_socket(host: str, port: int, *, allow_remote: bool = False) -> socket.socket:
+def bind_socket(host: str, port: int, *, keyed: bool = False) -> socket.socket:
     """A TCP socket bound to ``host:port`` (``port=0``: a free port) and listening
     (connections wait in the backlog until the server runs).
 
     Raises :class:`PortInUseError` when another process holds the port and
-    :class:`BindError` for other failures (bad host, no permission).
+    :class:`BindError` for other failures (bad host, no permission, a non-loopback
+    host when not ``keyed``: the user gave no key).
     """
-    check_host(host, allow_remote)
+    check_host(host, keyed)
     check_port(port)
     bare = host.strip("[]")
     try:

@@ -228,7 +228,7 @@ def parse_message(obj: Any, index: int) -> ChatMessage:
     if not isinstance(obj, dict):
         raise bad_request(f"{param} must be an object, got {_typename(obj)}", param)
     role = obj.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # a list or dict is not hashable
         raise bad_request(
             f"{param}.role must be one of {sorted(ROLES)}, got {role!r}", f"{param}.role"
         )

@@ -16,6 +16,7 @@ which makes the timeout sweep stop at the first one still in time.
 
 from __future__ import annotations
 
+import hmac
 import threading
 import time
 from collections import OrderedDict, deque
@@ -29,6 +30,9 @@ from turnrl.types import Message, TurnRecord
 
 CLOSED_IDS_KEPT = 65_536
 """Closed rollout ids remembered (oldest forgotten first), to refuse late calls."""
+
+PROBLEMS_KEPT = 8
+"""Refused calls and refused rewards remembered per rollout (the last ones)."""
 
 
 @dataclass
@@ -70,7 +74,17 @@ class Rollout:
     reward: float | None = None
     rebuilds: int = 0
     closed: str | None = None
-    """Why the rollout was closed without finishing (``timeout`` or ``discarded: ...``)."""
+    """Why the rollout was closed without finishing (``timeout``, ``idle`` or
+    ``discarded: ...``)."""
+    secret: str | None = None
+    """The rollout's own secret (``open_rollout``): every call and reward naming it
+    must carry it; ``None`` for rollouts a first call started (``turnrl serve``)."""
+    last_active: float = 0.0
+    """When a request on it last ended (or it was opened): the idle clock."""
+    refusals: deque[str] = field(default_factory=lambda: deque(maxlen=PROBLEMS_KEPT))
+    """The gateway's answers to its refused calls (``"400 messages[0].role: ..."``)."""
+    refused_rewards: deque[float] = field(default_factory=lambda: deque(maxlen=PROBLEMS_KEPT))
+    """Rewards posted after its reward, different from it (refused with a 409)."""
 
     def policy_versions(self) -> tuple[int, ...]:
         """Distinct versions of the weights its turns were sampled with, sorted."""
@@ -86,6 +100,21 @@ class Rollout:
             "context_rebuilds": self.rebuilds,
             "policy_versions": list(self.policy_versions()),
         }
+
+
+def check_secret(state: Rollout, secret: str | None) -> None:
+    """403 unless ``secret`` is the rollout's (``None``: an in-process caller, trusted;
+    rollouts a first call started have no secret). Compared in constant time."""
+    if state.secret is None or secret is None:
+        return
+    if not hmac.compare_digest(state.secret.encode(), secret.encode()):
+        raise GatewayError(
+            403,
+            f"rollout {state.rollout_id!r}: wrong or missing rollout secret; use the "
+            "URLs the training loop handed to this rollout's agent",
+            param="rollout_id",
+            code="wrong_rollout_secret",
+        )
 
 
 @dataclass(frozen=True)
@@ -116,7 +145,7 @@ class ClosedRollout:
     task_id: str
     turns: int
     reason: str
-    """``"timeout"`` or ``"discarded: <the caller's reason>"``."""
+    """``"timeout"``, ``"idle"`` or ``"discarded: <the caller's reason>"``."""
 
 
 @dataclass(frozen=True)
@@ -130,17 +159,22 @@ class RolloutTable:
     """Open rollouts by id, closed ids, and the counters, under one condition."""
 
     def __init__(
-        self, *, timeout_s: float | None, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        timeout_s: float | None,
+        idle_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cond = threading.Condition()
         """Guards everything here; notified whenever a rollout's request ends."""
         self.timeout_s = timeout_s
+        self.idle_s = idle_s
         self.clock = clock
         self.open: OrderedDict[str, Rollout] = OrderedDict()
         self._closed: OrderedDict[str, _Tombstone] = OrderedDict()
         self.closed_log: deque[ClosedRollout] = deque(maxlen=CLOSED_IDS_KEPT)
         """Rollouts closed without a reward, not yet collected by ``pop_closed``."""
-        self.counts = {"finished": 0, "timed_out": 0, "discarded": 0}
+        self.counts = {"finished": 0, "timed_out": 0, "idle_closed": 0, "discarded": 0}
 
     # ----------------------------------------------------------------- lookups
     def refuse_closed(self, rollout_id: str) -> None:
@@ -164,19 +198,64 @@ class RolloutTable:
             raise GatewayError(404, f"unknown rollout {rollout_id!r}", param="rollout_id")
         return state
 
-    def get_or_create(self, rollout_id: str, task_id: str | None, *, pinned: bool) -> Rollout:
+    def get_or_create(
+        self, rollout_id: str, task_id: str | None, *, pinned: bool, secret: str | None = None
+    ) -> Rollout:
         state = self.open.get(rollout_id)
         if state is None:
             self.refuse_closed(rollout_id)
+            now = self.clock()
             state = Rollout(
                 rollout_id,
                 task_id or rollout_id,
                 task_id is not None,
-                opened_at=self.clock(),
+                opened_at=now,
                 pinned=pinned,
+                secret=secret,
+                last_active=now,
             )
             self.open[rollout_id] = state
         return state
+
+    def lookup(
+        self, rollout_id: str, task_id: str | None, secret: str | None, *, create: bool
+    ) -> Rollout:
+        """The rollout a call names, started here when ``create`` (``turnrl serve``); 404
+        when not open and not ``create`` (the agent loop serves only what it opened), 409
+        when closed, 403 for a wrong secret."""
+        if create or rollout_id in self.open:
+            state = self.get_or_create(rollout_id, task_id, pinned=False)
+        else:
+            self.refuse_closed(rollout_id)
+            raise GatewayError(
+                404,
+                f"unknown rollout {rollout_id!r}: this gateway serves only the rollouts "
+                "its training loop opened",
+                param="rollout_id",
+                code="rollout_not_open",
+            )
+        check_secret(state, secret)
+        return state
+
+    # ----------------------------------------------------------------- problems
+    def note_refusal(self, rollout_id: str, secret: str | None, text: str) -> None:
+        """Remember a refused call's answer on its rollout (not for unknown rollouts, nor
+        for a caller without the rollout's secret: it cannot write into its report)."""
+        state = self.open.get(rollout_id)
+        if state is None:
+            return
+        try:
+            check_secret(state, secret)
+        except GatewayError:
+            return
+        state.refusals.append(text)
+
+    def problems(self, rollout_id: str) -> tuple[list[str], list[float]]:
+        """Refused calls and refused second rewards of an open rollout (none if unknown)."""
+        state = self.open.get(rollout_id)
+        if state is None:
+            return [], []
+        return list(state.refusals), list(state.refused_rewards)
 
     # ----------------------------------------------------------------- closing
     def _bury(self, state: Rollout, tomb: _Tombstone) -> None:
@@ -192,21 +271,29 @@ class RolloutTable:
         self._bury(state, _Tombstone(reason))
         closed = ClosedRollout(state.rollout_id, state.task_id, len(state.records), reason)
         self.closed_log.append(closed)
-        self.counts["timed_out" if reason == "timeout" else "discarded"] += 1
+        counter = {"timeout": "timed_out", "idle": "idle_closed"}.get(reason, "discarded")
+        self.counts[counter] += 1
         return closed
 
     def forget_finished(self, state: Rollout) -> None:
         """Forget a finished rollout (collected, or past the keep limit)."""
         self._bury(state, _Tombstone("finished", state.reward))
 
-    def expired(self, now: float) -> list[Rollout]:
-        """Unfinished rollouts opened more than ``timeout_s`` before ``now``."""
-        if self.timeout_s is None:
-            return []
-        out = []
+    def expired(self, now: float) -> list[tuple[Rollout, str]]:
+        """Unfinished rollouts past a deadline at ``now``, with the reason: ``"timeout"``
+        (opened more than ``timeout_s`` ago) or ``"idle"`` (no request for ``idle_s``,
+        none in flight). Finished rollouts (kept until collected) are never expired,
+        however old: their reward is in."""
+        out: list[tuple[Rollout, str]] = []
         for state in self.open.values():
-            if state.opened_at + self.timeout_s > now:
-                break  # opened in order: the rest are younger
-            if not state.finished:
-                out.append(state)
+            if state.finished:
+                continue
+            if self.timeout_s is not None and state.opened_at + self.timeout_s <= now:
+                out.append((state, "timeout"))
+            elif (
+                self.idle_s is not None
+                and state.in_flight is None
+                and state.last_active + self.idle_s <= now
+            ):
+                out.append((state, "idle"))
         return out

@@ -352,6 +352,7 @@ class AgentTrainer:
             max_batch=agent.max_batch,
             # A safety net behind the runner's own timeout, which decides.
             rollout_timeout_s=agent.timeout_s + 2 * KILL_GRACE_S + 10,
+            auto_open=False,  # only rollouts this loop opened are served
         )
 
     def runner(self, gateway: Gateway, server: GatewayServer) -> AgentRunner:
@@ -375,7 +376,7 @@ class AgentTrainer:
         config = self.gateway_config(cfg.policy.temperature)
         with (
             TeacherGateway(self.policy, self.teacher, tasks_by_rollout, config) as gateway,
-            GatewayServer(gateway, sock=bind_socket(HOST, 0)) as server,
+            GatewayServer(gateway, sock=bind_socket(HOST, 0), list_rollouts=False) as server,
         ):
             results = self.run_agents(self.runner(gateway, server), jobs, "warm_start")
         self.check_failures(results, "warm_start")
@@ -427,8 +428,10 @@ class AgentTrainer:
                 self.gateway_config(cfg.train.eval_temperature),
                 policy_version=self.step,
             ) as eval_gateway,
-            GatewayServer(gateway, sock=self.socket) as server,
-            GatewayServer(eval_gateway, sock=bind_socket(HOST, 0)) as eval_server,
+            GatewayServer(gateway, sock=self.socket, list_rollouts=False) as server,
+            GatewayServer(
+                eval_gateway, sock=bind_socket(HOST, 0), list_rollouts=False
+            ) as eval_server,
         ):
             runner = self.runner(gateway, server)
             eval_runner = self.runner(eval_gateway, eval_server)

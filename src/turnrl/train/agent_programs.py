@@ -80,7 +80,8 @@ class LLM:
     base_url: str
     """OpenAI ``base_url`` scoped to this rollout (``.../rollouts/ID/v1``)."""
     api_key: str
-    """Any string (the gateway has no authentication; clients insist on a key)."""
+    """The run's gateway key (a fresh one per run): clients send it as ``Authorization:
+    Bearer``; the gateway refuses calls without it."""
     model: str
     """The model name to ask for (the default role)."""
     rollout_id: str
@@ -88,7 +89,8 @@ class LLM:
     timeout_s: float
     """The rollout's time limit (also a sensible per-request timeout)."""
     reward_url: str
-    """Where to POST ``{"reward": x}`` instead of returning it."""
+    """Where to POST ``{"reward": x}`` instead of returning it (with the key:
+    ``Authorization: Bearer`` ``api_key``); it carries this rollout's secret."""
     env: dict[str, str] = field(default_factory=dict, repr=False)
     """The gateway's environment variables for this rollout (``OPENAI_BASE_URL``,
     ``OPENAI_API_KEY`` and Agent Lightning's ``AGL_*``), handed to commands."""
@@ -152,12 +154,18 @@ class AgentProgram(Protocol):
         ...
 
 
+def is_number(value: Any) -> bool:
+    """An int or float, not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def reward_of(output: AgentOutput, posted: float | None) -> tuple[float, dict[str, Any]]:
     """The rollout's reward and info, or :class:`AgentFailed` saying why there is none.
 
     ``posted`` is the reward the agent posted to the gateway itself (or ``None``).
     A posted reward has already finished the rollout, so it is the reward; a
-    returned or printed one then only contributes its ``info``.
+    returned or printed one must then be the same number (a different one is a
+    failure, never an override) and contributes its ``info``.
     """
     value = output.value
     info: dict[str, Any] = {}
@@ -172,6 +180,12 @@ def reward_of(output: AgentOutput, posted: float | None) -> tuple[float, dict[st
             raise AgentFailed("returned a dict without 'reward'", output.details)
         value = value.get("reward")
     if posted is not None:
+        if value is not None and not (is_number(value) and float(value) == posted):
+            raise AgentFailed(
+                f"the agent posted reward {posted:g} and returned {value!r}; a rollout has "
+                "one reward (post it or return it)",
+                output.details,
+            )
         return posted, info
     if value is None:
         raise AgentFailed("no reward (nothing returned or printed, nothing posted)", output.details)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,7 +154,12 @@ class AgentRunner:
         finished = self.link.collect()
         for result in results:
             if result.failure is None:
-                result.records = list(finished[result.rollout_id])
+                records = finished.get(result.rollout_id)
+                if records is None:  # closed by the gateway after it finished: lost
+                    lost = AgentFailed("the gateway lost the finished rollout's records")
+                    result.failure = self._fail(result.rollout_id, result.task, failure_dir, lost)
+                else:
+                    result.records = list(records)
         return results
 
     def llm(self, rollout_id: str, task: Task, clients: tuple[Any, Any] | None = None) -> LLM:
@@ -188,11 +194,26 @@ class AgentRunner:
             if self.link.finish(rollout_id, result.reward) == 0:
                 raise AgentFailed("the agent made no call to the model")
         except AgentFailed as failed:
-            self.link.close(rollout_id, failed.reason)
-            path = _save_failure(failure_dir, rollout_id, task, self.program.description, failed)
-            result.failure = AgentFailure(rollout_id, task.task_id, failed.reason, path)
+            result.failure = self._fail(rollout_id, task, failure_dir, failed)
+        except Exception as exc:  # a fault in one rollout never stops the others
+            failed = AgentFailed(
+                f"the rollout failed in turnrl: {type(exc).__name__}: {exc}",
+                traceback.format_exc(),
+            )
+            result.failure = self._fail(rollout_id, task, failure_dir, failed)
         result.seconds = time.perf_counter() - started
         return result
+
+    def _fail(
+        self, rollout_id: str, task: Task, failure_dir: Path | None, failed: AgentFailed
+    ) -> AgentFailure:
+        """Close the rollout in the gateway and save what is known about its failure."""
+        try:
+            self.link.close(rollout_id, failed.reason)
+        except Exception as exc:  # already closed, or the gateway is going away
+            failed = AgentFailed(failed.reason, f"{failed.details}\n(closing it failed: {exc})")
+        path = _save_failure(failure_dir, rollout_id, task, self.program.description, failed)
+        return AgentFailure(rollout_id, task.task_id, failed.reason, path)
 
 
 def _http_clients() -> tuple[Any, Any] | None:
@@ -243,8 +264,9 @@ class GatewayLink:
     def open(self, rollout_id: str, task_id: str) -> Endpoint:
         endpoint = self.server.open_rollout(rollout_id, task_id)
         # The task is pinned by open_rollout: a base URL without it works for any task id
-        # (one with a "/" cannot be a path segment).
-        return dataclasses.replace(endpoint, base_url=self.server.base_url(rollout_id))
+        # (one with a "/" cannot be a path segment). The rollout's secret stays in it.
+        base_url = self.server.base_url(rollout_id, secret=endpoint.secret)
+        return dataclasses.replace(endpoint, base_url=base_url, reward_url=f"{base_url}/reward")
 
     def posted_reward(self, rollout_id: str) -> float | None:
         from turnrl.serve import GatewayError
@@ -255,7 +277,16 @@ class GatewayLink:
             return None
         if not state["finished"] or not state["records"]:
             return None
-        return float(state["records"][-1]["reward"])
+        posted = float(state["records"][-1]["reward"])
+        _, refused = self.gateway.problems(rollout_id)
+        if refused:
+            raise AgentFailed(
+                f"the agent posted a second, different reward ({refused[0]:g} after "
+                f"{posted:g}); a rollout has one reward",
+                f"posted reward: {posted:g}; refused (409) later rewards: "
+                + ", ".join(f"{value:g}" for value in refused),
+            )
+        return posted
 
     def finish(self, rollout_id: str, reward: float) -> int:
         from turnrl.serve import GatewayError
@@ -264,7 +295,14 @@ class GatewayLink:
             summary = self.gateway.reward(rollout_id, reward)
         except GatewayError as exc:
             raise AgentFailed(f"the gateway refused the reward: {exc}") from exc
-        return int(summary.get("turns", 1))
+        turns = int(summary.get("turns", 1))
+        refusals, _ = self.gateway.problems(rollout_id)
+        if turns == 0 and refusals:
+            raise AgentFailed(
+                f"the gateway refused the agent's calls ({len(refusals)}), last: {refusals[-1]}",
+                "refused calls (the gateway's answers):\n" + "\n".join(refusals),
+            )
+        return turns
 
     def close(self, rollout_id: str, reason: str) -> None:
         self.gateway.discard(rollout_id, reason)

@@ -132,12 +132,18 @@ class TeacherGateway(Gateway):
         return message_text(parsed, request.tools, self.config.tool_format)
 
     def complete(
-        self, request: ChatRequest, rollout_id: str, task_id: str | None = None
+        self,
+        request: ChatRequest,
+        rollout_id: str,
+        task_id: str | None = None,
+        *,
+        secret: str | None = None,
     ) -> dict[str, Any]:
+        self.check_access(rollout_id, secret)  # before the teacher sees the request
         with self._one_call:
             self.teacher_policy.reply = self.teacher_reply(request, rollout_id)
             try:
-                return super().complete(request, rollout_id, task_id)
+                return super().complete(request, rollout_id, task_id, secret=secret)
             finally:
                 self.teacher_policy.reply = None
 
