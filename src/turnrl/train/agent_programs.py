@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from turnrl.errors import ConfigError
+from turnrl.train.credit_check import MAX_ABS_REWARD
 
 OUTPUT_TAIL_BYTES = 64 * 1024
 """How much of a command's stdout and stderr is kept (the end of each); also the
@@ -70,11 +71,6 @@ TASK_ENV_MAX_BYTES = 64 * 1024
 """The largest task JSON also handed over in ``TURNRL_TASK`` (Linux refuses a single
 environment string over 128 KiB with "Argument list too long"); ``TURNRL_TASK_FILE``
 always holds it."""
-MAX_ABS_REWARD = 1e6
-"""The accepted reward range, ``|reward| <= MAX_ABS_REWARD``. Advantages are reward
-differences (divided by a group's std for most estimators) trained on in float32; a
-reward of 1e308 overflows the std to infinity and the advantages to NaN, and values
-this large are a bug (a sentinel, a timestamp, an overflow), not a score."""
 KILL_GRACE_S = 2.0
 """How long to wait for a killed command's pipes to close before giving up on them."""
 
