@@ -313,7 +313,9 @@ class TasksConfig:
     optional ``tags``) or a built-in task set by name (``calculator``)."""
     eval: str | None = None
     """Held-out tasks (a file or a built-in set); unset: a built-in ``train`` set drawn from
-    another seed, and no evaluation when ``train`` is a file."""
+    another seed. Required when ``train`` is a file: the loop always evaluates (after the
+    warm start, every ``train.eval_every`` steps, at the end), and a file's tasks are all
+    trained on, so nothing of it is held out."""
     n_train: int = 512
     """Tasks drawn from a built-in training set (a file is used whole)."""
     n_eval: int = 64
