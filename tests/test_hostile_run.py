@@ -389,29 +389,35 @@ def records_with_rewards(rewards: list[list[float]]) -> list[TurnRecord]:
     return out
 
 
-def test_non_finite_advantages_are_refused_before_the_update() -> None:
-    records = records_with_rewards([[1e308], [-1e308]])
+def test_rewards_outside_the_range_are_refused_before_the_update() -> None:
+    """1e308 and -1e308 in one group: the std overflows and grpo's advantages are
+    silently 0; the update is refused on the rewards."""
+    records = records_with_rewards([[0.5], [1e308], [-1e308]])
     table = TurnTable.from_records(records)
-    advantages = compute_credit(table, "grpo").advantages
-    assert not np.isfinite(advantages).all()  # the std overflowed
+    with np.errstate(over="ignore"):
+        advantages = compute_credit(table, "grpo").advantages
+    assert advantages.tolist() == [0.0, 0.0, -0.0]  # nothing to learn from: silently
     with pytest.raises(CreditOverflowError) as refused:
         build_update_batch(records, table, advantages, None, "token_mean")
-    message = str(refused.value)
-    assert message.startswith(
-        "refusing the update: the advantage of rollout roll-0 (task q, turn 0) is nan "
-        "(2 of 2 rows); rewards must lie in |reward| <= 1e+06 (this rollout's rewards: [1e+308])"
+    assert str(refused.value) == (
+        "refusing the update: the reward of rollout roll-1 (task q, turn 0) is 1e+308 "
+        "(2 of 3 rows); rewards must lie in |reward| <= 1e+06 (this rollout's rewards: "
+        "[1e+308])"
     )
 
 
-def test_non_finite_returns_are_refused_naming_the_turn() -> None:
-    records = records_with_rewards([[0.5, 1e308, 1e308], [0.0, 0.0, 0.0]])
+def test_non_finite_advantages_are_refused_naming_the_turn() -> None:
+    records = records_with_rewards([[0.5, 6e5, 6e5]] * 1 + [[0.0, 0.0, 0.0]])
     table = TurnTable.from_records(records)
+    check_finite_credit(table, np.ones(6))  # a return of 1.2e6 is fine
+    advantages = np.array([0.1, 0.2, np.nan, 0.0, 1e39, 0.0])
     with pytest.raises(CreditOverflowError) as refused:
-        check_finite_credit(table, np.zeros(len(records)))
-    assert str(refused.value).startswith(
-        "refusing the update: the return of rollout roll-0 (task q, turn 0) is inf (2 of 6 rows)"
+        build_update_batch(records, table, advantages, None, "token_mean")
+    assert str(refused.value) == (
+        "refusing the update: the advantage of rollout roll-0 (task q, turn 2) is nan "
+        "(2 of 6 rows); rewards must lie in |reward| <= 1e+06 (this rollout's rewards: "
+        "[0.5, 600000, 600000])"
     )
-    check_finite_credit(TurnTable.from_records(records_with_rewards([[1e6, -1e6]])), np.ones(2))
 
 
 # --------------------------------------------------------------------------- 4. disk full
@@ -505,7 +511,8 @@ def test_a_full_disk_during_the_warm_start_save_leaves_no_half_directory(
 ) -> None:
     from safetensors import SafetensorError
 
-    started_run.warm_start(policy, tiny_train(started_run.path).warm_start, list, seed=0)
+    warm = tiny_train(started_run.path, "warm_start.steps=0").warm_start
+    started_run.warm_start(policy, warm, list, seed=0)
     first = snapshot(started_run.warm_start_dir)
     assert "model.safetensors" in first
 
@@ -518,7 +525,6 @@ def test_a_full_disk_during_the_warm_start_save_leaves_no_half_directory(
         )
 
     monkeypatch.setattr(policy, "save", save_then_fill_the_disk)
-    warm = tiny_train(started_run.path, "warm_start.steps=0").warm_start
     with pytest.raises(OutputError) as refused:
         started_run.warm_start(policy, warm, list, seed=0)
     assert str(refused.value) == (
@@ -567,7 +573,7 @@ def test_a_real_full_disk_checkpoint_and_warm_start(
     )
     assert snapshot(run.path) == before
     with pytest.raises(OutputError) as refused:
-        run.warm_start(policy, tiny_train(run.path).warm_start, list, seed=0)
+        run.warm_start(policy, tiny_train(run.path, "warm_start.steps=0").warm_start, list, seed=0)
     assert str(refused.value) == f"{run.warm_start_dir}: cannot write: no space left on device"
     assert not run.warm_start_dir.exists()
     assert snapshot(run.path) == before
@@ -698,10 +704,12 @@ def test_a_reward_line_over_the_limit_is_reported_as_too_long(
     )
     (result,) = results
     assert result.failure is not None
+    printed = len(json.dumps({"reward": 1.0, "info": {"pad": "x" * 10 * 1024 * 1024}})) + 1
     assert result.failure.reason == (
         f"the last line of stdout (the reward line) is too long: over {OUTPUT_TAIL_BYTES} "
-        "bytes, the most a reward line may have (10,485,793 bytes of stdout in all)"
+        f"bytes, the most a reward line may have ({printed:,} bytes of stdout in all)"
     )
+    assert OUTPUT_TAIL_BYTES == 64 * 1024
     assert marker_processes(marker) == []
 
 

@@ -1,20 +1,20 @@
-"""The last check before an update: every advantage and return is a finite number.
+"""The last check before an update: every reward is in range, every advantage finite.
 
 Rewards enter the agent loop from code turnrl did not write. A reward of ``1e308``
 is finite, but a group's std of such rewards overflows to infinity and its
 advantages become NaN (or silently 0); the update must never see them. So the
 accepted reward range is ``|reward| <= MAX_ABS_REWARD`` (checked where agents'
 rewards enter, :func:`turnrl.train.agent_programs.reward_of`), and
-:func:`check_finite_credit` refuses, before the update, any non-finite return or
-advantage (or one beyond float32, the precision the update trains in), naming the
-rollout, its task, the turn and the value.
+:func:`check_finite_credit` refuses, before the update, a reward outside it (every
+return, a sum of such rewards, is then finite too) or an advantage that is not a
+finite float32 (the precision the update trains in), naming the rollout, its task,
+the turn and the value.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from turnrl.credit.returns import return_to_go
 from turnrl.errors import TurnrlError
 from turnrl.table import TurnTable
 
@@ -33,21 +33,33 @@ class CreditOverflowError(TurnrlError, ValueError):
     """A return or advantage is not a finite float32: the update is refused."""
 
 
-def check_finite_credit(table: TurnTable, advantages: np.ndarray, what: str = "advantage") -> None:
-    """Raise :class:`CreditOverflowError` naming the first row whose undiscounted
-    return-to-go or advantage is not finite (or does not fit a float32)."""
-    for name, values in (("return", return_to_go(table)), (what, np.asarray(advantages))):
-        bad = ~np.isfinite(values) | (np.abs(values) > FLOAT32_MAX)
+def check_finite_credit(table: TurnTable, advantages: np.ndarray) -> None:
+    """Raise :class:`CreditOverflowError` naming the first row whose reward is outside
+    ``|reward| <= MAX_ABS_REWARD`` (a group std of such rewards overflows, and the
+    advantages become NaN or, divided by infinity, silently 0), or whose advantage is
+    not a finite float32. Returns need no check of their own: a return is a (discounted)
+    sum of rewards in the range, so ``|return| <= MAX_ABS_REWARD * turns``."""
+    values = np.asarray(advantages)
+    checks = (
+        ("reward", table.reward, ~(np.abs(table.reward) <= MAX_ABS_REWARD)),
+        ("advantage", values, ~_fits_float32(values)),
+    )
+    for name, column, bad in checks:
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             raise CreditOverflowError(
                 f"refusing the update: the {name} of rollout "
                 f"{table.traj_names[table.traj_code[row]]} (task "
                 f"{table.task_names[table.task_code[row]]}, turn {int(table.turn[row])}) is "
-                f"{float(values[row])!r} ({int(bad.sum())} of {len(values)} rows); rewards "
+                f"{float(column[row])!r} ({int(bad.sum())} of {len(column)} rows); rewards "
                 f"must lie in |reward| <= {MAX_ABS_REWARD:g} (this rollout's rewards: "
                 f"{_rewards_of(table, row)})"
             )
+
+
+def _fits_float32(values: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(values) & (np.abs(values) <= FLOAT32_MAX)
 
 
 def _rewards_of(table: TurnTable, row: int) -> str:

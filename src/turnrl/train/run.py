@@ -65,13 +65,13 @@ import numpy as np
 
 from turnrl.errors import OutputError, UsageError
 from turnrl.io import (
+    WRITE_FAILURES,
     append_jsonl,
     atomic_write_json,
     atomic_write_text,
     naming_write_failures,
     replace_directory,
     truncate_jsonl_steps,
-    write_failure,
 )
 from turnrl.train.config import (
     EnvConfig,
@@ -167,8 +167,7 @@ def check_creatable(path: Path) -> None:
     try:
         fd, probe = tempfile.mkstemp(dir=parent, prefix=".turnrl-probe-")
     except OSError as err:
-        failure = write_failure(parent, err)
-        why = failure.args[0].split(": ", 1)[-1] if failure is not None else err.strerror
+        why = WRITE_FAILURES.get(err.errno or 0, err.strerror)
         raise OutputError(f"run_dir {path}: cannot create it in {parent} ({why})") from None
     os.close(fd)
     os.unlink(probe)
