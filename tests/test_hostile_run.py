@@ -40,7 +40,7 @@ from turnrl.train.checkpoint import list_checkpoints
 from turnrl.train.config import RunConfig, load_config
 from turnrl.train.credit_check import MAX_ABS_REWARD, CreditOverflowError, check_finite_credit
 from turnrl.train.ppo import build_update_batch
-from turnrl.train.process_tree import descendants
+from turnrl.train.process_tree import descendants, is_subreaper
 from turnrl.train.run import RunDirectory
 from turnrl.train.run_lock import LOCK_FILE, RunLockedError
 from turnrl.types import Task, TurnRecord
@@ -246,6 +246,7 @@ def test_agents_exiting_or_interrupting_are_counted_and_the_run_goes_on(
             assert expected in Path(failure["path"]).read_text()
         assert list_checkpoints(run_dir)[-1][0] == 2
     assert descendants() == before
+    assert not is_subreaper()  # as before the command
 
 
 # ---------------------------------------------------------------- 2. one process per run dir
@@ -664,14 +665,17 @@ def test_a_stop_signal_kills_every_agent_process_and_resume_continues(
 def test_an_agent_process_that_escapes_its_group_is_killed_at_the_end_of_the_batch(
     served: tuple[Gateway, GatewayServer], marker: str, tmp_path: Path
 ) -> None:
-    from turnrl.train.process_tree import become_subreaper
+    from turnrl.train.process_tree import subreaper
 
-    if not become_subreaper():
-        pytest.skip("no PR_SET_CHILD_SUBREAPER here")
+    with subreaper() as works:
+        if not works:
+            pytest.skip("no PR_SET_CHILD_SUBREAPER here")
+    assert not is_subreaper()  # only for the batch
     results = run_batch(served, make_program(None, command("escapes_and_exits")), tasks(2))
     assert [r.failure for r in results] == [None, None]
     assert len((tmp_path / "pids").read_text().split()) == 2
     assert marker_processes(marker) == []
+    assert not is_subreaper()
 
 
 # ------------------------------------------------- 6. an async agent that blocks its loop

@@ -3,8 +3,9 @@
 Agent commands run in their own process group, which is killed when the rollout
 ends; but a program may leave its group (``setsid``, a double fork) and would then
 outlive the run, re-parented to init. The trainer therefore makes itself a *child
-subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``): orphans anywhere below it are
-re-parented to it instead of init, so every process an agent started stays a
+subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``, for the life of the command or of a
+batch of rollouts, then as before): orphans anywhere below it are re-parented to it
+instead of init, so every process an agent started stays a
 descendant of the trainer, found by walking ``/proc`` parent links, and is killed
 and reaped by :func:`kill_new_descendants`.
 
@@ -22,22 +23,53 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
-"""``prctl`` option (linux/prctl.h)."""
+PR_GET_CHILD_SUBREAPER = 37
+"""``prctl`` options (linux/prctl.h)."""
 REAP_WAIT_S = 2.0
 """How long :func:`kill_new_descendants` waits for killed processes to be gone."""
 
 
-def become_subreaper() -> bool:
-    """Make this process the reaper of orphaned descendants; whether it worked."""
+def _prctl() -> Any:
+    """libc's ``prctl`` (Linux), or None."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        return False
+        return None
+
+
+def is_subreaper() -> bool:
+    """Whether this process is a child subreaper now."""
+    prctl = _prctl()
+    value = ctypes.c_int(0)
+    return (
+        prctl is not None
+        and prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(value)) == 0
+        and bool(value.value)
+    )
+
+
+def set_subreaper(on: bool) -> bool:
+    """Make this process the reaper of its orphaned descendants (or stop); whether it
+    worked."""
+    prctl = _prctl()
+    return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+
+
+@contextlib.contextmanager
+def subreaper() -> Iterator[bool]:
+    """Be a child subreaper inside (yields whether that worked), as before after."""
+    before = is_subreaper()
+    worked = set_subreaper(True)
+    try:
+        yield worked
+    finally:
+        if worked and not before:
+            set_subreaper(False)
 
 
 def _parents() -> dict[int, int]:
@@ -93,7 +125,9 @@ def _reap(pids: set[int]) -> None:
 
 def kill_new_descendants(before: set[int]) -> list[int]:
     """SIGKILL every descendant of this process not in ``before`` (repeatedly, so that
-    processes forked meanwhile go too), then reap them; the pids killed."""
+    processes forked meanwhile go too), then reap them and the new orphans that ended
+    by themselves (zombies re-parented to this subreaper); the pids killed."""
+    _reap(descendants() - before)
     killed: set[int] = set()
     for _ in range(5):
         new = descendants() - before - killed
@@ -116,9 +150,11 @@ def kill_new_descendants(before: set[int]) -> list[int]:
 
 @contextlib.contextmanager
 def no_process_left() -> Iterator[None]:
-    """Kill (on leaving, however) every process started below this one inside."""
-    before = descendants()
-    try:
-        yield
-    finally:
-        kill_new_descendants(before)
+    """Be a subreaper inside, and kill (on leaving, however) every process started
+    below this one meanwhile."""
+    with subreaper():
+        before = descendants()
+        try:
+            yield
+        finally:
+            kill_new_descendants(before)

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from turnrl.train.process_tree import become_subreaper, descendants, kill_new_descendants
+from turnrl.train.process_tree import descendants, kill_new_descendants, subreaper
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -46,8 +46,20 @@ def stopping_on_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    become_subreaper()
-    before = descendants()
+    with subreaper(), _raising_on_signals() as stopping:
+        before = descendants()
+        try:
+            yield
+        finally:
+            stopping.append(0)  # a signal during the cleanup is ignored
+            kill_new_descendants(before)
+
+
+@contextlib.contextmanager
+def _raising_on_signals() -> Iterator[list[int]]:
+    """The first SIGTERM/SIGINT raises :class:`RunInterrupted`, later ones are ignored
+    (as all are once anything is appended to the yielded list); the previous handlers
+    are restored after."""
     fired: list[int] = []
 
     def handler(signum: int, frame: Any) -> None:
@@ -58,11 +70,8 @@ def stopping_on_signals() -> Iterator[None]:
 
     previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
-        yield
+        yield fired
     finally:
-        fired.append(0)  # a signal during the cleanup is ignored
-        try:
-            kill_new_descendants(before)
-        finally:
-            for s, old in previous.items():
-                signal.signal(s, old)
+        fired.append(0)
+        for s, old in previous.items():
+            signal.signal(s, old)
