@@ -535,6 +535,27 @@ def test_a_full_disk_during_the_warm_start_save_leaves_no_half_directory(
     assert [p.name for p in started_run.path.iterdir() if p.name.endswith(".tmp")] == []
 
 
+def test_replace_directory_swaps_a_whole_directory_or_keeps_the_old_one(tmp_path: Path) -> None:
+    from turnrl.io import replace_directory
+
+    target = tmp_path / "saved"
+    target.mkdir()
+    (target / "old.bin").write_bytes(b"old")
+    with replace_directory(target) as directory:
+        assert directory == target and list(target.iterdir()) == []  # the old one is aside
+        (directory / "new.bin").write_bytes(b"new")
+    assert snapshot(target) == {"new.bin": b"new"}
+    quota = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+    with (
+        pytest.raises(OutputError, match="cannot write: disk quota exceeded"),
+        replace_directory(target) as directory,
+    ):
+        (directory / "half.bin").write_bytes(b"half")
+        raise quota
+    assert snapshot(target) == {"new.bin": b"new"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["saved"]
+
+
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Any]:
     """``mount(size, read_only=False)``: a real small tmpfs (root only), unmounted after."""
