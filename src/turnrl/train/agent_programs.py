@@ -535,13 +535,13 @@ def resolve_command(command: Sequence[str]) -> list[str]:
     return argv
 
 
-def check_program(program: str, option: str) -> Path:
+def check_program(program: str, option: str) -> str:
     """The file ``program`` runs (a path, or a name looked up on ``PATH``), checked to be
     an executable file whose ``#!`` interpreter (if any) exists; else
     :class:`AgentConfigError` naming ``option`` and what is wrong."""
     if os.sep in program:
-        path = Path(program)
-        if not path.exists():
+        path = program
+        if not os.path.exists(path):
             raise AgentConfigError(f"{option}: program {program!r} does not exist")
     else:
         found = shutil.which(program)
@@ -552,10 +552,10 @@ def check_program(program: str, option: str) -> Path:
                     f"{option}: program {program!r} ({on_path}) is not executable (chmod +x)"
                 )
             raise AgentConfigError(f"{option}: program {program!r} not found (not on PATH)")
-        path = Path(found)
-    if not path.is_file():
+        path = found
+    if not os.path.isfile(path):
         raise AgentConfigError(f"{option}: program {program!r} is not a file")
-    if not os.access(path, os.X_OK) or not path.stat().st_mode & 0o111:
+    if not os.access(path, os.X_OK) or not os.stat(path).st_mode & 0o111:
         raise AgentConfigError(f"{option}: program {program!r} is not executable (chmod +x)")
     interpreter = shebang_interpreter(path)
     if interpreter is not None and not _interpreter_exists(interpreter):
@@ -566,7 +566,7 @@ def check_program(program: str, option: str) -> Path:
     return path
 
 
-def shebang_interpreter(path: Path) -> list[str] | None:
+def shebang_interpreter(path: str) -> list[str] | None:
     """The words of a script's ``#!`` line (``["/usr/bin/env", "python3"]``), or None."""
     try:
         with open(path, "rb") as handle:
@@ -581,10 +581,10 @@ def shebang_interpreter(path: Path) -> list[str] | None:
 
 def _interpreter_exists(words: list[str]) -> bool:
     """Whether a ``#!`` line's program exists, and for ``env NAME`` whether ``NAME`` does."""
-    program = Path(words[0])
-    if not (program.is_file() and os.access(program, os.X_OK)):
+    program = words[0]
+    if not (os.path.isfile(program) and os.access(program, os.X_OK)):
         return False
-    if program.name == "env":
+    if os.path.basename(program) == "env":
         names = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
         return not names or shutil.which(names[0]) is not None
     return True
