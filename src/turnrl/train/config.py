@@ -270,8 +270,11 @@ class AgentConfig:
     "info": {...}}``; run in this process, once per rollout."""
     command: list[str] = field(default_factory=list)
     """A program run once per rollout, e.g. ``["python", "my_agent.py"]``; its environment
-    has ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``OPENAI_MODEL`` and ``TURNRL_TASK``
-    (JSON); it prints ``{"reward": x}`` as its last stdout line or POSTs it."""
+    has ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``OPENAI_MODEL``, ``TURNRL_TASK_FILE``
+    (a file holding the task as JSON) and, for tasks up to 64 KiB, ``TURNRL_TASK`` (the
+    JSON itself); it prints ``{"reward": x}`` as its last stdout line or POSTs it. Checked
+    before any work: it must exist, be executable, and name an existing ``#!``
+    interpreter."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for ``command``."""
     model: str = "agent"
