@@ -60,7 +60,7 @@ def test_directory_holding_a_run_needs_resume_or_overwrite(tmp_path: Path) -> No
     replacing = RunDirectory.open(config(tmp_path, "train.seed=3"), overwrite=True)
     assert list(tmp_path.iterdir())  # nothing deleted before the run starts
     replacing.start()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".turnrl.lock", "config.toml"]
     assert "seed = 3" in (tmp_path / "config.toml").read_text()
 
 

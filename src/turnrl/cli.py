@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from turnrl.errors import TurnrlError, UsageError
+from turnrl.train.stop_signals import RunInterrupted
 
 EXIT_BAD_INPUT = 2
 
@@ -93,10 +94,39 @@ def cmd_train(args: argparse.Namespace) -> int:
     from turnrl.report import heldout_console_table, write_report
     from turnrl.train.config import RunConfig
     from turnrl.train.run import RunDirectory
+    from turnrl.train.stop_signals import stopping_on_signals
 
     config = _load_run_config(RunConfig, args)
-    # The guard, before Ray workers or models are started (the trainer checks again).
-    RunDirectory.open(config, resume=args.resume, overwrite=args.overwrite)
+    # The guard, before Ray workers or models are started (the trainer checks again); it
+    # holds the run directory's lock until the command ends.
+    guard = RunDirectory.open(config, resume=args.resume, overwrite=args.overwrite)
+    try:
+        with stopping_on_signals():
+            run_dir = _train(config, args)
+    except RunInterrupted as stopped:
+        stopped.add_note(_resume_hint(config.run_dir))
+        raise
+    finally:
+        guard.close()
+    report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
+    console = Console()
+    console.print(heldout_console_table(run_dir))
+    console.print(f"report: {report}")
+    return 0
+
+
+def _resume_hint(run_dir: str) -> str:
+    """Where an interrupted run can be continued from."""
+    from turnrl.train.checkpoint import list_checkpoints
+
+    saved = list_checkpoints(run_dir)
+    if not saved:
+        return f"no checkpoint in {run_dir} yet: --resume starts it again"
+    return f"last checkpoint: step {saved[-1][0]}; continue with --resume --run-dir {run_dir}"
+
+
+def _train(config: Any, args: argparse.Namespace) -> Any:
+    """Run ``turnrl train``'s trainer for ``config``; the run directory."""
     if config.agent.enabled:
         from turnrl.train.agent import AgentTrainer
 
@@ -117,11 +147,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             config, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet
         )
         run_dir = trainer.run()
-    report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
-    console = Console()
-    console.print(heldout_console_table(run_dir))
-    console.print(f"report: {report}")
-    return 0
+    return run_dir
 
 
 def cmd_iterate(args: argparse.Namespace) -> int:
@@ -255,6 +281,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TurnrlError as exc:  # bad input; anything else is a bug: keep its traceback
         print(f"turnrl {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except RunInterrupted as exc:  # SIGTERM/SIGINT: one line, exit code 128 + signal
+        notes = "; ".join(getattr(exc, "__notes__", ()))
+        print(f"turnrl {args.command}: {exc}{'; ' + notes if notes else ''}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

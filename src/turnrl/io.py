@@ -25,15 +25,24 @@ Two kinds of writes:
   can leave at most a partial *last* line; ``read_jsonl_tolerant`` skips exactly that
   and raises on damage anywhere else, naming the file and the line, and the next
   ``append_jsonl`` cuts the fragment off before writing.
+
+A write that fails because of where it goes (no space left on the device, a disk
+quota, a read-only file system, a missing permission, a directory that vanished) is
+an :class:`~turnrl.errors.OutputError` naming the cause and the path
+(:func:`write_failure`), and leaves the earlier file as it was: an atomic write
+removes its temporary file, an append cuts its partial line off again, and
+:func:`replace_directory` puts the previous directory back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
 import re
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -326,6 +335,89 @@ def check_output_path(path: str | os.PathLike[str], *, option: str | None = None
     return target
 
 
+# ---------------------------------------------------------------------------- write failures
+
+WRITE_FAILURES = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENOENT: "its directory no longer exists",
+}
+"""Causes of a failed write that lie in the destination, not in turnrl (exit code 2)."""
+
+
+def write_failure(path: str | os.PathLike[str], exc: BaseException) -> OutputError | None:
+    """An :class:`~turnrl.errors.OutputError` naming why writing ``path`` failed, when
+    ``exc`` (or an exception it was raised from or during) is a destination problem
+    (:data:`WRITE_FAILURES`); None for anything else (a bug keeps its traceback).
+
+    Libraries that write files themselves hide the ``OSError``: ``torch.save`` raises a
+    ``RuntimeError`` *during* handling it (``__context__``), ``safetensors`` a
+    ``SafetensorError`` whose message quotes the system's text (``No space left on
+    device``); both are recognised."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OutputError):
+            return current
+        if isinstance(current, OSError) and current.errno in WRITE_FAILURES:
+            return OutputError(f"{path}: cannot write: {WRITE_FAILURES[current.errno]}")
+        current = current.__cause__ or current.__context__
+    text = str(exc)
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        if os.strerror(code) in text:
+            return OutputError(f"{path}: cannot write: {WRITE_FAILURES[code]}")
+    return None
+
+
+@contextlib.contextmanager
+def naming_write_failures(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn a destination problem raised inside (see :func:`write_failure`) into an
+    :class:`~turnrl.errors.OutputError` about ``path``."""
+    try:
+        yield
+    except OutputError:
+        raise
+    except Exception as exc:
+        failure = write_failure(path, exc)
+        if failure is None:
+            raise
+        raise failure from exc
+
+
+@contextlib.contextmanager
+def replace_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Write a directory of files (a saved model) at ``path`` all or nothing.
+
+    An existing ``path`` is moved aside first, the body writes into ``path`` itself (so
+    files that record their own absolute location stay right), and on success the old
+    one is deleted. On failure the partial ``path`` is removed and the old one put
+    back, and a destination problem is an :class:`~turnrl.errors.OutputError` naming
+    it. Not atomic against ``kill -9`` (a partial directory may then remain), but never
+    leaves a half-written one after an error.
+    """
+    target = Path(path)
+    aside = target.with_name(f".{target.name}.old{TMP_SUFFIX}")
+    with naming_write_failures(target):
+        if aside.exists():
+            shutil.rmtree(aside)
+        if target.exists():
+            os.replace(target, aside)
+        try:
+            target.mkdir(parents=True)
+            yield target
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            if aside.exists():
+                os.replace(aside, target)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)
+        _fsync_dir(target.parent)
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Open a binary file for writing that appears at ``path`` only once complete.
@@ -345,12 +437,13 @@ def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     except OSError as err:
         raise OutputError(f"{path}: cannot write here ({err.strerror})") from err
     try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
+        with naming_write_failures(path):
+            os.fchmod(fd, mode)
+            with os.fdopen(fd, "wb") as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp_name, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
@@ -414,17 +507,24 @@ def append_jsonl(path: str | os.PathLike[str], obj: Any) -> None:
     corrupt line in the middle of the file once more lines follow.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(obj, ensure_ascii=False, allow_nan=True)
     if "\n" in line:  # json.dumps escapes newlines; guard against surprises anyway
         raise ValueError(f"{target}: JSON line unexpectedly contains a newline")
-    target.touch(exist_ok=True)
-    with open(target, "r+b") as handle:
-        _truncate_partial_tail(handle)
-        handle.seek(0, os.SEEK_END)
-        handle.write(line.encode("utf-8") + b"\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    with naming_write_failures(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch(exist_ok=True)
+        with open(target, "r+b", buffering=0) as handle:
+            _truncate_partial_tail(handle)
+            end = handle.seek(0, os.SEEK_END)
+            try:
+                data = memoryview(line.encode("utf-8") + b"\n")
+                while data:
+                    data = data[handle.write(data) :]
+                os.fsync(handle.fileno())
+            except OSError:  # the disk filled up mid-line: the file as it was
+                with contextlib.suppress(OSError):
+                    handle.truncate(end)
+                raise
 
 
 def read_jsonl_tolerant(path: str | os.PathLike[str]) -> list[Any]:

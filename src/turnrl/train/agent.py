@@ -330,6 +330,7 @@ class AgentTrainer:
         advantages: Sequence[float] | None = None,
     ) -> None:
         """Write a step's records (with the advantage each was trained with, if any)."""
+        self.run_directory.check_present()
         path = self.run_dir / "rollouts" / f"{name}.jsonl"
         path.parent.mkdir(exist_ok=True)
         if advantages is None:

@@ -5,20 +5,29 @@ Two ways to plug an agent in (``[agent]`` in the run config):
 * ``entrypoint = "package.module:function"`` (or ``"path/to/file.py:function"``):
   ``function(task: dict, llm: LLM)``, sync or ``async def``, returns the reward
   as a number, or a dict ``{"reward": x, "info": {...}}``, or ``None`` when it
-  posted the reward to ``llm.reward_url`` itself. Async functions run on the
-  runner's event loop (they must not block it); sync ones in a daemon thread
-  each (a hung thread cannot be killed in Python: it is abandoned, and its
-  rollout closed, so its later calls are refused).
+  posted the reward to ``llm.reward_url`` itself. Both run on reused daemon
+  worker threads, an ``async def`` on its thread's own event loop, so an agent
+  that blocks (``time.sleep`` in a coroutine) blocks only itself and the
+  runner's clock still times it out (a hung thread cannot be killed in Python:
+  it is abandoned, and its rollout closed, so its later calls are refused).
+  Whatever an agent raises, ``SystemExit`` and ``KeyboardInterrupt`` included,
+  fails its rollout only.
 * ``command = ["python", "my_agent.py"]``: any program, in its own process group
   (killed as a whole when it times out or finishes). Its environment has
   ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``OPENAI_MODEL`` (which the official
-  clients read), ``TURNRL_TASK`` (the task as JSON), ``TURNRL_ROLLOUT_ID``,
+  clients read), ``TURNRL_TASK_FILE`` (a file holding the task as JSON),
+  ``TURNRL_TASK`` (the same JSON, only when it is at most
+  :data:`TASK_ENV_MAX_BYTES`: larger values do not fit in one environment
+  variable on Linux), ``TURNRL_ROLLOUT_ID``,
   ``TURNRL_REWARD_URL``, and Agent Lightning's ``AGL_OPENAI_BASE_URL``,
   ``AGL_EVENT_URL`` and ``AGL_KEY`` (so its published agents run unchanged).
   It reports its reward as the last line of stdout (``{"reward": x}``,
   optionally with ``"info"``), or by POSTing ``{"reward": x}`` to
-  ``TURNRL_REWARD_URL``. A command whose first word is
-  ``python`` or ``python3`` runs with the interpreter turnrl runs in.
+  ``TURNRL_REWARD_URL``; a last line over :data:`OUTPUT_TAIL_BYTES` is
+  reported as too long. A command whose first word is ``python`` or
+  ``python3`` runs with the interpreter turnrl runs in; any other program is
+  checked before any work (it exists, is executable, its ``#!`` interpreter
+  exists).
 
 What a run produced is an :class:`AgentOutput`; what counts as a failure
 (raised, timed out, no reward, a non-finite reward, a non-zero exit) is decided
@@ -31,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import inspect
 import io
 import json
@@ -40,17 +50,24 @@ import queue
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from turnrl.entrypoints import load_object
 from turnrl.errors import ConfigError
+from turnrl.train.credit_check import MAX_ABS_REWARD
 
 OUTPUT_TAIL_BYTES = 64 * 1024
-"""How much of a command's stdout and stderr is kept (the end of each)."""
+"""How much of a command's stdout and stderr is kept (the end of each); also the
+longest reward line a command may print."""
+TASK_ENV_MAX_BYTES = 64 * 1024
+"""The largest task JSON also handed over in ``TURNRL_TASK`` (Linux refuses a single
+environment string over 128 KiB with "Argument list too long"); ``TURNRL_TASK_FILE``
+always holds it."""
 KILL_GRACE_S = 2.0
 """How long to wait for a killed command's pipes to close before giving up on them."""
 
@@ -186,14 +203,25 @@ def reward_of(output: AgentOutput, posted: float | None) -> tuple[float, dict[st
                 "one reward (post it or return it)",
                 output.details,
             )
-        return posted, info
+        return check_reward_range(posted, output.details), info
     if value is None:
         raise AgentFailed("no reward (nothing returned or printed, nothing posted)", output.details)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise AgentFailed(f"the reward must be a number, got {value!r}", output.details)
     if not math.isfinite(value):
         raise AgentFailed(f"the reward is not finite ({value!r})", output.details)
-    return float(value), info
+    return check_reward_range(float(value), output.details), info
+
+
+def check_reward_range(reward: float, details: str = "") -> float:
+    """``reward`` if ``|reward| <= MAX_ABS_REWARD``, else :class:`AgentFailed` saying so."""
+    if not abs(reward) <= MAX_ABS_REWARD:
+        raise AgentFailed(
+            f"the reward {reward!r} is outside the accepted range |reward| <= "
+            f"{MAX_ABS_REWARD:g} (larger values overflow the advantages)",
+            details,
+        )
+    return reward
 
 
 # --------------------------------------------------------------------------- entrypoints
@@ -230,7 +258,8 @@ def _format_exception(exc: BaseException) -> str:
 
 
 class EntrypointProgram:
-    """An agent function called in-process (``async def`` on the loop, sync in a thread)."""
+    """An agent function called in-process, on a daemon worker thread (an ``async def``
+    on that thread's own event loop), timed out by the runner's clock."""
 
     def __init__(self, spec: str) -> None:
         self.fn = load_entrypoint(spec)
@@ -240,9 +269,11 @@ class EntrypointProgram:
 
     async def run(self, task: dict[str, Any], llm: LLM, timeout_s: float) -> AgentOutput:
         if self.is_async:
-            value = await _await_with_timeout(self.fn(task, llm), timeout_s)
+            call: Callable[..., Any] = _run_coroutine_function
+            args: tuple[Any, ...] = (self.fn, task, llm)
         else:
-            value = await _thread_with_timeout(self.threads, self.fn, (task, llm), timeout_s)
+            call, args = self.fn, (task, llm)
+        value = await _thread_with_timeout(self.threads, call, args, timeout_s)
         return AgentOutput(value=value)
 
 
@@ -254,27 +285,92 @@ def _timed_out(timeout_s: float, where: str) -> AgentFailed:
     return AgentFailed(f"timed out after {timeout_s:g} s", f"where the agent was:\n{where}")
 
 
-async def _await_with_timeout(coroutine: Any, timeout_s: float) -> Any:
-    """Await an async agent; on timeout save where it was, then cancel it."""
-    task = asyncio.ensure_future(coroutine)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=timeout_s)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    if task in done:
-        if task.exception() is not None:
-            raise _raised(task.exception())  # type: ignore[arg-type]
-        return task.result()
-    stack = io.StringIO()
-    task.print_stack(file=stack)
-    task.cancel()
-    await asyncio.wait({task}, timeout=KILL_GRACE_S)  # let it run its cleanup
-    raise _timed_out(timeout_s, stack.getvalue())
+class _ThreadLoop:
+    """A worker thread's own event loop for async agents, and the HTTP client bound to
+    it (``llm.async_openai_client`` uses it: a new one costs about 0.1 s of CPU)."""
+
+    _local = threading.local()
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.http_client: Any = None
+        with contextlib.suppress(ImportError):
+            import openai
+
+            self.http_client = openai.DefaultAsyncHttpxClient()
+        self.task: asyncio.Task[Any] | None = None
+        """The agent's task while it runs (its stack, and cancelling it on timeout)."""
+
+    @classmethod
+    def current(cls) -> _ThreadLoop:
+        """This thread's loop (made on first use)."""
+        loop = getattr(cls._local, "loop", None)
+        if loop is None:
+            loop = cls._local.loop = cls()
+        return loop
+
+    def run(self, coroutine: Any) -> Any:
+        """Run ``coroutine`` to the end, then cancel what it left running. A loop that an
+        agent left with a ``BaseException`` (``SystemExit``, cancellation) is discarded."""
+        self.task = self.loop.create_task(coroutine)
+        try:
+            return self.loop.run_until_complete(self.task)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self.discard()
+            raise
+        finally:
+            self.task = None
+            if not self.loop.is_closed():
+                self.cancel_leftovers()
+
+    def cancel_leftovers(self) -> None:
+        """Cancel the tasks an agent left behind (as ``asyncio.run`` does)."""
+        leftovers = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+        for leftover in leftovers:
+            leftover.cancel()
+        if leftovers:
+            with contextlib.suppress(BaseException):
+                self.loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
+
+    def discard(self) -> None:
+        """Forget this thread's loop (the next async agent gets a new one) and close it."""
+        type(self)._local.loop = None
+        with contextlib.suppress(BaseException):
+            self.cancel_leftovers()
+            if self.http_client is not None:
+                self.loop.run_until_complete(self.http_client.aclose())
+            self.loop.close()
+
+    def cancel(self) -> None:
+        """Cancel the running agent (from another thread; it stops at its next await)."""
+        task = self.task
+        if task is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self.loop.call_soon_threadsafe(task.cancel)
+
+    def stack(self) -> str:
+        """Where the agent's coroutine is suspended (empty when it is not)."""
+        task = self.task
+        if task is None:
+            return ""
+        out = io.StringIO()
+        with contextlib.suppress(Exception):  # read from another thread: best effort
+            task.print_stack(file=out)
+        return out.getvalue()
+
+
+def _run_coroutine_function(fn: Callable[..., Any], task: dict[str, Any], llm: LLM) -> Any:
+    """Call an async agent on this worker thread's own event loop (with the loop's HTTP
+    client in ``llm``) and wait for it."""
+    thread_loop = _ThreadLoop.current()
+    if thread_loop.http_client is not None:
+        llm = dataclasses.replace(llm, async_http_client=thread_loop.http_client)
+    return thread_loop.run(fn(task, llm))
 
 
 class DaemonThreads:
-    """Daemon worker threads for sync agents: started on demand, then reused.
+    """Daemon worker threads for agent functions: started on demand, then reused.
 
     Not a ``ThreadPoolExecutor``: its threads are joined when the interpreter exits,
     so one hung agent would hang the trainer's exit. Not a new thread per rollout
@@ -310,61 +406,144 @@ class DaemonThreads:
 
 @dataclass
 class _Job:
-    """One call of a sync agent, reporting back to an event loop."""
+    """One call of an agent function, reporting back to an event loop."""
 
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
+    future: asyncio.Future[tuple[bool, Any]]
+    """Settled with ``(True, value)`` or ``(False, exception)``: never with the exception
+    itself, which for ``SystemExit``/``KeyboardInterrupt`` would escape the runner's loop."""
     thread: int | None = None
     """The worker thread's id while it runs (for the stack of a hung agent)."""
+    thread_loop: _ThreadLoop | None = None
+    """The worker thread's event loop while an async agent runs on it."""
 
     def run(self) -> None:
         self.thread = threading.get_ident()
+        if self.fn is _run_coroutine_function:
+            self.thread_loop = _ThreadLoop.current()
         try:
             result: tuple[bool, Any] = (True, self.fn(*self.args))
-        except BaseException as exc:
+        except BaseException as exc:  # anything the agent raises fails its rollout only
             result = (False, exc)
         self.thread = None
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
-            self.loop.call_soon_threadsafe(self._settle, *result)
+            self.loop.call_soon_threadsafe(self._settle, result)
 
-    def _settle(self, ok: bool, value: Any) -> None:
+    def _settle(self, result: tuple[bool, Any]) -> None:
         if not self.future.done():
-            (self.future.set_result if ok else self.future.set_exception)(value)
+            self.future.set_result(result)
+
+    def where(self) -> str:
+        """The stack of the running agent: its thread's, and its coroutine's if async."""
+        frame = sys._current_frames().get(self.thread) if self.thread is not None else None
+        where = "".join(traceback.format_stack(frame)) if frame is not None else "(not started)"
+        coroutine = self.thread_loop.stack() if self.thread_loop is not None else ""
+        return f"{where}\n{coroutine}" if coroutine else where
 
 
 async def _thread_with_timeout(
     threads: DaemonThreads, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float
 ) -> Any:
-    """Call a sync agent on a worker thread; on timeout save its stack and abandon it."""
+    """Call an agent function on a worker thread and wait at most ``timeout_s``.
+
+    Anything it raises (``BaseException`` included) is :class:`AgentFailed`; on timeout
+    its stack is saved, an async agent is cancelled and the thread abandoned. Only the
+    cancellation of the waiting task itself (the runner stopping) propagates.
+    """
     loop = asyncio.get_running_loop()
     job = _Job(fn, args, loop, loop.create_future())
     threads.submit(job)
     try:
-        return await asyncio.wait_for(job.future, timeout_s)  # cancels the future on timeout
-    except TimeoutError:
-        frame = sys._current_frames().get(job.thread) if job.thread is not None else None
-        where = "".join(traceback.format_stack(frame)) if frame is not None else "(not started)"
-        raise _timed_out(timeout_s, where) from None
-    except Exception as exc:
-        raise _raised(exc) from exc
+        done, _ = await asyncio.wait({job.future}, timeout=timeout_s)
+    except asyncio.CancelledError:  # the runner stops: stop an async agent too
+        if job.thread_loop is not None:
+            job.thread_loop.cancel()
+        raise
+    if not done:
+        where = job.where()
+        if job.thread_loop is not None:
+            job.thread_loop.cancel()
+        job.future.cancel()
+        raise _timed_out(timeout_s, where)
+    ok, value = job.future.result()
+    if not ok:
+        raise _raised(value)
+    return value
 
 
 # --------------------------------------------------------------------------- commands
 
 
 def resolve_command(command: Sequence[str]) -> list[str]:
-    """The argv to run: ``python``/``python3`` become this interpreter; the program must exist."""
+    """The argv to run: ``python``/``python3`` become this interpreter; any other program
+    must exist, be executable and, for a script, have an interpreter that exists
+    (:func:`check_program`), so a bad command is a config error before any work."""
     option = "agent.command"
     if not command or not all(isinstance(a, str) and a for a in command):
         raise AgentConfigError(f"{option}: expected a non-empty list of strings, got {command!r}")
     argv = list(command)
     if argv[0] in ("python", "python3"):
         argv[0] = sys.executable
-    elif shutil.which(argv[0]) is None:
-        raise AgentConfigError(f"{option}: program {argv[0]!r} not found (not on PATH)")
+    else:
+        check_program(argv[0], option)
     return argv
+
+
+def check_program(program: str, option: str) -> str:
+    """The file ``program`` runs (a path, or a name looked up on ``PATH``), checked to be
+    an executable file whose ``#!`` interpreter (if any) exists; else
+    :class:`AgentConfigError` naming ``option`` and what is wrong."""
+    if os.sep in program:
+        path = program
+        if not os.path.exists(path):
+            raise AgentConfigError(f"{option}: program {program!r} does not exist")
+    else:
+        found = shutil.which(program)
+        if found is None:
+            on_path = shutil.which(program, mode=os.F_OK)
+            if on_path is not None:
+                raise AgentConfigError(
+                    f"{option}: program {program!r} ({on_path}) is not executable (chmod +x)"
+                )
+            raise AgentConfigError(f"{option}: program {program!r} not found (not on PATH)")
+        path = found
+    if not os.path.isfile(path):
+        raise AgentConfigError(f"{option}: program {program!r} is not a file")
+    if not os.access(path, os.X_OK) or not os.stat(path).st_mode & 0o111:
+        raise AgentConfigError(f"{option}: program {program!r} is not executable (chmod +x)")
+    interpreter = shebang_interpreter(path)
+    if interpreter is not None and not _interpreter_exists(interpreter):
+        raise AgentConfigError(
+            f"{option}: program {program!r} names the interpreter {' '.join(interpreter)!r} "
+            "in its #! line, which does not exist"
+        )
+    return path
+
+
+def shebang_interpreter(path: str) -> list[str] | None:
+    """The words of a script's ``#!`` line (``["/usr/bin/env", "python3"]``), or None."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    line = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    return line.split() or None
+
+
+def _interpreter_exists(words: list[str]) -> bool:
+    """Whether a ``#!`` line's program exists, and for ``env NAME`` whether ``NAME`` does."""
+    program = words[0]
+    if not (os.path.isfile(program) and os.access(program, os.X_OK)):
+        return False
+    if os.path.basename(program) == "env":
+        names = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        return not names or shutil.which(names[0]) is not None
+    return True
 
 
 def last_line_reward(stdout: str) -> Any:
@@ -379,18 +558,36 @@ def last_line_reward(stdout: str) -> Any:
     return value if isinstance(value, dict) else None
 
 
-async def _read_tail(stream: asyncio.StreamReader | None, limit: int) -> str:
+@dataclass(frozen=True)
+class OutputTail:
+    """The end of what a program wrote to one pipe."""
+
+    text: str
+    """The last ``limit`` bytes, decoded."""
+    dropped: int
+    """Bytes before them that were not kept."""
+
+    def last_line_cut(self) -> bool:
+        """Whether the last non-empty line began before what was kept (it is longer
+        than the limit, so it cannot be read)."""
+        body = self.text.rstrip("\r\n\t ")
+        return self.dropped > 0 and bool(body) and "\n" not in body
+
+
+async def _read_tail(stream: asyncio.StreamReader | None, limit: int) -> OutputTail:
     """Read a pipe to its end, keeping the last ``limit`` bytes."""
     if stream is None:
-        return ""
+        return OutputTail("", 0)
     chunks: collections.deque[bytes] = collections.deque()
-    size = 0
+    size = total = 0
     while chunk := await stream.read(65536):
         chunks.append(chunk)
         size += len(chunk)
+        total += len(chunk)
         while size - len(chunks[0]) >= limit:
             size -= len(chunks.popleft())
-    return b"".join(chunks)[-limit:].decode("utf-8", errors="replace")
+    kept = b"".join(chunks)[-limit:]
+    return OutputTail(kept.decode("utf-8", errors="replace"), total - len(kept))
 
 
 def kill_process_group(pid: int) -> None:
@@ -407,24 +604,38 @@ class CommandProgram:
         self.extra_env = dict(env or {})
         self.description = f"command {' '.join(command)}"
 
-    def environment(self, task: dict[str, Any], llm: LLM) -> dict[str, str]:
-        return {
+    def environment(
+        self, task: dict[str, Any], llm: LLM, task_file: str | None = None
+    ) -> dict[str, str]:
+        """The command's environment; ``task_file`` holds the task (``TURNRL_TASK_FILE``),
+        ``TURNRL_TASK`` is set too when the task's JSON is small enough for one variable."""
+        task_json = json.dumps(task, ensure_ascii=False)
+        env = {
             **os.environ,
             **self.extra_env,
             **llm.env,
             "OPENAI_BASE_URL": llm.base_url,
             "OPENAI_API_KEY": llm.api_key,
             "OPENAI_MODEL": llm.model,
-            "TURNRL_TASK": json.dumps(task, ensure_ascii=False),
             "TURNRL_ROLLOUT_ID": llm.rollout_id,
             "TURNRL_REWARD_URL": llm.reward_url,
         }
+        env.pop("TURNRL_TASK", None)
+        if len(task_json.encode("utf-8")) <= TASK_ENV_MAX_BYTES:
+            env["TURNRL_TASK"] = task_json
+        if task_file is not None:
+            env["TURNRL_TASK_FILE"] = task_file
+        return env
 
     async def run(self, task: dict[str, Any], llm: LLM, timeout_s: float) -> AgentOutput:
+        with task_file(task) as path:
+            return await self._run(self.environment(task, llm, path), timeout_s)
+
+    async def _run(self, env: dict[str, str], timeout_s: float) -> AgentOutput:
         try:
             process = await asyncio.create_subprocess_exec(
                 *self.argv,
-                env=self.environment(task, llm),
+                env=env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -452,20 +663,45 @@ class CommandProgram:
             _done, pending = await asyncio.wait(readers, timeout=KILL_GRACE_S)
             for reader in pending:  # a grandchild that left the group holds a pipe open
                 reader.cancel()
-        stdout, stderr = (r.result() if r.done() and not r.cancelled() else "" for r in readers)
+        out, err = (
+            r.result() if r.done() and not r.cancelled() else OutputTail("", 0) for r in readers
+        )
+        stdout, stderr = out.text, err.text
         details = f"exit code {exit_code}\n--- stderr ---\n{stderr}\n--- stdout ---\n{stdout}"
         if exit_code is None:
             raise AgentFailed(f"timed out after {timeout_s:g} s (killed)", details)
         if exit_code != 0:
             last = stderr.strip().splitlines()[-1:] or ["(no stderr)"]
             raise AgentFailed(f"exited with code {exit_code}: {last[0][:200]}", details)
+        value = last_line_reward(stdout)
+        if value is None and out.last_line_cut():
+            raise AgentFailed(
+                f"the last line of stdout (the reward line) is too long: over "
+                f"{OUTPUT_TAIL_BYTES} bytes, the most a reward line may have "
+                f"({out.dropped + len(stdout.encode()):,} bytes of stdout in all)",
+                f"exit code 0\n--- stderr ---\n{stderr}\n--- stdout (its end) ---\n"
+                f"{stdout[-2000:]}",
+            )
         return AgentOutput(
-            value=last_line_reward(stdout),
+            value=value,
             exit_code=exit_code,
             stdout=stdout,
             stderr=stderr,
             details=details,
         )
+
+
+@contextlib.contextmanager
+def task_file(task: dict[str, Any]) -> Iterator[str]:
+    """A private temporary file holding ``task`` as JSON (removed afterwards)."""
+    fd, path = tempfile.mkstemp(prefix="turnrl-task-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(task, handle, ensure_ascii=False)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def make_program(

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from turnrl.io import atomic_write_text
 from turnrl.train.agent_programs import LLM, AgentFailed, AgentProgram, reward_of
+from turnrl.train.process_tree import no_process_left
 from turnrl.types import Task, TurnRecord
 
 
@@ -125,9 +126,12 @@ class AgentRunner:
         """Run every ``(rollout_id, task)`` job; results in job order.
 
         ``failure_dir`` receives one file per failed rollout; ``on_done`` is called
-        as each rollout ends (progress bars).
+        as each rollout ends (progress bars). Processes the agents started and left
+        running (outside their process group) are killed at the end of the batch
+        (:func:`~turnrl.train.process_tree.no_process_left`).
         """
-        return asyncio.run(self._run_all(jobs, failure_dir, on_done))
+        with no_process_left():
+            return asyncio.run(self._run_all(jobs, failure_dir, on_done))
 
     async def _run_all(
         self,

@@ -270,8 +270,11 @@ class AgentConfig:
     "info": {...}}``; run in this process, once per rollout."""
     command: list[str] = field(default_factory=list)
     """A program run once per rollout, e.g. ``["python", "my_agent.py"]``; its environment
-    has ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``OPENAI_MODEL`` and ``TURNRL_TASK``
-    (JSON); it prints ``{"reward": x}`` as its last stdout line or POSTs it."""
+    has ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``OPENAI_MODEL``, ``TURNRL_TASK_FILE``
+    (a file holding the task as JSON) and, for tasks up to 64 KiB, ``TURNRL_TASK`` (the
+    JSON itself); it prints ``{"reward": x}`` as its last stdout line or POSTs it. Checked
+    before any work: it must exist, be executable, and name an existing ``#!``
+    interpreter."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for ``command``."""
     model: str = "agent"
@@ -313,7 +316,9 @@ class TasksConfig:
     optional ``tags``) or a built-in task set by name (``calculator``)."""
     eval: str | None = None
     """Held-out tasks (a file or a built-in set); unset: a built-in ``train`` set drawn from
-    another seed, and no evaluation when ``train`` is a file."""
+    another seed. Required when ``train`` is a file: the loop always evaluates (after the
+    warm start, every ``train.eval_every`` steps, at the end), and a file's tasks are all
+    trained on, so nothing of it is held out."""
     n_train: int = 512
     """Tasks drawn from a built-in training set (a file is used whole)."""
     n_eval: int = 64

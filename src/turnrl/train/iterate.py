@@ -61,7 +61,7 @@ import torch
 from turnrl.credit import compute_credit
 from turnrl.envs import demonstration, make_env
 from turnrl.errors import ConfigError
-from turnrl.io import atomic_write_json, atomic_write_text
+from turnrl.io import atomic_write_json, atomic_write_text, replace_directory
 from turnrl.policy import HFPolicy
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, run_episodes
@@ -691,7 +691,8 @@ class IterativeGRPO:
             },
         )
         if self.config.save_policies:
-            self.policy.save(out / "policy")
+            with replace_directory(out / "policy") as directory:
+                self.policy.save(directory)
 
     def _checkpoint(self) -> None:
         """Everything the next iteration needs, written atomically (Q is in iter-NNN/q)."""
@@ -777,7 +778,8 @@ class IterativeGRPO:
             self.iteration = iteration
             self._checkpoint()
             run.log(describe_row(row))
-        self.policy.save(self.run_dir / "final_policy")
+        with replace_directory(self.run_dir / "final_policy") as directory:
+            self.policy.save(directory)
         if not self.has_env and cfg.iterations > 1:
             run.log("no environment configured: stopped after improving on the logs")
         return self.run_dir

@@ -47,6 +47,7 @@ from turnrl.policy.tree_layout import split_rows
 from turnrl.rollout.tokens import trie_size
 from turnrl.table import TurnTable
 from turnrl.train.config import PPOConfig
+from turnrl.train.credit_check import check_finite_credit
 from turnrl.train.loss import aggregation_weights, ppo_clip_loss
 from turnrl.train.memory import ActivationMeter, cuda_peak
 from turnrl.train.minibatches import row_minibatches, tree_minibatches
@@ -100,8 +101,11 @@ def build_update_batch(
     Rows without response tokens, and rows marked ``train = false`` (tree
     rollouts' copies of shared turns: they count in the credit table, for returns
     and trajectory structure, but are updated on once, through the original), are
-    left out; ``advantages`` and ``clip_factor`` are per record, as ``table``.
+    left out; ``advantages`` and ``clip_factor`` are per record, as ``table``. A
+    non-finite return or advantage is refused here, before any update
+    (:func:`~turnrl.train.credit_check.check_finite_credit`).
     """
+    check_finite_credit(table, advantages)
     keep = [i for i, r in enumerate(records) if r.response_ids and r.train]
     if not keep:
         raise ValueError("no record to update on (every row is train=false or has no response)")

@@ -26,7 +26,15 @@ unless ``resume`` (and then only if the config differs from the run's
 ``config.toml`` in nothing but the fields the config class lists in
 ``MAY_CHANGE_ON_RESUME``) or ``overwrite`` (the directory is emptied when the run
 starts). A non-empty directory that holds no run is refused always: it is not ours
-to empty. Nothing is written before :meth:`RunDirectory.start`.
+to empty. Nothing is written before :meth:`RunDirectory.start` but the lock.
+
+One process at a time: an existing run directory is locked
+(:mod:`turnrl.train.run_lock`, ``.turnrl.lock``) by :meth:`RunDirectory.open`, a new
+one by :meth:`RunDirectory.start`, until :meth:`RunDirectory.close` or the process
+ends; another process is refused with the holder's pid. Where the directory cannot
+be written (a read-only parent, no space left, deleted while the run runs), or a
+resumed run has no readable checkpoint, the error is one line naming the path and
+the cause (a :class:`~turnrl.errors.TurnrlError`: exit code 2).
 
 Files of a run directory (written here; trainers add their own)::
 
@@ -43,7 +51,11 @@ Seeds: every random stream of a run derives from the config's seed through
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import tempfile
+import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +63,16 @@ from typing import Any
 
 import numpy as np
 
-from turnrl.errors import UsageError
-from turnrl.io import append_jsonl, atomic_write_json, atomic_write_text, truncate_jsonl_steps
+from turnrl.errors import OutputError, UsageError
+from turnrl.io import (
+    WRITE_FAILURES,
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_text,
+    naming_write_failures,
+    replace_directory,
+    truncate_jsonl_steps,
+)
 from turnrl.train.config import (
     EnvConfig,
     PolicyConfig,
@@ -62,6 +82,8 @@ from turnrl.train.config import (
     config_to_toml_text,
     load_config,
 )
+from turnrl.train.run_lock import LOCK_FILE, RunLock
+from turnrl.train.run_lock import acquire as acquire_lock
 from turnrl.types import Task
 
 CONFIG_FILE = "config.toml"
@@ -119,6 +141,29 @@ class RunDirectoryError(UsageError):
 def holds_run(path: Path) -> bool:
     """Whether ``path`` holds a run: every trainer writes ``config.toml`` first."""
     return (path / CONFIG_FILE).is_file()
+
+
+def run_entries(path: Path) -> list[Path]:
+    """What a directory holds, but the run lock file (which is no content)."""
+    return [entry for entry in path.iterdir() if entry.name != LOCK_FILE]
+
+
+def check_creatable(path: Path) -> None:
+    """Refuse, before any work, a missing run directory that cannot be created: its
+    nearest existing ancestor must take a new entry (tried with an empty temporary
+    file, removed at once: ``os.access`` approves a read-only file system for root)."""
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputError(f"run_dir {path}: cannot create it: {parent} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".turnrl-probe-")
+    except OSError as err:
+        why = WRITE_FAILURES.get(err.errno or 0, err.strerror)
+        raise OutputError(f"run_dir {path}: cannot create it in {parent} ({why})") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -211,6 +256,21 @@ class RunDirectory:
         self.keep_checkpoints = keep_checkpoints
         self.quiet = quiet
         self.started = False
+        self._lock: RunLock | None = None
+        self._identity: tuple[int, int] | None = None
+        """``(st_dev, st_ino)`` of the directory once started (to notice its deletion)."""
+        self._release: weakref.finalize | None = None
+
+    def _hold(self, lock: RunLock) -> None:
+        """Keep ``lock`` until :meth:`close` or until this object is gone."""
+        self._lock = lock
+        self._release = weakref.finalize(self, lock.release)
+
+    def close(self) -> None:
+        """Release the run directory's lock (it is also released when this object is
+        garbage-collected, and by the kernel when the process ends)."""
+        if self._release is not None:
+            self._release()
 
     @classmethod
     def open(
@@ -235,10 +295,40 @@ class RunDirectory:
         if resume and overwrite:
             raise RunDirectoryError("--resume and --overwrite exclude each other")
         path = Path(config.run_dir)
-        resuming = False
         if path.exists() and not path.is_dir():
             raise RunDirectoryError(f"run_dir {path} exists and is not a directory")
-        if path.is_dir() and any(path.iterdir()):
+        if not path.exists():
+            check_creatable(path)
+            return cls(
+                path,
+                config,
+                resuming=False,
+                clear=False,
+                keep_checkpoints=keep_checkpoints,
+                quiet=quiet,
+            )
+        lock = acquire_lock(path)  # first: a second process is refused before anything else
+        try:
+            run = cls._open_existing(path, config, resume, overwrite, keep_checkpoints, quiet)
+        except BaseException:
+            lock.release()
+            raise
+        run._hold(lock)
+        return run
+
+    @classmethod
+    def _open_existing(
+        cls,
+        path: Path,
+        config: Any,
+        resume: bool,
+        overwrite: bool,
+        keep_checkpoints: int,
+        quiet: bool,
+    ) -> RunDirectory:
+        """The guard's rules for a directory that exists (see :meth:`open`)."""
+        resuming = False
+        if run_entries(path):
             if not holds_run(path):
                 raise RunDirectoryError(
                     f"run_dir {path} is not empty and holds no turnrl run (no {CONFIG_FILE}); "
@@ -270,14 +360,19 @@ class RunDirectory:
         ``metrics.jsonl`` back to its step. Returns that checkpoint, or None for a
         fresh start (then an old ``metrics.jsonl`` of a run killed before its first
         checkpoint is removed: its steps are redone)."""
+        with naming_write_failures(self.path):
+            self.path.mkdir(parents=True, exist_ok=True)
+        if self._lock is None:
+            self._hold(acquire_lock(self.path))
         if self._clear:
-            for entry in self.path.iterdir():
+            for entry in run_entries(self.path):
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry)
                 else:
                     entry.unlink()
-        self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path / CONFIG_FILE, config_to_toml_text(self.config))
+        info = os.stat(self.path)
+        self._identity = (info.st_dev, info.st_ino)
         self.started = True
         checkpoint = self.load_checkpoint() if self.resuming else None
         if checkpoint is None:
@@ -295,7 +390,23 @@ class RunDirectory:
         """Append one metrics row (it needs a ``step``), crash-safely."""
         if "step" not in row:
             raise ValueError("a metrics row needs a 'step'")
+        self.check_present()
         append_jsonl(self.metrics_path, dict(row))
+
+    def check_present(self) -> None:
+        """Refuse to write on when the run directory was deleted (or replaced) since
+        :meth:`start`: writing would recreate a directory holding only later steps."""
+        if self._identity is None:
+            return
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            info = None
+        if info is None or (info.st_dev, info.st_ino) != self._identity:
+            raise RunDirectoryError(
+                f"run_dir {self.path} was deleted or replaced while the run was running; "
+                "stopped without writing more"
+            )
 
     # ------------------------------------------------------------ checkpoints
     def save_checkpoint(
@@ -309,6 +420,7 @@ class RunDirectory:
         right after finishing the step); keeps the newest ``keep_checkpoints``."""
         from turnrl.train.checkpoint import save_checkpoint
 
+        self.check_present()
         return save_checkpoint(
             self.path,
             step,
@@ -322,7 +434,20 @@ class RunDirectory:
         """The newest readable checkpoint, or None when there is none."""
         from turnrl.train.checkpoint import load_latest_checkpoint
 
-        payload = load_latest_checkpoint(self.path)
+        try:
+            with warnings.catch_warnings(record=True) as skipped:  # said below, or not at all
+                warnings.simplefilter("always")
+                payload = load_latest_checkpoint(self.path)
+        except ValueError as err:
+            tried = " ".join(str(err).splitlines()[1:]) or str(err)
+            raise RunDirectoryError(
+                f"cannot resume {self.path}: no readable checkpoint ({tried}); remove the "
+                "damaged files to resume from an earlier checkpoint, or use --overwrite"
+            ) from None
+        for warning in skipped:  # an older checkpoint is used: say why
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
         if payload is None:
             return None
         return Checkpoint(
@@ -370,7 +495,9 @@ class RunDirectory:
                     lr_schedule=cfg.lr_schedule,
                 )
             atomic_write_json(self.path / "warm_start_losses.json", losses)
-        policy.save(self.warm_start_dir)
+        self.check_present()
+        with replace_directory(self.warm_start_dir) as directory:
+            policy.save(directory)
         return policy
 
     def _tree_budget(self) -> int | None:

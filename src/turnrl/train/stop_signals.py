@@ -1,0 +1,77 @@
+"""SIGTERM and SIGINT stop a training command cleanly.
+
+``timeout``, SLURM and Kubernetes send SIGTERM; a user presses Ctrl-C (SIGINT).
+Inside :func:`stopping_on_signals` either one raises :class:`RunInterrupted` in the
+main thread, wherever it is: the step in progress is abandoned (its writes are
+atomic, so nothing partial is kept; the next ``--resume`` redoes it from the last
+checkpoint), the agent runner's event loop cancels its rollouts (killing each
+command's process group), and on the way out every process started below the
+trainer is killed (:mod:`turnrl.train.process_tree`). The command then prints one
+line and exits with ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), as a shell
+reports a process killed by that signal. A second signal during the cleanup is
+ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from turnrl.train.process_tree import descendants, kill_new_descendants, subreaper
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class RunInterrupted(BaseException):
+    """A stop signal arrived (a ``BaseException``, as ``KeyboardInterrupt``: code that
+    catches ``Exception`` must not swallow it)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """Run the body with SIGTERM/SIGINT raising :class:`RunInterrupted` (main thread
+    only; elsewhere the body runs unchanged), as a child subreaper, and kill every
+    process started below this one when leaving."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    with subreaper(), _raising_on_signals() as stopping:
+        before = descendants()
+        try:
+            yield
+        finally:
+            stopping.append(0)  # a signal during the cleanup is ignored
+            kill_new_descendants(before)
+
+
+@contextlib.contextmanager
+def _raising_on_signals() -> Iterator[list[int]]:
+    """The first SIGTERM/SIGINT raises :class:`RunInterrupted`, later ones are ignored
+    (as all are once anything is appended to the yielded list); the previous handlers
+    are restored after."""
+    fired: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if fired:  # already stopping
+            return
+        fired.append(signum)
+        raise RunInterrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield fired
+    finally:
+        fired.append(0)
+        for s, old in previous.items():
+            signal.signal(s, old)
