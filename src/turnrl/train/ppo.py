@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from turnrl.policy import HFPolicy
+from turnrl.policy.trainable import TrainablePolicy
 from turnrl.policy.tree_layout import split_rows
 from turnrl.rollout.tokens import trie_size
 from turnrl.table import TurnTable
@@ -124,13 +124,13 @@ def build_update_batch(
 
 
 def ppo_update(
-    policy: HFPolicy,
+    policy: TrainablePolicy,
     optimizer: torch.optim.Optimizer,
     batch: UpdateBatch,
     config: PPOConfig,
     *,
     temperature: float,
-    reference: HFPolicy | None,
+    reference: TrainablePolicy | None,
     seed: int,
 ) -> dict[str, float]:
     """``config.epochs`` passes of mini-batch PPO-clip steps over one batch of turns.
@@ -202,8 +202,8 @@ def _forwards(batch: UpdateBatch, rows: list[int], config: PPOConfig) -> list[li
 
 
 def _minibatch_loss(
-    policy: HFPolicy,
-    reference: HFPolicy | None,
+    policy: TrainablePolicy,
+    reference: TrainablePolicy | None,
     batch: UpdateBatch,
     rows: list[int],
     config: PPOConfig,
@@ -238,7 +238,7 @@ def _minibatch_loss(
 
 
 def _logprobs(
-    policy: HFPolicy,
+    policy: TrainablePolicy,
     contexts: list[list[int]],
     responses: list[list[int]],
     config: PPOConfig,
