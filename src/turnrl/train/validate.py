@@ -293,6 +293,7 @@ def _credit(credit: CreditConfig, p: Problems) -> None:
 
 @register_check(PPOConfig)
 def _ppo(ppo: PPOConfig, p: Problems) -> None:
+    p.at_least("tis_cap", ppo.tis_cap, 0.0)
     p.above("lr", ppo.lr, 0)
     p.at_least("minibatch_size", ppo.minibatch_size, 1)
     p.at_least("epochs", ppo.epochs, 1)
