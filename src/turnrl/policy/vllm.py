@@ -39,18 +39,22 @@ so rollouts on vLLM log no ``tokens_computed``.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import tempfile
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from turnrl.policy import lora
 from turnrl.policy.batching import check_lengths
 from turnrl.policy.chat import ChatFormat
+from turnrl.policy.hf import transformers_progress_off
 from turnrl.types import Message, Sample
 
 __all__ = ["VLLMPolicy", "row_seeds"]
@@ -70,6 +74,18 @@ def row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int | None]:
             raise ValueError(f"seed: {len(seed)} per-row seeds for {rows} contexts")
         return [int(s) for s in seed]
     return [(int(seed) * SEED_STRIDE + i) % 2**31 for i in range(rows)]
+
+
+@contextmanager
+def global_random_state_kept() -> Iterator[None]:
+    """Restore Python's, numpy's and torch's global random states after the block."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
 
 
 def in_process_engine() -> None:
@@ -107,13 +123,15 @@ class VLLMPolicy:
         dtype: str = "float32",
         seed: int = 0,
         max_model_len: int | None = 4096,
-        kv_cache_gib: float | None = None,
+        kv_cache_gib: int | None = None,
         **engine_kwargs: Any,
     ) -> VLLMPolicy:
         """An engine on the model saved in ``path`` (weights and ``config.json``; nothing
         is downloaded). ``tokenizer`` defaults to the one saved there. ``kv_cache_gib``
-        sets the CPU KV cache size (vLLM's ``VLLM_CPU_KVCACHE_SPACE``, unless already
-        set); ``engine_kwargs`` go to ``vllm.LLM``."""
+        sets the CPU KV cache size in GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``, unless
+        already set); ``engine_kwargs`` go to ``vllm.LLM``. The engine seeds the global
+        random streams of the process it runs in; they are restored afterwards, so
+        starting an engine does not change the trainer's draws."""
         in_process_engine()
         if kv_cache_gib is not None:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -123,16 +141,17 @@ class VLLMPolicy:
             from turnrl.policy.chat import load_tokenizer
 
             tokenizer = load_tokenizer(path)
-        llm = LLM(
-            model=str(path),
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs",
-            skip_tokenizer_init=True,
-            **engine_kwargs,
-        )
+        with global_random_state_kept():
+            llm = LLM(
+                model=str(path),
+                dtype=dtype,
+                seed=seed,
+                max_model_len=max_model_len,
+                enable_prefix_caching=True,
+                logprobs_mode="processed_logprobs",
+                skip_tokenizer_init=True,
+                **engine_kwargs,
+            )
         return cls(llm, tokenizer, end_of_turn=end_of_turn)
 
     @classmethod
@@ -145,8 +164,9 @@ class VLLMPolicy:
             model = learner.model
             if lora.is_adapter_model(model):
                 model = lora.merged_copy(model)
-            model.save_pretrained(str(workdir))
-            learner.tokenizer.save_pretrained(str(workdir))
+            with transformers_progress_off():
+                model.save_pretrained(str(workdir))
+                learner.tokenizer.save_pretrained(str(workdir))
             dtype = str(learner.dtype).removeprefix("torch.")
             options.setdefault("max_model_len", learner.max_context)
             policy = cls.from_directory(
