@@ -123,18 +123,17 @@ class VLLMPolicy:
         dtype: str = "float32",
         seed: int = 0,
         max_model_len: int | None = 4096,
-        kv_cache_gib: int | None = None,
+        kv_cache_gib: float = 1.0,
         **engine_kwargs: Any,
     ) -> VLLMPolicy:
         """An engine on the model saved in ``path`` (weights and ``config.json``; nothing
         is downloaded). ``tokenizer`` defaults to the one saved there. ``kv_cache_gib``
-        sets the CPU KV cache size in GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``, unless
-        already set); ``engine_kwargs`` go to ``vllm.LLM``. The engine seeds the global
-        random streams of the process it runs in; they are restored afterwards, so
-        starting an engine does not change the trainer's draws."""
+        sizes the KV cache (vLLM's ``kv_cache_memory_bytes``: an explicit size, so the
+        engine does not try to reserve most of the machine's memory, which it refuses to
+        start without on a shared CPU machine); ``engine_kwargs`` go to ``vllm.LLM``.
+        The engine seeds the global random streams of the process it runs in; they are
+        restored afterwards, so starting an engine does not change the trainer's draws."""
         in_process_engine()
-        if kv_cache_gib is not None:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         from vllm import LLM
 
         if tokenizer is None:
@@ -150,6 +149,7 @@ class VLLMPolicy:
                 enable_prefix_caching=True,
                 logprobs_mode="processed_logprobs",
                 skip_tokenizer_init=True,
+                kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
                 **engine_kwargs,
             )
         return cls(llm, tokenizer, end_of_turn=end_of_turn)
