@@ -78,6 +78,7 @@ def measure(args: argparse.Namespace) -> dict:
         samples = sampler.sample(contexts, max_new_tokens=args.tokens, temperature=1.0, seed=k + 1)
         seconds = time.perf_counter() - start
         rates.append(sum(len(s.response_ids) for s in samples) / seconds)
+    mismatch = learner_mismatch(learner, contexts, samples)
     weight_bytes = sum(p.numel() * p.element_size() for p in learner.model.parameters())
     return {
         "backend": args.backend,
@@ -88,7 +89,21 @@ def measure(args: argparse.Namespace) -> dict:
         "tokens_per_s": rates,
         "weight_bytes": weight_bytes,
         "dtype": str(learner.dtype).removeprefix("torch."),
+        **mismatch,
     }
+
+
+def learner_mismatch(learner, contexts: list[list[int]], samples: list) -> dict[str, float]:
+    """The ``mismatch_*`` metrics of the last batch: the learner's recomputation of every
+    sampled token's log-prob against the sampler's."""
+    from turnrl.train.mismatch import mismatch_stats
+    from turnrl.train.ppo import pad_rows
+
+    responses = [list(s.response_ids) for s in samples]
+    with torch.no_grad():
+        logp_B_T, mask_B_T = learner.response_logprobs(contexts, responses, temperature=1.0)
+    sampler_B_T = pad_rows([list(s.logprobs) for s in samples], logp_B_T.shape[1])
+    return mismatch_stats(logp_B_T.float(), sampler_B_T, mask_B_T)
 
 
 def report(directory: Path) -> str:
@@ -111,7 +126,16 @@ def report(directory: Path) -> str:
             f"{run['prompts']} x {run['max_new_tokens']} | {median:.0f} | {rates} | "
             f"{bound:.0f} | {median / bound:.1%} |"
         )
-    lines += ["", f"vllm / hf: {medians['vllm'] / medians['hf']:.2f}x"]
+    lines += ["", f"vllm / hf: {medians['vllm'] / medians['hf']:.2f}x", ""]
+    lines += ["| backend | mismatch_logp_abs_mean | _max | mismatch_kl | seq ratio min - max |"]
+    lines += ["|---|---|---|---|---|"]
+    for run in runs:
+        if "mismatch_logp_abs_mean" in run:
+            lines.append(
+                f"| {run['backend']} | {run['mismatch_logp_abs_mean']:.2e} | "
+                f"{run['mismatch_logp_abs_max']:.2e} | {run['mismatch_kl']:.2e} | "
+                f"{run['mismatch_seq_ratio_min']:.5f} - {run['mismatch_seq_ratio_max']:.5f} |"
+            )
     return "\n".join(lines)
 
 

