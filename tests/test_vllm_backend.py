@@ -117,6 +117,33 @@ def test_same_seed_same_samples_and_row_seeds(engine: VLLMPolicy) -> None:
     assert row_seeds(7, 2) == [7 * 1_000_003 % 2**31, (7 * 1_000_003 + 1) % 2**31]
 
 
+@pytest.mark.parametrize("strategy", ["rtpo", "patr"])
+def test_tree_strategies_sample_through_the_engine(engine: VLLMPolicy, strategy: str) -> None:
+    """Tree rollouts branch from saved states: every record's log-probs are the engine's
+    and agree with the learner on the record's exact context."""
+    from conftest import ParityEnv, parity_tasks
+    from turnrl.rollout import StrategyContext, get_strategy
+
+    model = learner()
+    push_weights(model, engine, 0)
+
+    def learn(records: list) -> dict[str, float]:  # RTPO skips tied positions: maybe never
+        return {}
+
+    ctx = StrategyContext(
+        policy=engine, make_env=ParityEnv, max_new_tokens=6, temperature=1.0, learn=learn,
+        seed=0, traj_prefix="t-",
+    )  # fmt: skip
+    experience = get_strategy(strategy)(ctx, parity_tasks(2, 0), 2)
+    records = [r for r in experience.batch.records if r.response_ids]
+    assert len({r.traj_id for r in records}) > 2  # branches, not only the trunks
+    for r in records:
+        with torch.no_grad():
+            logp, _ = model.response_logprobs([r.prompt_ids], [r.response_ids], temperature=1.0)
+        gap = max(abs(float(logp[0, t]) - lp) for t, lp in enumerate(r.logprobs))
+        assert gap < LOGP_TOL, (r.traj_id, r.turn)
+
+
 # ----------------------------------------------------------------------------- weight sync
 
 

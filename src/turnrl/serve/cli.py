@@ -154,7 +154,7 @@ def add_serve_command(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "serve", help="OpenAI-compatible endpoint that records agent calls as turn records"
     )
-    p.add_argument("--policy", default="tiny", help="policy directory, or 'tiny' (default)")
+    p.add_argument("--policy", default="tiny", help="directory, 'smollm2' or 'tiny' (default)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (loopback only by default)")
     p.add_argument("--port", type=port_number, default=8000, help="0 = any free port")
     p.add_argument("--records", help="append finished trajectories to this JSONL file")
