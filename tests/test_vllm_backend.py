@@ -231,3 +231,27 @@ def test_training_pushes_every_update_to_the_engine(tmp_path: Path, tiny_train) 
     assert all(r["mismatch_logp_abs_max"] < 1e-3 for r in steps)
     assert all(r["grad_norm"] > 0 for r in steps)  # every update changed the weights
     trainer.rollout_policy.close()
+
+
+def test_a_resumed_run_samples_from_the_checkpoints_weights(tmp_path: Path, tiny_train) -> None:
+    """Killed after step 1 and resumed: the new engine starts from the checkpoint (not the
+    warm start), so step 2's samples agree with the learner and the version carries on."""
+    from conftest import PARITY
+    from turnrl.train.online import OnlineTrainer
+
+    config = tiny_train(
+        tmp_path / "run", *PARITY, *VLLM_HEADS, "policy.backend=vllm", "train.steps=2",
+        "train.log_mismatch=true", "train.eval_every=0", "train.checkpoint_every=1",
+    )  # fmt: skip
+    first = OnlineTrainer(config, quiet=True)
+    first.run(stop_after=1)
+    first.rollout_policy.close()
+    resumed = OnlineTrainer(config, resume=True, quiet=True)
+    resumed.run()
+    assert resumed.policy_version == resumed.rollout_policy.policy_version == 2
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    rows = [json.loads(line) for line in metrics.splitlines()]
+    step2 = [r for r in rows if r["step"] == 2]
+    assert len(step2) == 1 and step2[0]["mismatch_logp_abs_max"] < 1e-3
+    assert step2[0]["grad_norm"] > 0
+    resumed.rollout_policy.close()
