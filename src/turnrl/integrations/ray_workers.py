@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.envs import make_env
-from turnrl.policy import HFPolicy
+from turnrl.policy.factory import load_policy
 from turnrl.rollout.runner import (
     RolloutBatch,
     continue_episodes,
@@ -449,12 +449,13 @@ def pool_for_config(
     """The pool ``rollout.workers`` and ``rollout.ray_address`` ask for.
 
     Workers build their policy with ``policy_factory``; the default loads the run's
-    ``warm_start/`` directory (written by the trainer before its first push, and read
+    ``warm_start/`` directory (through :func:`turnrl.policy.factory.load_policy`, on
+    ``policy.device`` in ``policy.dtype``) (written by the trainer before its first push, and read
     by the workers only then), so on a cluster the run directory must be on a
     filesystem every node sees.
     """
     factory = policy_factory or partial(
-        HFPolicy.from_pretrained, str(Path(config.run_dir) / "warm_start")
+        load_policy, str(Path(config.run_dir) / "warm_start"), config.policy
     )
     return RayRolloutPool(
         factory,

@@ -6,6 +6,7 @@ a randomly initialised character-level Qwen2 model for tests and smoke runs.
 
 from __future__ import annotations
 
+from turnrl.policy.factory import build_tiny_policy
 from turnrl.policy.hf import HFPolicy, load_tokenizer
 from turnrl.policy.tiny import build_tiny_model, build_tiny_tokenizer
 
@@ -16,9 +17,3 @@ __all__ = [
     "build_tiny_tokenizer",
     "load_tokenizer",
 ]
-
-
-def build_tiny_policy(seed: int = 0, **model_kwargs: int) -> HFPolicy:
-    """An ``HFPolicy`` on a fresh tiny model (see :func:`build_tiny_model` for kwargs)."""
-    tokenizer = build_tiny_tokenizer()
-    return HFPolicy(build_tiny_model(tokenizer, seed=seed, **model_kwargs), tokenizer)

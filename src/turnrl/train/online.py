@@ -29,6 +29,8 @@ from turnrl.credit import compute_credit, get_estimator
 from turnrl.envs import make_env
 from turnrl.io import atomic_write_text
 from turnrl.policy import HFPolicy
+from turnrl.policy.factory import build_sampler
+from turnrl.policy.sync import push_weights
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, StrategyContext, get_strategy, run_episodes
 from turnrl.rollout.strategies import RolloutPool
@@ -120,6 +122,9 @@ class OnlineTrainer:
         the weights before the first step and after every update."""
         self.policy_version = 0
         """Updates applied so far: the version of the weights pushed to ``pool``."""
+        self.rollout_policy: Any = None
+        """What rollouts sample with (``policy.backend``): the learner itself, or a vLLM
+        engine that gets the learner's weights after every update (set up in ``_setup``)."""
         self.learned: dict[tuple[str, int], tuple[TurnRecord, float]] = {}
         """This step's rows that credit was computed on, by ``(traj_id, turn)``: the record
         credit saw (with ``info_gain`` when computed) and its advantage, for the log."""
@@ -158,8 +163,14 @@ class OnlineTrainer:
             self.env_steps = int(checkpoint.extra["env_steps"])
             self.tokens = int(checkpoint.extra["tokens"])
             self.policy_version = int(checkpoint.extra.get("policy_version", self.step))
+        self.rollout_policy = build_sampler(self.config.policy, self.policy)
+        self._push_weights()
+
+    def _push_weights(self) -> None:
+        """The learner's weights, as ``policy_version``, to every sampler that is not it."""
+        push_weights(self.policy, self.rollout_policy, self.policy_version)
         if self.pool is not None:
-            self.pool.push_weights(self.policy.state_dict(), self.policy_version)
+            push_weights(self.policy, self.pool, self.policy_version)
 
     def _checkpoint(self) -> None:
         assert self.optimizer is not None
@@ -181,7 +192,7 @@ class OnlineTrainer:
     ) -> RolloutBatch:
         self.policy.model.eval()
         return run_episodes(
-            PrefixReuse(self.policy),  # earlier turns and the shared prompt encoded once
+            PrefixReuse(self.rollout_policy),  # earlier turns and the shared prompt encoded once
             self._make_env,
             tasks,
             group_size=group_size,
@@ -230,8 +241,7 @@ class OnlineTrainer:
         )
         losses = self.update(update)
         self.policy_version += 1
-        if self.pool is not None:
-            self.pool.push_weights(self.policy.state_dict(), self.policy_version)
+        self._push_weights()
         return {
             **advantage_metrics(table, credit.advantages, cfg.credit.estimator),
             **losses,
@@ -250,7 +260,7 @@ class OnlineTrainer:
         )
         self.policy.model.eval()
         context = StrategyContext(
-            policy=self.policy,
+            policy=self.rollout_policy,
             make_env=self._make_env,
             max_new_tokens=cfg.policy.max_new_tokens,
             temperature=cfg.policy.temperature,

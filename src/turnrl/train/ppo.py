@@ -33,24 +33,31 @@ as the rollouts' ``tokens_unique``; the tree layout can go below it, because
 rows of different tasks in one forward share their common prefix, e.g. the
 system prompt), all summed over epochs, and peak memory
 (:mod:`turnrl.train.memory`).
+
+Train/inference mismatch (``log_mismatch``, ``tis_cap``; :mod:`turnrl.train.mismatch`):
+before the first step the learner recomputes every row's log-probs, the ``mismatch_*``
+metrics compare them with the sampler's, and with ``tis_cap > 0`` they become the PPO
+ratio's denominator while truncated importance weights correct for the sampler
+(:func:`turnrl.train.loss.truncated_is_weights`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from turnrl.policy import HFPolicy
+from turnrl.policy.trainable import TrainablePolicy
 from turnrl.policy.tree_layout import split_rows
 from turnrl.rollout.tokens import trie_size
 from turnrl.table import TurnTable
 from turnrl.train.config import PPOConfig
 from turnrl.train.credit_check import check_finite_credit
-from turnrl.train.loss import aggregation_weights, ppo_clip_loss
+from turnrl.train.loss import aggregation_weights, ppo_clip_loss, truncated_is_weights
 from turnrl.train.memory import ActivationMeter, cuda_peak
 from turnrl.train.minibatches import row_minibatches, tree_minibatches
+from turnrl.train.mismatch import learner_logprobs, mismatch_stats
 from turnrl.types import TurnRecord
 
 __all__ = [
@@ -128,13 +135,13 @@ def build_update_batch(
 
 
 def ppo_update(
-    policy: HFPolicy,
+    policy: TrainablePolicy,
     optimizer: torch.optim.Optimizer,
     batch: UpdateBatch,
     config: PPOConfig,
     *,
     temperature: float,
-    reference: HFPolicy | None,
+    reference: TrainablePolicy | None,
     seed: int,
 ) -> dict[str, float]:
     """``config.epochs`` passes of mini-batch PPO-clip steps over one batch of turns.
@@ -151,6 +158,18 @@ def ppo_update(
     generator = torch.Generator().manual_seed(seed)
     stats: list[dict[str, float]] = []
     parameters = [p for p in policy.parameters() if p.requires_grad]
+    mismatch: dict[str, float] = {}
+    is_weight_B_T = None
+    if config.log_mismatch or config.tis_cap > 0:
+        learner_B_T = learner_logprobs(
+            policy, batch, temperature=temperature, rows_per_forward=config.minibatch_size
+        )
+        mismatch = mismatch_stats(learner_B_T, batch.old_logp_B_T, batch.mask_B_T)
+        if config.tis_cap > 0:
+            is_weight_B_T = truncated_is_weights(
+                learner_B_T, batch.old_logp_B_T, batch.mask_B_T, config.tis_cap
+            )
+            batch = replace(batch, old_logp_B_T=learner_B_T)
     meter = ActivationMeter(policy.model)
     computed = 0
     policy.model.train()
@@ -175,6 +194,7 @@ def ppo_update(
                             config,
                             scale=len(minibatches),
                             temperature=temperature,
+                            is_weight_B_T=is_weight_B_T,
                         )
                     loss.backward()
                     computed += tokens
@@ -189,6 +209,7 @@ def ppo_update(
         "update_tokens_computed": float(computed),
         "update_activation_mib": meter.peak_mib,
         **cuda,
+        **mismatch,
     }
 
 
@@ -206,14 +227,15 @@ def _forwards(batch: UpdateBatch, rows: list[int], config: PPOConfig) -> list[li
 
 
 def _minibatch_loss(
-    policy: HFPolicy,
-    reference: HFPolicy | None,
+    policy: TrainablePolicy,
+    reference: TrainablePolicy | None,
     batch: UpdateBatch,
     rows: list[int],
     config: PPOConfig,
     *,
     scale: int,
     temperature: float,
+    is_weight_B_T: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float], int]:
     """The loss of ``rows`` (their slice of the batch-wide weights times ``scale``, the
     number of mini-batches), its statistics and the positions its forward ran."""
@@ -237,12 +259,13 @@ def _minibatch_loss(
         ref_logp_B_T=ref,
         kl_coef=config.kl_coef,
         kl_estimator=config.kl_estimator,
+        is_weight_B_T=None if is_weight_B_T is None else is_weight_B_T[rows, :width].to(device),
     )
     return loss, info, tokens
 
 
 def _logprobs(
-    policy: HFPolicy,
+    policy: TrainablePolicy,
     contexts: list[list[int]],
     responses: list[list[int]],
     config: PPOConfig,

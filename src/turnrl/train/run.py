@@ -605,51 +605,39 @@ def _check_not_inside(path: Path, warm: WarmStartConfig | None) -> None:
 # --------------------------------------------------------------------------- models, tasks
 
 
+# Building and loading policies lives in turnrl.policy.factory (the trainer, `turnrl serve`
+# and the Ray workers share it); these names stay for the trainers that import them here.
+# Imported when called: this module loads without torch.
+
+
 def with_lora(policy: Any, config: PolicyConfig) -> Any:
     """``policy`` with fresh LoRA adapters if ``config.lora_rank > 0`` and it has none yet."""
-    from turnrl.policy.lora import is_adapter_model, lora_policy
+    from turnrl.policy import factory
 
-    if config.lora_rank <= 0 or is_adapter_model(policy.model):
-        return policy
-    return lora_policy(
-        policy, rank=config.lora_rank, alpha=config.lora_alpha, targets=config.lora_targets
-    )
+    return factory.with_lora(policy, config)
 
 
 def load_policy(path: str | Path, config: PolicyConfig | None) -> Any:
     """A saved policy directory, on ``config.device`` in ``config.dtype`` (CPU, float32
     without a config)."""
-    from turnrl.policy import HFPolicy
-    from turnrl.policy.device import resolve_device, resolve_dtype
+    from turnrl.policy import factory
 
-    if config is None:
-        return HFPolicy.from_pretrained(path)
-    device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
-    return HFPolicy.from_pretrained(path, device=device, dtype=dtype)
+    return factory.load_policy(path, config)
 
 
 def build_policy(config: PolicyConfig, seed: int) -> Any:
-    """The policy named by ``config.model`` (``"tiny"``, a named pretrained model such as
-    ``"smollm2"``, or a local model directory), on ``config.device`` in ``config.dtype``,
-    with LoRA adapters when ``lora_rank > 0``."""
-    from turnrl.policy import build_tiny_policy
-    from turnrl.policy.device import resolve_device, resolve_dtype
-    from turnrl.policy.pretrained import resolve_model_path
+    """The learner ``config`` names (see :func:`turnrl.policy.factory.build_policy`)."""
+    from turnrl.policy import factory
 
-    if config.model == "tiny":
-        policy = build_tiny_policy(seed, hidden=config.hidden, layers=config.layers)
-        policy.model.to(device=resolve_device(config.device), dtype=resolve_dtype(config.dtype))
-    else:
-        policy = load_policy(resolve_model_path(config.model), config)
-    return with_lora(policy, config)
+    return factory.build_policy(config, seed)
 
 
 def initial_policy(policy: Any, warm: WarmStartConfig, config: PolicyConfig) -> Any:
     """The policy a fresh run starts from: ``warm.init_from`` (a saved policy, e.g.
     another run's ``warm_start/``, with LoRA as configured) when set, else ``policy``."""
-    if warm.init_from is None:
-        return policy
-    return with_lora(load_policy(warm.init_from, config), config)
+    from turnrl.policy import factory
+
+    return factory.initial_policy(policy, warm.init_from, config)
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from turnrl.envs import demonstration, get_env_spec
-from turnrl.policy import HFPolicy
+from turnrl.policy.trainable import TrainablePolicy
 from turnrl.policy.tree_layout import split_rows
 from turnrl.types import Message, Task
 
@@ -58,13 +58,15 @@ class TurnExample:
     """Relative probability of drawing this turn into an SFT batch."""
 
 
-def encode_response(policy: HFPolicy, text: str) -> list[int]:
+def encode_response(policy: TrainablePolicy, text: str) -> list[int]:
     """Ids of an assistant response as the policy would emit it (text + end-of-turn)."""
     ids = policy.tokenizer(text, add_special_tokens=False)["input_ids"]
     return [*ids, policy.eos_token_id]
 
 
-def conversation_examples(policy: HFPolicy, messages: Sequence[Message]) -> list[TurnExample]:
+def conversation_examples(
+    policy: TrainablePolicy, messages: Sequence[Message]
+) -> list[TurnExample]:
     """Split one conversation into per-turn examples with incrementally built contexts."""
     first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
     context = policy.encode_initial(list(messages[:first]))
@@ -80,7 +82,7 @@ def conversation_examples(policy: HFPolicy, messages: Sequence[Message]) -> list
 
 
 def demonstration_examples(
-    policy: HFPolicy,
+    policy: TrainablePolicy,
     env_name: str,
     tasks: Sequence[Task],
     *,
@@ -124,7 +126,7 @@ def demonstration_examples(
 
 
 def supervised_warm_start(
-    policy: HFPolicy,
+    policy: TrainablePolicy,
     examples: Sequence[TurnExample],
     *,
     steps: int,
@@ -191,7 +193,7 @@ def lr_factor(schedule: str, step: int, steps: int) -> float:
 
 
 def _nll_backward(
-    policy: HFPolicy, batch: Sequence[TurnExample], max_tokens_per_batch: int | None
+    policy: TrainablePolicy, batch: Sequence[TurnExample], max_tokens_per_batch: int | None
 ) -> float:
     """Backpropagate the mean negative log-likelihood per response token of ``batch``
     (in forwards of at most ``max_tokens_per_batch`` distinct positions, or one per-row

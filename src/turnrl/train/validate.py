@@ -27,6 +27,7 @@ and report keys relative to the top (``rollout.tasks_per_step``).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -218,6 +219,15 @@ def _policy(policy: PolicyConfig, p: Problems) -> None:
         )
     p.at_least("hidden", policy.hidden, 1)
     p.at_least("layers", policy.layers, 1)
+    p.at_least("heads", policy.heads, 1)
+    if policy.model == "tiny" and policy.heads >= 1 and policy.hidden % policy.heads:
+        p.add("heads", f"{policy.heads} heads do not divide hidden = {policy.hidden}")
+    if policy.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        p.add(
+            "backend",
+            "'vllm' needs the vllm package, which this Python lacks: `make setup-vllm`, "
+            "then run .venv-vllm/bin/turnrl",
+        )
     p.above("temperature", policy.temperature, 0)
     p.at_least("max_new_tokens", policy.max_new_tokens, 1)
     p.at_least("lora_rank", policy.lora_rank, 0)
@@ -268,6 +278,7 @@ def _credit(credit: CreditConfig, p: Problems) -> None:
 
 @register_check(PPOConfig)
 def _ppo(ppo: PPOConfig, p: Problems) -> None:
+    p.at_least("tis_cap", ppo.tis_cap, 0.0)
     p.above("lr", ppo.lr, 0)
     p.at_least("minibatch_size", ppo.minibatch_size, 1)
     p.at_least("epochs", ppo.epochs, 1)
@@ -293,6 +304,12 @@ def _train(train: TrainConfig, p: Problems) -> None:
 
 @register_check(RunConfig)
 def _run(config: RunConfig, p: Problems) -> None:
+    if config.policy.backend != "hf" and (config.agent.enabled or config.rollout.workers):
+        p.add(
+            "policy.backend",
+            f"{config.policy.backend!r} samples the built-in environments' rollouts in this "
+            "process; the agent loop and rollout.workers sample with the 'hf' backend only",
+        )
     pool = config.env.n_train_tasks
     if not config.agent.enabled and config.rollout.tasks_per_step > pool >= 1:
         p.add(
@@ -494,6 +511,8 @@ def _iterate_eval(evaluation: IterateEvalConfig, p: Problems) -> None:
 def _iterate(config: IterateConfig, p: Problems) -> None:
     from turnrl.envs.negotiation import SETTINGS
 
+    if config.policy.backend != "hf":
+        p.add("policy.backend", "Iterative GRPO samples with the 'hf' backend only")
     p.at_least("iterations", config.iterations, 0)
     p.at_least("threads", config.threads, 0)
     if config.warm_start.teacher is not None:

@@ -1,0 +1,282 @@
+"""``VLLMPolicy``: the sampling ``Policy`` on a vLLM engine (``policy.backend = "vllm"``).
+
+Sampling only: the learner stays an ``HFPolicy`` (it computes the update's log-probs
+with grad); this engine holds a copy of its weights and samples the rollouts.
+
+* **Tokens are the learner's.** Contexts are token ids built by the learner's own
+  chat layout (:class:`turnrl.policy.chat.ChatFormat`, same tokenizer), sent to the
+  engine as ids (``TokensPrompt``); responses come back as ids and are decoded by the
+  same layout. The engine never tokenises text, so the record format and every token
+  in it are what the HF backend would write for the same samples.
+* **Log-probs are the engine's, after temperature.** The engine runs with
+  ``logprobs_mode="processed_logprobs"`` (vLLM V1 returns raw, untempered log-probs
+  otherwise), so ``Sample.logprobs`` are under ``softmax(logits / temperature)``, what
+  the trainer recomputes; the difference (kernels, precision) is the train/inference
+  mismatch the update logs (``mismatch_*`` metrics, see :mod:`turnrl.train.mismatch`).
+  Greedy sampling (``temperature=0``) records untempered log-probs, as the HF backend.
+* **Weights move in place.** :meth:`load_full_weights` reloads every weight of the
+  engine's model from tensors under transformers names
+  (``worker.model_runner.reload_weights``, run in the worker by ``collective_rpc``),
+  then drops the engine's prefix cache (cached states belong to the old weights) and
+  records the version. A LoRA learner's adapters are merged into full weights before
+  the push (:func:`turnrl.policy.sync.full_weights`): the engine never sees adapters.
+* **Prefix caching is on**: the engine reuses the KV states of shared context
+  prefixes (group members, tree branches, earlier turns), the sampling-side
+  counterpart of the tree update.
+* **In-process engine.** ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set before the engine
+  starts (unless the caller set it), so the engine core runs in this process and
+  ``collective_rpc`` can hand it tensors without pickling a model.
+
+Seeds: an int seed for the batch gives row ``i`` the seed ``derive(seed, i)``; a list
+gives each row its own. Same seed, same weights, same samples (vLLM's per-request
+generators), but not the samples the HF backend draws: the two backends' random
+streams differ.
+
+Departure: the HF backend counts ``tokens_computed``; the engine does not report it,
+so rollouts on vLLM log no ``tokens_computed``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from turnrl.policy import lora
+from turnrl.policy.batching import check_lengths
+from turnrl.policy.chat import ChatFormat
+from turnrl.policy.hf import transformers_progress_off
+from turnrl.types import Message, Sample
+
+__all__ = ["VLLMPolicy", "row_seeds"]
+
+SEED_STRIDE = 1_000_003
+"""Row ``i`` of a batch sampled with one int seed ``s`` draws with seed ``s * STRIDE + i``
+(mod 2**31), so neighbouring batch seeds do not share row seeds."""
+
+
+def row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int | None]:
+    """One engine seed per row: ``None`` (fresh randomness) for ``seed=None``, the given
+    seeds for a list, derived ones for an int (see :data:`SEED_STRIDE`)."""
+    if seed is None:
+        return [None] * rows
+    if isinstance(seed, Sequence):
+        if len(seed) != rows:
+            raise ValueError(f"seed: {len(seed)} per-row seeds for {rows} contexts")
+        return [int(s) for s in seed]
+    return [(int(seed) * SEED_STRIDE + i) % 2**31 for i in range(rows)]
+
+
+@contextmanager
+def global_random_state_kept() -> Iterator[None]:
+    """Restore Python's, numpy's and torch's global random states after the block."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
+def in_process_engine() -> None:
+    """Ask vLLM for an in-process engine core (unless the environment chose already)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+class VLLMPolicy:
+    """A sampling policy on a vLLM ``LLM`` engine, with the learner's chat layout.
+
+    Build it with :meth:`from_policy` (a copy of a learner's current weights) or
+    :meth:`from_directory` (a saved model directory). ``policy_version`` is the version
+    of the weights last loaded by :meth:`load_full_weights` (0 at start).
+    """
+
+    def __init__(self, llm: Any, tokenizer: Any, *, end_of_turn: str | None = None) -> None:
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.chat = ChatFormat(tokenizer, end_of_turn)
+        self.end_of_turn = self.chat.end_of_turn
+        self.eos_token_id: int = self.chat.eos_token_id
+        self.stop_token_ids = list(self.chat.stop_token_ids)
+        self.max_context: int | None = int(llm.llm_engine.model_config.max_model_len)
+        self.policy_version = 0
+        self._workdir: Path | None = None
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_directory(
+        cls,
+        path: str | Path,
+        *,
+        tokenizer: Any = None,
+        end_of_turn: str | None = None,
+        dtype: str = "float32",
+        seed: int = 0,
+        max_model_len: int | None = 4096,
+        kv_cache_gib: float = 1.0,
+        **engine_kwargs: Any,
+    ) -> VLLMPolicy:
+        """An engine on the model saved in ``path`` (weights and ``config.json``; nothing
+        is downloaded). ``tokenizer`` defaults to the one saved there. ``kv_cache_gib``
+        sizes the KV cache (vLLM's ``kv_cache_memory_bytes``: an explicit size, so the
+        engine does not try to reserve most of the machine's memory, which it refuses to
+        start without on a shared CPU machine); ``engine_kwargs`` go to ``vllm.LLM``.
+        The engine seeds the global random streams of the process it runs in; they are
+        restored afterwards, so starting an engine does not change the trainer's draws."""
+        in_process_engine()
+        from vllm import LLM
+
+        if tokenizer is None:
+            from turnrl.policy.chat import load_tokenizer
+
+            tokenizer = load_tokenizer(path)
+        with global_random_state_kept():
+            llm = LLM(
+                model=str(path),
+                dtype=dtype,
+                seed=seed,
+                max_model_len=max_model_len,
+                enable_prefix_caching=True,
+                logprobs_mode="processed_logprobs",
+                skip_tokenizer_init=True,
+                kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
+                **engine_kwargs,
+            )
+        return cls(llm, tokenizer, end_of_turn=end_of_turn)
+
+    @classmethod
+    def from_policy(cls, learner: Any, **options: Any) -> VLLMPolicy:
+        """An engine holding a copy of ``learner``'s current weights (LoRA adapters
+        merged), loaded from a temporary directory removed when this object goes.
+        ``options`` go to :meth:`from_directory`."""
+        workdir = Path(tempfile.mkdtemp(prefix="turnrl-vllm-"))
+        try:
+            model = learner.model
+            if lora.is_adapter_model(model):
+                model = lora.merged_copy(model)
+            with transformers_progress_off():
+                model.save_pretrained(str(workdir))
+                learner.tokenizer.save_pretrained(str(workdir))
+            dtype = str(learner.dtype).removeprefix("torch.")
+            options.setdefault("max_model_len", learner.max_context)
+            policy = cls.from_directory(
+                workdir,
+                tokenizer=learner.tokenizer,
+                end_of_turn=learner.end_of_turn,
+                dtype=dtype,
+                **options,
+            )
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        policy._workdir = workdir
+        weakref.finalize(policy, shutil.rmtree, workdir, ignore_errors=True)
+        return policy
+
+    # ------------------------------------------------------------------ weights
+    def load_full_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Reload every weight of the engine's model in place from ``weights``
+        (transformers names, full tensors), then drop the prefix cache and record
+        ``version``."""
+        items = [(name, tensor.detach().cpu().contiguous()) for name, tensor in weights.items()]
+
+        def reload(worker: Any) -> None:
+            worker.model_runner.reload_weights(weights_iterator=iter(items))
+
+        self.llm.collective_rpc(reload)
+        self.llm.reset_prefix_cache()
+        self.policy_version = version
+
+    # ----------------------------------------------------------------- encoding
+    def encode_initial(self, messages: list[Message]) -> list[int]:
+        """Ids of ``messages`` rendered by the chat template, plus the generation prompt."""
+        return self.chat.encode_initial(messages)
+
+    def observation_text(self, message: Message) -> str:
+        """The text the template puts after an assistant's end-of-turn token."""
+        return self.chat.observation_text(message)
+
+    def encode_observation(self, message: Message) -> list[int]:
+        """Ids to append after a finished response."""
+        return self.chat.encode_observation(message)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of response ids, without trailing end-of-turn/eos tokens."""
+        return self.chat.decode(ids)
+
+    # ----------------------------------------------------------------- sampling
+    def sample(
+        self,
+        contexts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        seed: int | Sequence[int] | None = None,
+    ) -> list[Sample]:
+        """Sample one response per context in one engine call (the HF backend's
+        contract: a row stops at an end-of-turn/eos token, included, with ``"stop"``, or
+        after ``max_new_tokens`` or at the context limit with ``"length"``)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not contexts:
+            return []
+        check_lengths(contexts, [1] * len(contexts), self.max_context)
+        seeds = row_seeds(seed, len(contexts))
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=temperature,
+                max_tokens=self._budget(context, max_new_tokens),
+                seed=row_seed,
+                logprobs=0,
+                stop_token_ids=self.stop_token_ids,
+                detokenize=False,
+                skip_special_tokens=False,
+            )
+            for context, row_seed in zip(contexts, seeds, strict=True)
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [self._sample(out.outputs[0]) for out in outputs]
+
+    def _budget(self, context: list[int], max_new_tokens: int) -> int:
+        if self.max_context is None:
+            return max_new_tokens
+        return min(max_new_tokens, self.max_context - len(context))
+
+    def _sample(self, completion: Any) -> Sample:
+        ids = [int(t) for t in completion.token_ids]
+        logps = [
+            float(step[token].logprob) for step, token in zip(completion.logprobs, ids, strict=True)
+        ]
+        stopped = bool(ids) and ids[-1] in self.stop_token_ids
+        return Sample(
+            response_ids=ids,
+            logprobs=logps,
+            stop_reason="stop" if stopped else "length",
+            text=self.decode(ids),
+        )
+
+    def close(self) -> None:
+        """Stop the engine and remove its weights' temporary directory."""
+        engine = getattr(self.llm, "llm_engine", None)
+        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)

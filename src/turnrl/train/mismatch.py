@@ -1,0 +1,80 @@
+"""Train/inference mismatch: the learner's log-probs of sampled tokens against the sampler's.
+
+The records' ``logprobs`` come from the sampler (transformers' forward in this process,
+or a vLLM engine); the update recomputes them with the learner. With the same weights
+they should agree: on the ``hf`` backend they are the same computation (the difference
+is float rounding between batched layouts), on ``vllm`` they are different kernels and
+the difference is real. :func:`learner_logprobs` recomputes every row once before the
+update (no grad); :func:`mismatch_stats` summarises the difference per step:
+
+* ``mismatch_logp_abs_mean`` / ``mismatch_logp_abs_max``: ``|learner - sampler|`` over
+  response tokens;
+* ``mismatch_kl``: the k3 estimate of KL(sampler || learner) per token
+  (``r - 1 - log r`` with ``r = exp(learner - sampler)``, tokens drawn by the sampler);
+* ``mismatch_seq_ratio_min`` / ``_max`` / ``_std``: the sequence-level importance ratio
+  ``exp(sum_t (learner - sampler))`` of each row, its spread over the batch (1, 1, 0
+  when the two agree).
+
+The truncated importance weights built on the same numbers live in
+:func:`turnrl.train.loss.truncated_is_weights`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from turnrl.policy.trainable import TrainablePolicy
+
+if TYPE_CHECKING:
+    from turnrl.train.ppo import UpdateBatch
+
+__all__ = ["learner_logprobs", "mismatch_stats"]
+
+
+@torch.no_grad()
+def learner_logprobs(
+    policy: TrainablePolicy,
+    batch: UpdateBatch,
+    *,
+    temperature: float,
+    rows_per_forward: int,
+) -> torch.Tensor:
+    """``logp_B_T`` of every row's response under ``policy`` now (float32, CPU, 0 at
+    padding, the shape of ``batch.old_logp_B_T``), ``rows_per_forward`` rows at a time in
+    the row layout (the layout whose numbers the tree layout is tested against)."""
+    out_B_T = torch.zeros_like(batch.old_logp_B_T)
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        for start in range(0, len(batch.contexts), rows_per_forward):
+            stop = min(start + rows_per_forward, len(batch.contexts))
+            logp_B_T, _ = policy.response_logprobs(
+                batch.contexts[start:stop], batch.responses[start:stop], temperature=temperature
+            )
+            out_B_T[start:stop, : logp_B_T.shape[1]] = logp_B_T.float().cpu()
+    finally:
+        policy.model.train(was_training)
+    return out_B_T
+
+
+def mismatch_stats(
+    learner_logp_B_T: torch.Tensor, sampler_logp_B_T: torch.Tensor, mask_B_T: torch.Tensor
+) -> dict[str, float]:
+    """The ``mismatch_*`` metrics of one batch (see the module docstring)."""
+    mask = mask_B_T.to(torch.bool)
+    diff_B_T = torch.where(mask, learner_logp_B_T.double() - sampler_logp_B_T.double(), 0.0)
+    tokens = diff_B_T[mask]
+    if tokens.numel() == 0:
+        return {}
+    seq_ratio_B = torch.exp(diff_B_T.sum(dim=1))[mask.any(dim=1)]
+    kl = torch.exp(tokens) - 1.0 - tokens
+    return {
+        "mismatch_logp_abs_mean": float(tokens.abs().mean()),
+        "mismatch_logp_abs_max": float(tokens.abs().max()),
+        "mismatch_kl": float(kl.mean()),
+        "mismatch_seq_ratio_min": float(seq_ratio_B.min()),
+        "mismatch_seq_ratio_max": float(seq_ratio_B.max()),
+        "mismatch_seq_ratio_std": float(seq_ratio_B.std(unbiased=False)),
+    }
