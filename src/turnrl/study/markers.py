@@ -1,0 +1,112 @@
+"""Doc markers: which study writes which table of a markdown document.
+
+A study's table sits between ``<!-- study:NAME:TABLE -->`` and
+``<!-- /study:NAME:TABLE -->``; ``turnrl study summarise NAME`` replaces what is
+between them. A table that no study writes (a configuration reference, a list of
+options) is preceded by ``<!-- table:reference -->``, so the exemption is visible
+in the document itself. :func:`unmarked_tables` finds every table that is neither.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from turnrl.errors import InputError
+
+BEGIN = re.compile(r"<!-- study:([A-Za-z0-9_.-]+):([A-Za-z0-9_.-]+) -->")
+END = re.compile(r"<!-- /study:([A-Za-z0-9_.-]+):([A-Za-z0-9_.-]+) -->")
+REFERENCE = "<!-- table:reference -->"
+SEPARATOR = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
+
+
+def begin(study: str, table: str) -> str:
+    return f"<!-- study:{study}:{table} -->"
+
+
+def end(study: str, table: str) -> str:
+    return f"<!-- /study:{study}:{table} -->"
+
+
+@dataclass(frozen=True)
+class Block:
+    study: str
+    table: str
+    first: int
+    """0-based line of the opening marker."""
+    last: int
+    """0-based line of the closing marker."""
+
+
+@dataclass(frozen=True)
+class DocTable:
+    path: Path
+    line: int
+    """1-based line of the table's header row."""
+    study: str | None
+    table: str | None
+    reference: bool
+
+
+def blocks(path: Path, lines: list[str]) -> list[Block]:
+    """The marker blocks of a document; an unclosed or mismatched marker is an error
+    naming the file and line."""
+    out, opened = [], None
+    for index, line in enumerate(lines):
+        if match := BEGIN.search(line):
+            if opened is not None:
+                raise InputError(
+                    f"{path}:{index + 1}: marker opened inside {opened[1]}:{opened[2]}"
+                )
+            opened = (index, match.group(1), match.group(2))
+        elif match := END.search(line):
+            if opened is None or (match.group(1), match.group(2)) != opened[1:]:
+                raise InputError(f"{path}:{index + 1}: closing marker without its opening marker")
+            out.append(Block(opened[1], opened[2], opened[0], index))
+            opened = None
+    if opened is not None:
+        raise InputError(f"{path}:{opened[0] + 1}: marker {opened[1]}:{opened[2]} never closed")
+    return out
+
+
+def tables(path: Path) -> list[DocTable]:
+    """Every markdown table of a document (outside fenced code), with the block it is in
+    and whether a ``table:reference`` marker precedes it."""
+    lines = path.read_text().splitlines()
+    spans = blocks(path, lines)
+    out, fenced = [], False
+    for index, line in enumerate(lines):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if fenced or index == 0 or not SEPARATOR.match(line) or "|" not in lines[index - 1]:
+            continue
+        header = index - 1
+        block = next((b for b in spans if b.first < header < b.last), None)
+        previous = next(
+            (lines[i].strip() for i in range(header - 1, -1, -1) if lines[i].strip()), ""
+        )
+        out.append(
+            DocTable(
+                path,
+                header + 1,
+                block.study if block else None,
+                block.table if block else None,
+                previous == REFERENCE,
+            )
+        )
+    return out
+
+
+def replace_block(path: Path, study: str, table: str, content: str) -> bool:
+    """Put ``content`` between the study's markers; ``False`` when the doc has none."""
+    from turnrl.io import atomic_write_text
+
+    text = path.read_text()
+    lines = text.splitlines()
+    block = next((b for b in blocks(path, lines) if (b.study, b.table) == (study, table)), None)
+    if block is None:
+        return False
+    new = lines[: block.first + 1] + content.strip("\n").splitlines() + lines[block.last :]
+    atomic_write_text(path, "\n".join(new) + ("\n" if text.endswith("\n") else ""))
+    return True

@@ -1,0 +1,66 @@
+"""Where a summary's numbers come from: commit, command, machine, date."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+
+def git_commit(root: Path) -> str:
+    """``HEAD``'s commit, with ``+ uncommitted changes`` when the tree is dirty."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown (no git)"
+    return (commit or "unknown") + (" + uncommitted changes" if dirty else "")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS", "unset")
+    return (
+        f"{cpu_model()}, {os.cpu_count()} cores; {platform.system()} {platform.release()}; "
+        f"python {platform.python_version()}, torch {torch.__version__}, numpy "
+        f"{__import__('numpy').__version__}; OMP_NUM_THREADS={threads} for every cell"
+    )
+
+
+def block(root: Path, run_command: str, summary_command: str, cells: list[dict]) -> str:
+    """The provenance lines of a summary; ``cells`` are the finished cells' records
+    (what the runner wrote: command, seconds, commit, machine, date)."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    commits = sorted({c.get("commit", "unknown") for c in cells})
+    machines = sorted({c.get("machine", "unknown") for c in cells})
+    dates = sorted(c["finished"] for c in cells if "finished" in c)
+    minutes = sum(float(c.get("seconds", 0.0)) for c in cells) / 60
+    lines = [
+        f"- runs: `{run_command}` at commit {', '.join(commits)}",
+        f"- machine: {'; '.join(machines)}",
+        f"- cells finished {dates[0]} to {dates[-1]}, {minutes:.0f} core-minutes"
+        if dates
+        else "- cells: not timed",
+        f"- summary: `{summary_command}` at commit {git_commit(root)}, {now}",
+    ]
+    return "\n".join(lines)
