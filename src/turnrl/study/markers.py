@@ -62,11 +62,15 @@ def blocks(path: Path, lines: list[str]) -> list[Block]:
             opened = (index, match.group(1), match.group(2))
         elif match := END.search(line):
             if opened is None or (match.group(1), match.group(2)) != opened[1:]:
-                raise InputError(f"{path}:{index + 1}: closing marker without its opening marker")
+                raise InputError(
+                    str(path), index + 1, None, "closing marker without its opening marker"
+                )
             out.append(Block(opened[1], opened[2], opened[0], index))
             opened = None
     if opened is not None:
-        raise InputError(f"{path}:{opened[0] + 1}: marker {opened[1]}:{opened[2]} never closed")
+        raise InputError(
+            str(path), opened[0] + 1, None, f"marker {opened[1]}:{opened[2]} never closed"
+        )
     return out
 
 
@@ -110,3 +114,24 @@ def replace_block(path: Path, study: str, table: str, content: str) -> bool:
     new = lines[: block.first + 1] + content.strip("\n").splitlines() + lines[block.last :]
     atomic_write_text(path, "\n".join(new) + ("\n" if text.endswith("\n") else ""))
     return True
+
+
+def problems(paths: list[Path], known: dict[str, tuple[str, ...]]) -> list[str]:
+    """Every table of ``paths`` that no declared study or measurement writes and that is
+    not marked as a reference table, and every marker naming an unknown study or table:
+    one line each, ``file:line: what``."""
+    out = []
+    for path in paths:
+        for block in blocks(path, path.read_text().splitlines()):
+            if block.table not in known.get(block.study, ()):
+                out.append(
+                    f"{path}:{block.first + 1}: marker names {block.study}:{block.table}, "
+                    "which no declared study or measurement writes"
+                )
+        for table in tables(path):
+            if table.study is None and not table.reference:
+                out.append(
+                    f"{path}:{table.line}: table outside any study marker and not marked "
+                    f"{REFERENCE}"
+                )
+    return out

@@ -58,9 +58,8 @@ def block(root: Path, run_command: str, summary_command: str, cells: list[dict])
     lines = [
         f"- runs: `{run_command}` at commit {', '.join(commits)}",
         f"- machine: {'; '.join(machines)}",
-        f"- cells finished {dates[0]} to {dates[-1]}, {minutes:.0f} core-minutes"
-        if dates
-        else "- cells: not timed",
+        f"- {len(cells)} cells, {minutes:.0f} core-minutes"
+        + (f", finished {dates[0]} to {dates[-1]}" if dates else ""),
         f"- summary: `{summary_command}` at commit {git_commit(root)}, {now}",
     ]
     return "\n".join(lines)
