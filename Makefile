@@ -19,7 +19,13 @@ AGL_VENV := .venv-agl
 INT_STAMP := $(INT_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations.txt | cksum | cut -d' ' -f1)
 AGL_STAMP := $(AGL_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations-agl.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup setup-integrations browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-gateway bench-agents grouping grouping-gradient lookup-study clean
+# Declared studies (turnrl.study.catalogue): `make studies` lists them with their cells and
+# how long each takes here; `make study-NAME` runs what NAME is missing (STUDY_JOBS processes
+# at once, one torch thread each) and writes its tables into the docs.
+STUDIES := demo-seeds tree-rollouts grouping-learning search-agent iterative-grpo agents-calc-openai
+STUDY_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+
+.PHONY: setup setup-integrations browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-gateway bench-agents grouping grouping-gradient lookup-study studies $(addprefix study-,$(STUDIES)) clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -133,6 +139,15 @@ grouping: grouping-gradient
 # environment, one run after the other (about 2 CPU-hours), then its tables and figures.
 lookup-study: setup
 	$(PY) examples/lookup/run.py
+
+studies: setup
+	$(VENV)/bin/turnrl study list --jobs $(STUDY_JOBS)
+
+$(addprefix study-,$(STUDIES)): study-%: setup
+	$(VENV)/bin/turnrl study run $* --jobs $(STUDY_JOBS)
+	$(VENV)/bin/turnrl study summarise $*
+	@if [ "$*" = tree-rollouts ]; then for lr in lr3e-4 lr1e-3; do \
+		$(PY) examples/tree/run.py --summarise --out runs/studies/tree-rollouts/$$lr || exit 1; done; fi
 
 clean:
 	rm -rf $(VENV) $(INT_VENV) $(AGL_VENV) runs .pytest_cache .ruff_cache .hypothesis

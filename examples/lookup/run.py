@@ -48,8 +48,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "lookup.toml"
 FIGURES = ROOT / "docs" / "img"
 DOC = ROOT / "docs" / "search-agent.md"
-DOC_BEGIN = "<!-- tables: written by `examples/lookup/run.py --summarise`, do not edit -->"
-DOC_END = "<!-- end of tables -->"
+DOC_BEGIN = "<!-- study:search-agent:legacy-tables -->"
+DOC_END = "<!-- /study:search-agent:legacy-tables -->"
 ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("grpo", {}),
     "igpo": ("igpo", {}),

@@ -21,28 +21,25 @@ def repository_root() -> Path:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from turnrl.study.catalogue import MEASUREMENTS, STUDIES
     from turnrl.study.declaration import cells
     from turnrl.study.runner import FINISHED, cell_state, estimate_minutes
 
     root = repository_root()
-    table = Table(title=f"studies (times on one core here, --jobs {args.jobs})")
-    for column in ("study", "cells", "finished", "time", "from", "doc"):
-        table.add_column(column)
+    print(f"studies (time: the whole study on {args.jobs} core(s) here; measured = mean of")
+    print("the cells finished here, else the declaration's estimate)")
     for study in STUDIES.values():
         every = cells(study, root)
         done = sum(cell_state(c) == FINISHED for c in every)
         minutes, timed, total = estimate_minutes(study, root, args.jobs)
-        source = f"measured ({timed} cells)" if timed else "estimated"
-        table.add_row(
-            study.name, str(total), str(done), f"~{minutes:.0f} min", source, study.doc or ""
+        source = f"measured on {timed} cells" if timed else "estimated"
+        print(
+            f"  {study.name:20s} {total:3d} cells ({done} finished)  ~{minutes:.0f} min "
+            f"({source})  -> {study.doc}   make study-{study.name}"
         )
+    print("measurements (one command each, not a matrix of runs; estimated times)")
     for m in MEASUREMENTS.values():
-        table.add_row(m.name, "1 command", "", f"~{m.minutes:.0f} min", "estimated", m.doc)
-    Console().print(table)
+        print(f"  {m.name:24s} ~{m.minutes:.0f} min  -> {m.doc}   {m.command}")
     return 0
 
 

@@ -87,18 +87,29 @@ def tables(path: Path) -> list[DocTable]:
             continue
         header = index - 1
         block = next((b for b in spans if b.first < header < b.last), None)
-        previous = next(
-            (lines[i].strip() for i in range(header - 1, -1, -1) if lines[i].strip()), ""
-        )
+        previous = _comments_before(lines, header)
         out.append(
             DocTable(
                 path,
                 header + 1,
                 block.study if block else None,
                 block.table if block else None,
-                previous == REFERENCE,
+                REFERENCE in previous,
             )
         )
+    return out
+
+
+def _comments_before(lines: list[str], index: int) -> list[str]:
+    """The HTML comment lines right above line ``index`` (blank lines skipped)."""
+    out = []
+    for line in reversed(lines[:index]):
+        text = line.strip()
+        if not text:
+            continue
+        if not (text.startswith("<!--") and text.endswith("-->")):
+            break
+        out.append(text)
     return out
 
 
