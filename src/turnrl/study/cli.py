@@ -102,6 +102,33 @@ def cmd_summarise(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_interval(args: argparse.Namespace) -> int:
+    """The statistics of the tables on numbers given by hand (per-seed differences a doc
+    prints, for instance): mean, ddof=1 sd, bootstrap interval, verdict."""
+    from turnrl.study import statistics
+
+    try:
+        values = [float(v) for v in args.values]
+    except ValueError as exc:
+        raise UsageError(f"study interval: VALUES must be numbers ({exc})") from None
+    if args.warm_starts:
+        groups = [int(g) for g in args.warm_starts.split(",")]
+        if len(groups) != len(values):
+            raise UsageError("study interval: --warm-starts needs one index per value")
+    else:
+        groups = [0] * len(values)
+    keyed = {(g, k): v for k, (g, v) in enumerate(zip(groups, values, strict=True))}
+    interval = statistics.bootstrap_interval(keyed)
+    mean, sd = statistics.mean_sd(values)
+    print(
+        f"n {interval.n}  mean {mean:+.3f}  sd (ddof=1) {sd:.3f}  95% CI "
+        f"[{interval.low:+.3f}, {interval.high:+.3f}] ({interval.levels}-level bootstrap, "
+        f"{statistics.DEFAULT_RESAMPLES} resamples, seed {statistics.DEFAULT_BOOTSTRAP_SEED})  "
+        f"{statistics.verdict(interval)}"
+    )
+    return 0
+
+
 def add_study_command(subparsers: Any) -> None:
     p = subparsers.add_parser("study", help="declared studies: list, run (resumably), summarise")
     sub = p.add_subparsers(dest="study_command", required=True)
@@ -122,6 +149,14 @@ def add_study_command(subparsers: Any) -> None:
         "e.g. --only seed0 --only lr1e-3)",
     )
     q.set_defaults(handler=cmd_run)
+    q = sub.add_parser(
+        "interval", help="mean, sd and paired bootstrap interval of numbers given by hand"
+    )
+    q.add_argument("values", nargs="+", help="paired differences, one per seed")
+    q.add_argument(
+        "--warm-starts", help="comma-separated warm-start index of each value (two-level)"
+    )
+    q.set_defaults(handler=cmd_interval)
     q = sub.add_parser("summarise", help="tables, figure, provenance; rewrite the doc's tables")
     q.add_argument("name")
     q.set_defaults(handler=cmd_summarise)
