@@ -132,7 +132,7 @@ grouping: grouping-gradient
 	$(MAKE) --no-print-directory study-grouping-learning
 
 # The search-agent study (docs/search-agent.md): 8 credit estimators x 3 seeds on the lookup
-# environment, one run after the other (about 2 CPU-hours), then its tables and figures.
+# environment, a warm start per seed (study-search-agent), then its detailed tables and figures.
 lookup-study: setup
 	$(PY) examples/lookup/run.py
 

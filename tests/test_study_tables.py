@@ -173,3 +173,17 @@ def test_demo_seeds_table_from_its_declaration(tmp_path: Path) -> None:
         "| calculator | 2 | 0.25 → 0.00 | 0.50 → 0.00 | 0.50 → 0.50 | 0.00 → 0.00 | 0.00 |",
         "| calculator | 5 | 0.10 → 0.90 | 0.20 → 0.80 | 0.50 → 0.50 | 0.00 → 1.00 | 0.50 |",
     ]
+
+
+def test_cli_lists_studies_and_refuses_unknown_ones(capsys: pytest.CaptureFixture) -> None:
+    from turnrl.cli import main
+
+    assert main(["study", "list", "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    for name in STUDIES:
+        assert f"make study-{name}" in out
+    assert "grouping-gradient" in out  # a measurement, listed with its command
+    assert main(["study", "summarise", "no-such-study"]) == 2
+    assert "unknown study 'no-such-study'; declared: demo-seeds" in capsys.readouterr().err
+    assert main(["study", "interval", "--", "0.1", "0.2", "0.3"]) == 0
+    assert "mean +0.200  sd (ddof=1) 0.100" in capsys.readouterr().out
