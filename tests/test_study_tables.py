@@ -30,6 +30,7 @@ def two_arm_study(root: Path) -> Study:
         seeds=(0, 1, 2),
         baseline="base",
         doc="doc.md",
+        curve="eval_success",
         tables=(
             Table(
                 "seeds",
@@ -94,6 +95,8 @@ def test_summarise_fills_the_doc_between_markers(tmp_path: Path) -> None:
     assert text.startswith("intro\n\n<!-- study:toy:arms -->\n") and text.endswith("after\n")
     assert "6 of 6 declared cells finished" in text
     assert "## provenance" in result.text and "6 core-minutes" in result.text
+    assert result.figure == tmp_path / "docs" / "img" / "study-toy.png"
+    assert result.figure.read_bytes().startswith(b"\x89PNG")
 
 
 def test_markers_find_tables_and_refuse_broken_blocks(tmp_path: Path) -> None:
@@ -166,12 +169,12 @@ def test_demo_seeds_table_from_its_declaration(tmp_path: Path) -> None:
     done = [every[2], every[5]]
     lines = build(study, study.tables[0], done, read_metrics).splitlines()
     assert lines[0] == (
-        "| arm | seed | success start → end | easy start → end | hard start → end "
+        "| seed | success start → end | easy start → end | hard start → end "
         "| tool rate start → end | lowest success after step 0 |"
     )
     assert lines[2:4] == [
-        "| calculator | 2 | 0.25 → 0.00 | 0.50 → 0.00 | 0.50 → 0.50 | 0.00 → 0.00 | 0.00 |",
-        "| calculator | 5 | 0.10 → 0.90 | 0.20 → 0.80 | 0.50 → 0.50 | 0.00 → 1.00 | 0.50 |",
+        "| 2 | 0.25 → 0.00 | 0.50 → 0.00 | 0.50 → 0.50 | 0.00 → 0.00 | 0.00 |",
+        "| 5 | 0.10 → 0.90 | 0.20 → 0.80 | 0.50 → 0.50 | 0.00 → 1.00 | 0.50 |",
     ]
 
 

@@ -61,16 +61,21 @@ def _markdown(header: list[str], rows: list[list[str]], right_from: int) -> str:
 
 
 def seeds_table(study: Study, table: Table, finished: Sequence[Cell], rows: Rows) -> str:
-    """One row per cell: start -> end of each metric, then the extra metrics."""
-    warm = study.warm_starts is not None
-    header = _label_headers(study) + (["warm start"] if warm else []) + ["seed"]
+    """One row per cell: start -> end of each metric, then the extra metrics (no arm
+    column for a one-arm study, no warm-start column unless warm starts are shared)."""
+    warm = study.warm_starts is not None and not study.warm_starts.per_seed
+    labels = len(study.arms) > 1 or len(study.settings) > 1
+    header = (_label_headers(study) if labels else []) + (["warm start"] if warm else [])
+    header.append("seed")
     left = len(header)
     header += [f"{m.label} start → end" for m in table.metrics] + [m.label for m in table.extra]
     body = []
     for setting, arm, group in _groups(study, finished):
         for cell in group:
             log = rows(cell)
-            line = _row_label(study, setting, arm) + ([str(cell.warm)] if warm else [])
+            line = (_row_label(study, setting, arm) if labels else []) + (
+                [str(cell.warm)] if warm else []
+            )
             line.append(str(cell.seed))
             for m in table.metrics:
                 start, end = reduce(log, _start(m)), reduce(log, m)
