@@ -188,5 +188,7 @@ def test_cli_lists_studies_and_refuses_unknown_ones(capsys: pytest.CaptureFixtur
     assert "grouping-gradient" in out  # a measurement, listed with its command
     assert main(["study", "summarise", "no-such-study"]) == 2
     assert "unknown study 'no-such-study'; declared: demo-seeds" in capsys.readouterr().err
+    assert main(["study", "run", "grouping-gradient"]) == 2
+    assert "a measurement, not a matrix of runs" in capsys.readouterr().err
     assert main(["study", "interval", "--", "0.1", "0.2", "0.3"]) == 0
     assert "mean +0.200  sd (ddof=1) 0.100" in capsys.readouterr().out

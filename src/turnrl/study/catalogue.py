@@ -311,6 +311,11 @@ MEASUREMENTS: dict[str, Measurement] = {
 
 
 def get_study(name: str) -> Study:
+    if name in MEASUREMENTS:
+        raise UsageError(
+            f"{name!r} is a measurement, not a matrix of runs: its command is "
+            f"`{MEASUREMENTS[name].command}`"
+        )
     if name not in STUDIES:
         raise UsageError(f"unknown study {name!r}; declared: {', '.join(STUDIES)}")
     return STUDIES[name]

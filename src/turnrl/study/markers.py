@@ -113,6 +113,13 @@ def _comments_before(lines: list[str], index: int) -> list[str]:
     return out
 
 
+def present(path: Path, study: str, names: list[str]) -> list[str]:
+    """Which of ``names`` have a marker block of ``study`` in the document, in the
+    document's order."""
+    found = [b.table for b in blocks(path, path.read_text().splitlines()) if b.study == study]
+    return [name for name in found if name in names]
+
+
 def replace_block(path: Path, study: str, table: str, content: str) -> bool:
     """Put ``content`` between the study's markers; ``False`` when the doc has none."""
     from turnrl.io import atomic_write_text

@@ -36,14 +36,16 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine() -> str:
+def machine(omp_threads: str | None = None) -> str:
+    """CPU, cores, OS and library versions, and the ``OMP_NUM_THREADS`` the runs had
+    (``omp_threads``; default: this process's)."""
     import torch
 
-    threads = os.environ.get("OMP_NUM_THREADS", "unset")
+    threads = omp_threads or os.environ.get("OMP_NUM_THREADS", "unset")
     return (
         f"{cpu_model()}, {os.cpu_count()} cores; {platform.system()} {platform.release()}; "
         f"python {platform.python_version()}, torch {torch.__version__}, numpy "
-        f"{__import__('numpy').__version__}; OMP_NUM_THREADS={threads} for every cell"
+        f"{__import__('numpy').__version__}; OMP_NUM_THREADS={threads}"
     )
 
 

@@ -173,7 +173,7 @@ def _mark_finished(cell: Cell, argv: list[str], seconds: float, root: Path) -> N
             "command": argv,
             "seconds": seconds,
             "commit": git_commit(root),
-            "machine": machine(),
+            "machine": machine(_child_env()["OMP_NUM_THREADS"]),
             "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         },
     )

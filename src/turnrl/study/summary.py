@@ -71,10 +71,12 @@ def summarise(study: Study, root: Path, summary_command: str | None = None) -> S
     filled = []
     if study.doc:
         doc = root / study.doc
-        for name, table_text in built.items():
-            block = f"{table_text}\n\n{coverage}; `{run_command(study)}`, then "
-            block += f"`turnrl study summarise {study.name}`.\n\n<details><summary>provenance"
-            block += f"</summary>\n\n{prov}\n\n</details>"
-            if markers.replace_block(doc, study.name, name, block):
-                filled.append(name)
+        present = markers.present(doc, study.name, list(built))
+        for name in present:
+            block = f"{built[name]}\n\n{coverage}; `{run_command(study)}`, then "
+            block += f"`turnrl study summarise {study.name}`."
+            if name == present[-1]:  # the provenance once, under the doc's last table
+                block += f"\n\n<details><summary>provenance</summary>\n\n{prov}\n\n</details>"
+            markers.replace_block(doc, study.name, name, block)
+            filled.append(name)
     return Summary(text, path, figure, filled)
