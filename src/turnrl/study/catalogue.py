@@ -297,7 +297,7 @@ MEASUREMENTS: dict[str, Measurement] = {
             "python examples/iterative_grpo/run.py",
             "docs/iterative-grpo.md",
             ("haggle", "split_money", "q-quality"),
-            240.0,
+            110.0,
         ),
         Measurement(
             "iterative-persona",
