@@ -94,7 +94,7 @@ def test_summarise_fills_the_doc_between_markers(tmp_path: Path) -> None:
     assert "old numbers" not in text and "| new | 3 | 0.25 | 0.80 ± 0.18 |" in text
     assert text.startswith("intro\n\n<!-- study:toy:arms -->\n") and text.endswith("after\n")
     assert "6 of 6 declared cells finished" in text
-    assert "## provenance" in result.text and "6 core-minutes" in result.text
+    assert "## provenance" in result.text and "6 minutes of wall time" in result.text
     assert result.figure == tmp_path / "docs" / "img" / "study-toy.png"
     assert result.figure.read_bytes().startswith(b"\x89PNG")
 

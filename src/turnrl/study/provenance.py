@@ -60,7 +60,7 @@ def block(root: Path, run_command: str, summary_command: str, cells: list[dict])
     lines = [
         f"- runs: `{run_command}` at commit {', '.join(commits)}",
         f"- machine: {'; '.join(machines)}",
-        f"- {len(cells)} cells, {minutes:.0f} core-minutes"
+        f"- {len(cells)} cells, {minutes:.0f} minutes of wall time (one process each)"
         + (f", finished {dates[0]} to {dates[-1]}" if dates else ""),
         f"- summary: `{summary_command}` at commit {git_commit(root)}, {now}",
     ]
