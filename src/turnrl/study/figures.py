@@ -43,7 +43,8 @@ def plot_curves(
         if setting:
             axes.set_title(setting)
         axes.legend(fontsize=8)
-    figure.suptitle(f"{study.title}: thin lines are seeds, thick the mean", fontsize=10)
+    title = study.title.replace("`", "")
+    figure.suptitle(f"{title}: thin lines are seeds, thick the mean", fontsize=10)
     figure.tight_layout()
     from turnrl.io import atomic_open
 
