@@ -80,7 +80,6 @@ TREE_ROLLOUTS = Study(
     curve="eval_success",
     curve_x="env_steps_physical",
     minutes_per_cell=1.0,
-    regenerated="python examples/tree/run.py --out OUT[/lr1e-3 --lr 1e-3]",
 )
 
 TOOL_OPEN = Metric("eval_tool_open_rate", "turn-0 tool rate", digits=3)

@@ -42,7 +42,8 @@ def plot_curves(
         axes.set_ylabel(study.curve)
         if setting:
             axes.set_title(setting)
-        axes.legend(fontsize=8)
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend(fontsize=8)
     title = study.title.replace("`", "")
     figure.suptitle(f"{title}: thin lines are seeds, thick the mean", fontsize=10)
     figure.tight_layout()
