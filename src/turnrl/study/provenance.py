@@ -49,6 +49,14 @@ def machine(omp_threads: str | None = None) -> str:
     )
 
 
+def _short(argv: list[str], root: Path) -> str:
+    """A command with the repository root and the interpreter's path shortened."""
+    text = (
+        " ".join(["python", *argv[1:]]) if argv and argv[0].endswith("python") else " ".join(argv)
+    )
+    return text.replace(f"{root}/", "")
+
+
 def block(root: Path, run_command: str, summary_command: str, cells: list[dict]) -> str:
     """The provenance lines of a summary; ``cells`` are the finished cells' records
     (what the runner wrote: command, seconds, commit, machine, date)."""
@@ -57,8 +65,10 @@ def block(root: Path, run_command: str, summary_command: str, cells: list[dict])
     machines = sorted({c.get("machine", "unknown") for c in cells})
     dates = sorted(c["finished"] for c in cells if "finished" in c)
     minutes = sum(float(c.get("seconds", 0.0)) for c in cells) / 60
+    example = next((c["command"] for c in cells if "command" in c), None)
     lines = [
         f"- runs: `{run_command}` at commit {', '.join(commits)}",
+        *([f"- one cell's exact command: `{_short(example, root)}`"] if example else []),
         f"- machine: {'; '.join(machines)}",
         f"- {len(cells)} cells, {minutes:.0f} minutes of wall time (one process each)"
         + (f", finished {dates[0]} to {dates[-1]}" if dates else ""),
