@@ -1,78 +1,36 @@
-"""The README's demo table: `make demo`'s recipe over several seeds.
+"""The README's demo table: `make demo`'s recipe over six seeds.
 
-    python examples/demo_seeds.py --out runs/demo-seeds --seeds 6   # train, then summarise
-    python examples/demo_seeds.py --out runs/demo-seeds --summarise # table from finished runs
+A thin wrapper of the ``demo-seeds`` study (declared in ``turnrl.study.catalogue``):
+each seed N is ``turnrl train --config examples/calculator.toml train.seed=N`` in
+``runs/studies/demo-seeds/calculator/seedN``; finished seeds are kept, a killed one
+resumes. The same as ``make study-demo-seeds``:
 
-Each seed trains ``turnrl train --config examples/calculator.toml train.seed=N`` into
-``OUT/seedN`` (a finished run is skipped); the table (held-out success before -> after,
-by kind, tool rate, and the lowest success after the first evaluation) is printed and
-written to ``OUT/summary.md``.
+    python examples/demo_seeds.py              # run what is missing, then summarise
+    python examples/demo_seeds.py --summarise  # tables from finished runs (README's markers)
+    python examples/demo_seeds.py --only seed0 --jobs 1
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
+import os
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-COLUMNS = (
-    ("success", "eval_success"),
-    ("easy", "eval_success_easy"),
-    ("hard", "eval_success_hard"),
-    ("tool rate", "eval_tool_rate"),
-)
-
-
-def train(out: Path, seed: int) -> None:
-    run_dir = out / f"seed{seed}"
-    if (run_dir / "report.html").exists():
-        return
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "turnrl",
-            "train",
-            "--config",
-            str(ROOT / "examples/calculator.toml"),
-            "--overwrite",
-            f"run_dir={run_dir}",
-            f"train.seed={seed}",
-        ],
-        check=True,
-    )
-
-
-def summary(out: Path) -> str:
-    """The markdown table of every ``OUT/seedN`` run."""
-    header = "| `train.seed` | " + " | ".join(f"{name} before → after" for name, _ in COLUMNS)
-    lines = [header + " | lowest success after step 0 |", "|---:" * (len(COLUMNS) + 2) + "|"]
-    for run_dir in sorted(out.glob("seed*"), key=lambda p: int(p.name[4:])):
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        evals = [r for r in rows if "eval_success" in r]
-        first, last = evals[0], evals[-1]
-        cells = [f"{first[key]:.2f} → {last[key]:.2f}" for _, key in COLUMNS]
-        lowest = min(r["eval_success"] for r in evals[1:])
-        lines.append(f"| {run_dir.name[4:]} | " + " | ".join(cells) + f" | {lowest:.2f} |")
-    return "\n".join(lines) + "\n"
+from turnrl.cli import main as turnrl
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=str(ROOT / "runs" / "demo-seeds"))
-    parser.add_argument("--seeds", type=int, default=6)
-    parser.add_argument("--summarise", action="store_true", help="only rebuild the table")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--only", action="append", default=[])
+    parser.add_argument("--summarise", action="store_true", help="only rebuild the tables")
     args = parser.parse_args()
-    out = Path(args.out)
     if not args.summarise:
-        for seed in range(args.seeds):
-            train(out, seed)
-    table = summary(out)
-    (out / "summary.md").write_text(table)
-    print(table, end="")
+        only = [f"--only={part}" for part in args.only]
+        code = turnrl(["study", "run", "demo-seeds", f"--jobs={args.jobs}", *only])
+        if code:
+            sys.exit(code)
+    sys.exit(turnrl(["study", "summarise", "demo-seeds"]))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The grouping experiment's summaries: the verdict rule of the learning runs and the
-projection tables (examples/grouping/run.py, gradient.py) on hand-built numbers."""
+"""The grouping experiment: the learning runs' study declaration and the projection
+tables (examples/grouping/gradient.py) on hand-built numbers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from turnrl.study.catalogue import STUDIES
+from turnrl.study.declaration import cells
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "grouping"
 
@@ -23,37 +26,29 @@ def _load(name: str):
 
 
 gradient = _load("gradient")
-run = _load("run")
-
-MIXED, GRPO, NODE = run.DEFAULT_ARMS
 
 
-def test_verdict_reproduced_only_when_mixed_falls_and_both_others_rise() -> None:
-    change = {
-        MIXED: np.array([-0.2, -0.3, -0.25]),
-        GRPO: np.array([0.2, 0.3, 0.25]),
-        NODE: np.array([0.1, 0.2, 0.15]),
-    }
-    paired = {GRPO: change[MIXED] - change[GRPO], NODE: change[MIXED] - change[NODE]}
-    assert run.verdict(change, paired).startswith("reproduced")
-    change[NODE] = np.array([-0.1, 0.2, 0.0])  # node within its spread: not a rise
-    assert run.verdict(change, paired).startswith("neither")
-
-
-def test_verdict_refuted_when_paired_differences_stay_within_the_seed_spread() -> None:
-    change = {
-        MIXED: np.array([-0.2, -0.3, -0.25]),
-        GRPO: np.array([-0.25, -0.2, -0.3]),
-        NODE: np.array([-0.3, -0.25, -0.2]),
-    }
-    paired = {GRPO: np.array([0.05, -0.1, 0.05]), NODE: np.array([0.1, -0.05, -0.05])}
-    assert run.verdict(change, paired).startswith("refuted")
-    paired[NODE] = np.array([0.3, 0.31, 0.29])  # a consistent paired difference
-    assert run.verdict(change, paired).startswith("neither")
-
-
-def test_verdict_needs_the_three_default_arms() -> None:
-    assert run.verdict({MIXED: np.array([0.1, 0.2])}, {}).startswith("no verdict")
+def test_learning_runs_are_the_declared_study(tmp_path: Path) -> None:
+    """The ``grouping-learning`` cells carry the overrides the old ``run.py`` passed
+    (estimator, aggregation, cost, steps, one thread, the frozen warm start, the seed)."""
+    study = STUDIES["grouping-learning"]
+    cells_ = cells(study, tmp_path)
+    warm, first = cells_[0], cells_[1]
+    assert warm.is_warm_start and "train.steps=0" in warm.argv and "train.seed=0" in warm.argv
+    assert first.key == "cost0.4-steps60/grpo_mixed/ws0-seed0"
+    for override in (
+        "credit.estimator=grpo_mixed",
+        "credit.params={}",
+        "train.aggregation=token-mean",
+        "env.env_kwargs.turn_cost=0.4",
+        "train.steps=60",
+        "train.threads=1",
+        "train.seed=0",
+        f"warm_start.init_from={warm.run_dir}/warm_start",
+    ):
+        assert override in first.argv, override
+    assert len(cells_) == 1 + 3 * 3 * 5
+    assert study.baseline == "grpo_mixed"
 
 
 def test_bootstrap_interval_brackets_the_mean_and_is_zero_width_for_constants() -> None:

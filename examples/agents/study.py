@@ -200,9 +200,11 @@ def summarise(name: str, out: Path) -> str:
 
 
 def _fmt(values: np.ndarray) -> str:
+    """``mean ± sd (per seed)``: sample sd (ddof 1), then every seed's value."""
     if len(values) == 1:
         return f"{values[0]:.2f}"
-    return f"{np.nanmean(values):.2f} ± {np.nanstd(values):.2f}"
+    seeds = ", ".join(f"{v:.2f}" for v in values)
+    return f"{np.nanmean(values):.2f} ± {np.nanstd(values, ddof=1):.2f} ({seeds})"
 
 
 def main() -> None:

@@ -162,10 +162,12 @@ def online_points(run: Path, per_block: int) -> list[dict]:
 
 
 def cell(values: list[float]) -> str:
+    """``mean ± sd`` over seeds (sample sd, ddof 1; "–" for one seed)."""
     values = [v for v in values if v == v]
     if not values:
         return "n/a"
-    return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
+    sd = f"{np.std(values, ddof=1):.3f}" if len(values) > 1 else "–"
+    return f"{np.mean(values):.3f} ± {sd}"
 
 
 def method_table(setting: str, compare: dict[str, list[Path]], seeds: int) -> list[str]:

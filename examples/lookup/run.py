@@ -16,23 +16,29 @@ the credit estimator differs:
     a2tgpo_no_rescale  ... without dividing by sqrt(number of terms) (ablation)
     a2tgpo_no_clip     ... beta = 0: the ordinary clip range (ablation)
 
-    python examples/lookup/run.py                  # 3 seeds x 8 arms, one run after the other
-    python examples/lookup/run.py --warm-seeds 3   # ... with a warm start of its own per seed
-    python examples/lookup/run.py --quick --out /tmp/lookup   # 1 seed, 2 steps (smoke test)
-    python examples/lookup/run.py --summarise      # only the tables and figures
+The runs are the ``search-agent`` study (declared in ``turnrl.study.catalogue``: 8
+arms x 3 seeds, a warm start of its own per seed, so the seed spread includes the
+warm start's); this script runs it through the harness and adds the study's
+detailed tables (per hop, per turn position):
 
-Runs go to ``OUT/<arm>/seed<k>`` (warm starts to ``OUT/warm/seed<k>``); the
-tables to ``OUT/summary.md`` and, for the default OUT, into
-``docs/search-agent.md`` (between its table markers); the figures to
-``docs/img/search-*.png`` (not with ``--quick``). Runs execute one after the
-other with one torch thread (the machine is shared); rerunning resumes: a
-finished run is skipped, a killed one continues from its last checkpoint.
+    python examples/lookup/run.py                  # = make study-search-agent + details
+    python examples/lookup/run.py --summarise      # only the tables and figures
+    python examples/lookup/run.py --quick --out /tmp/lookup   # 1 seed, 2 steps (smoke test,
+                                                   # sequential, not through the harness)
+
+Runs go to ``runs/studies/search-agent/<arm>/seed<k>`` (warm starts to
+``.../warm/ws<k>``); the detailed tables to ``OUT/summary.md`` and, for the study's
+directory, into ``docs/search-agent.md`` (between its ``search-agent:details``
+markers); the figures to ``docs/img/search-*.png`` (not with ``--quick``).
+Rerunning resumes: a finished run is skipped, a killed one continues from its last
+checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import warnings
 from collections import defaultdict
@@ -48,8 +54,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "lookup.toml"
 FIGURES = ROOT / "docs" / "img"
 DOC = ROOT / "docs" / "search-agent.md"
-DOC_BEGIN = "<!-- tables: written by `examples/lookup/run.py --summarise`, do not edit -->"
-DOC_END = "<!-- end of tables -->"
+STUDY = ROOT / "runs" / "studies" / "search-agent"
+DOC_BEGIN = "<!-- study:search-agent:details -->"
+DOC_END = "<!-- /study:search-agent:details -->"
 ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("grpo", {}),
     "igpo": ("igpo", {}),
@@ -100,7 +107,7 @@ def run_all(out: Path, seeds: int, steps: int, budget: list[str], warm_seeds: in
 
     RL seed ``k`` starts from warm start ``k mod warm_seeds``: with ``warm_seeds = 1``
     every seed shares one warm start and the seed spread is the RL's alone."""
-    warm = [out / "warm" / f"seed{w}" for w in range(warm_seeds)]
+    warm = [out / "warm" / f"ws{w}" for w in range(warm_seeds)]
     jobs: list[tuple[Path, list[str], int]] = [
         (w, [*budget, f"train.seed={k}", f"run_dir={w}", "train.steps=0"], 0)
         for k, w in enumerate(warm)
@@ -154,11 +161,12 @@ def turn_stats(run_dir: Path, field: str) -> dict[int, tuple[float, float, int]]
 
 
 def cell(values: list[float], digits: int = 2) -> str:
-    """``mean ± std`` over seeds (std with ddof 0, as the grouping study)."""
+    """``mean ± sd`` over seeds (sample sd, ddof 1; "–" for one value)."""
     values = [v for v in values if not np.isnan(v)]
     if not values:
         return "–"
-    return f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
+    sd = f"{np.std(values, ddof=1):.{digits}f}" if len(values) > 1 else "–"
+    return f"{np.mean(values):.{digits}f} ± {sd}"
 
 
 def per_seed(values: list[float], digits: int = 2) -> str:
@@ -172,7 +180,7 @@ def summarise(
     with ``figures``, its figures in docs/img."""
     labels = ["warm start", *ARMS]
     dirs = {
-        "warm start": [out / "warm" / f"seed{s}" for s in range(warm_seeds)],
+        "warm start": [out / "warm" / f"ws{s}" for s in range(warm_seeds)],
         **{arm: [out / arm / f"seed{s}" for s in range(seeds)] for arm in ARMS},
     }
     finals = {
@@ -184,8 +192,10 @@ def summarise(
         return [float(f.get(key, np.nan)) for f in finals[label]]
 
     lines = [
-        f"{seeds} RL seeds from {warm_seeds} warm start(s); every number below a mean ± std "
-        "over the seeds (std with ddof 0) unless it says otherwise.",
+        f"{seeds} RL seeds from {warm_seeds} warm start(s); every number below a mean ± sd "
+        "over the seeds (sample sd, ddof 1) unless it says otherwise; arms compared pair "
+        "by pair with intervals: the study's own tables (`turnrl study summarise "
+        "search-agent`).",
         "",
         f"Held-out success (greedy, {seeds} seeds: mean ± std, then seed by seed)",
         "",
@@ -344,35 +354,37 @@ def write_figures(out: Path, dirs, finals, adv) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=None, help="RL steps (default: recipe)")
-    parser.add_argument(
-        "--warm-seeds",
-        type=int,
-        default=1,
-        help="warm starts (default 1, shared by every seed, as in docs/search-agent.md); "
-        "RL seed k starts from warm start k mod this",
-    )
-    parser.add_argument("--out", default=str(ROOT / "runs" / "lookup"))
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="study processes")
+    parser.add_argument("--out", default=str(STUDY), help="where the runs are (--quick: go)")
     parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, tiny warm start")
     parser.add_argument("--summarise", action="store_true", help="only the tables and figures")
     args = parser.parse_args()
-    seeds = 1 if args.quick else args.seeds
-    budget = []
+    out = Path(args.out)
+    budget: list[str] = []
     if args.quick:
         budget = ["warm_start.steps=5", "env.n_eval_tasks=6", "train.eval_every=1"]
         budget += ["train.log_rollouts_every=1", "rollout.tasks_per_step=2", "train.steps=2"]
     recipe = load_config(RunConfig, CONFIG, budget)
-    steps = args.steps or recipe.train.steps
-    warm_seeds = max(1, min(args.warm_seeds, seeds))
-    out = Path(args.out)
-    if not args.summarise:
-        run_all(out, seeds, steps, budget, warm_seeds)
+    steps = recipe.train.steps
+    if args.quick:
+        seeds = warm_seeds = 1
+        if not args.summarise:
+            run_all(out, seeds, steps, budget, warm_seeds)
+    else:
+        from turnrl.cli import main as turnrl
+        from turnrl.study.catalogue import get_study
+
+        seeds = warm_seeds = len(get_study("search-agent").seeds)  # a warm start per seed
+        if not args.summarise:
+            code = turnrl(["study", "run", "search-agent", f"--jobs={args.jobs}"])
+            if code:
+                raise SystemExit(code)
+            turnrl(["study", "summarise", "search-agent"])
     tables = summarise(
         out, seeds, warm_seeds, steps, recipe.train.log_rollouts_every, figures=not args.quick
     )
     print(tables)
-    if not args.quick and out.resolve() == (ROOT / "runs" / "lookup").resolve():
+    if not args.quick and out.resolve() == STUDY.resolve():
         write_into_doc(DOC, tables)
 
 

@@ -8,16 +8,21 @@ tree prefixes are not steps; this script logs them as ``env_steps_physical``,
 which the trainer's ``env_steps`` column now equals). Evaluation (held-out maps, 2
 samples at temperature 0.7) runs every ``--eval-every`` environment steps.
 
-    python examples/tree/run.py --out runs/tree/lr3e-4            # the recipes (lr 3e-4)
-    python examples/tree/run.py --out runs/tree/lr1e-3 --lr 1e-3  # every strategy at 1e-3
-    python examples/tree/run.py --quick --out /tmp/tree            # 1 seed, tiny budget
+The study is declared in ``turnrl.study.catalogue`` (``tree-rollouts``: 3 strategies
+x 3 seeds x 2 learning rates, one warm start per seed); this script is its cell and
+its resource table:
 
-Runs go to ``OUT/<strategy>/seed<k>`` (warm starts to ``OUT/../warm``, shared
-by every ``OUT``); the HTML report (``turnrl report``) to ``OUT/report.html``;
-eval success against environment steps and against tokens computed to
-``OUT/curves.png``; a markdown summary to ``OUT/summary.md``. Runs execute one
-after the other with one torch thread (the machine is shared); a finished run
-is skipped when rerun.
+    make study-tree-rollouts                     # all of it, resumable
+    turnrl study run tree-rollouts --jobs 2      # runs/studies/tree-rollouts/<lr>/<arm>/seed<k>
+    turnrl study summarise tree-rollouts         # success tables (paired, with intervals), figure
+    python examples/tree/run.py --summarise --out runs/studies/tree-rollouts/lr3e-4
+                                                 # steps, tokens, updates, collapses; report, curves
+    python examples/tree/run.py --quick --out /tmp/tree/x   # smoke run: 1 seed, tiny budget
+
+``--cell --config RECIPE OVERRIDES...`` is one cell (what the study runs). The
+summary writes ``OUT/summary.md``, ``OUT/report.html`` (``turnrl report``),
+``OUT/curves.png`` (eval success against environment steps and tokens computed)
+and the table between the doc's ``tree-rollouts-resources:<OUT's name>`` markers.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
+STUDY = ROOT / "runs" / "studies" / "tree-rollouts"
+DOC = ROOT / "docs" / "tree-rollouts.md"
 STRATEGIES = ("independent", "patr", "rtpo")
 
 
@@ -57,35 +64,55 @@ def warm_start(root: Path, seed: int, overrides: list[str]) -> Path:
 
 
 def train(strategy: str, seed: int, warm: Path, run_dir: Path, args, overrides) -> None:
-    """Train until ``args.budget`` physical environment steps; evaluate on a fixed grid."""
-    from turnrl.io import append_jsonl
-    from turnrl.train.online import OnlineTrainer
-
-    config = load(
-        strategy,
+    """One run of the old sequential loop (``--quick``): the recipe of ``strategy``."""
+    train_cell(
+        recipe(strategy),
         [
             *overrides,
+            "train.threads=1",
             f"run_dir={run_dir}",
             f"train.seed={seed}",
             f"warm_start.init_from={warm}",
+        ],
+        args.budget,
+        args.eval_every,
+    )
+
+
+def train_cell(config_path: Path, overrides: list[str], budget: float, eval_every: float) -> None:
+    """Train until ``budget`` physical environment steps; evaluate on a fixed grid.
+
+    This is one cell of the ``tree-rollouts`` study (``turnrl study run tree-rollouts``
+    calls ``run.py --budget B --eval-every E --cell --config RECIPE OVERRIDES...``);
+    an unfinished run is redone from its start (``overwrite``)."""
+    from turnrl.io import append_jsonl
+    from turnrl.train.config import RunConfig, load_config
+    from turnrl.train.online import OnlineTrainer
+
+    config = load_config(
+        RunConfig,
+        config_path,
+        [
+            *overrides,
             "train.steps=100000",  # the budget below ends the run
             "train.checkpoint_every=0",
         ],
     )
+    run_dir = Path(config.run_dir)
     trainer = OnlineTrainer(config, quiet=True, overwrite=True)  # redo an unfinished run
     trainer.run(stop_after=0)  # set-up (load the warm start) and the step-0 evaluation
     metrics = run_dir / "metrics.jsonl"
     used = computed = 0.0
-    next_eval = args.eval_every
+    next_eval = eval_every
     started = time.perf_counter()
-    while used < args.budget:
+    while used < budget:
         row = trainer.train_step()
         used += row["rollout_env_steps"]
         computed += row.get("tokens_computed", float("nan"))
         row.update(env_steps_physical=used, tokens_computed_total=computed)
-        if used >= next_eval or used >= args.budget:
+        if used >= next_eval or used >= budget:
             row.update(trainer.evaluate())
-            next_eval += args.eval_every
+            next_eval += eval_every
         row["seconds_total"] = time.perf_counter() - started
         append_jsonl(metrics, row)
     (run_dir / "done").write_text("ok\n")
@@ -163,7 +190,7 @@ malformed moves."""
 def summary(out: Path, seeds: int) -> str:
     """Every number docs/tree-rollouts.md quotes about a study, with per-seed columns."""
     lines = [
-        "| strategy | eval success: start | end (mean ± std) | end per seed | mean over evals "
+        "| strategy | eval success: start | end (mean ± sd) | end per seed | mean over evals "
         "| env steps | steps per leaf | tokens computed | unique tokens | updates | skipped "
         "| pruned leaves | collapsed | minutes |",
         "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -184,9 +211,9 @@ def summary(out: Path, seeds: int) -> str:
         )
         steps = [r[0][-1] for r in runs]
         lines.append(
-            f"| {strategy} | {np.mean(start):.3f} | {np.mean(end):.3f} ± {np.std(end):.3f} "
+            f"| {strategy} | {np.mean(start):.3f} | {np.mean(end):.3f} ± {np.std(end, ddof=1):.3f} "
             f"| {', '.join(f'{v:.2f}' for v in end)} "
-            f"| {np.mean(average):.3f} ± {np.std(average):.3f} "
+            f"| {np.mean(average):.3f} ± {np.std(average, ddof=1):.3f} "
             f"| {np.mean(steps):,.0f} | {np.sum(steps) / np.sum(leaves):.2f} "
             f"| {np.mean([r[1][-1] for r in runs]):,.0f} "
             f"| {np.mean([r[2][-1] for r in runs]):,.0f} "
@@ -196,7 +223,8 @@ def summary(out: Path, seeds: int) -> str:
         )
     lines += [
         "",
-        "Means over seeds unless a column says otherwise; env steps are steps actually taken "
+        "Means over seeds unless a column says otherwise; sd: sample standard deviation "
+        "(ddof = 1); env steps are steps actually taken "
         "(copies of shared prefixes are not steps); skipped: RTPO turn positions where every "
         "sibling group tied; collapsed: last evaluation with success 0 and more than "
         f"{COLLAPSE_MALFORMED:.0%} malformed moves.",
@@ -205,15 +233,20 @@ def summary(out: Path, seeds: int) -> str:
 
 
 def summarise(out: Path, seeds: int) -> None:
-    """The report, the curves and the summary table of finished runs."""
+    """The report, the curves and the resource table of finished runs; the table also
+    goes between the ``tree-rollouts-resources:<OUT's name>`` markers of the doc."""
     from turnrl.report import write_report
+    from turnrl.study.markers import replace_block
 
     run_dirs = [out / s / f"seed{k}" for s in STRATEGIES for k in range(seeds)]
     report = write_report(run_dirs, out / "report.html", title="Tree rollouts on FrozenLake")
     figure = plot(out, curves(out, seeds))
     table = summary(out, seeds)
     (out / "summary.md").write_text(table + "\n")
+    written = replace_block(DOC, "tree-rollouts-resources", out.name, table)
     print(table, f"\nreport: {report}\ncurves: {figure}", sep="\n")
+    if written:
+        print(f"{DOC}: table tree-rollouts-resources:{out.name} rewritten")
 
 
 def main() -> None:
@@ -221,27 +254,30 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--budget", type=float, default=6000, help="environment steps per run")
     parser.add_argument("--eval-every", type=float, default=1000, help="in environment steps")
-    parser.add_argument("--out", default=str(ROOT / "runs" / "tree"))
-    parser.add_argument("--lr", type=float, default=None, help="override every recipe's lr")
-    parser.add_argument(
-        "--warm", default=None, help="warm starts' directory (default: OUT/../warm, shared)"
-    )
+    parser.add_argument("--out", default=str(STUDY / "lr3e-4"))
     parser.add_argument("--quick", action="store_true", help="1 seed, 300 steps, tiny warm start")
     parser.add_argument("--summarise", action="store_true", help="only rebuild report and tables")
+    parser.add_argument("--cell", action="store_true", help="one study cell (see train_cell)")
+    parser.add_argument("--config", help="with --cell: the recipe")
+    parser.add_argument("overrides", nargs="*", help="with --cell: the cell's overrides")
     args = parser.parse_args()
+    if args.cell:
+        train_cell(Path(args.config), args.overrides, args.budget, args.eval_every)
+        return
     if args.summarise:
         summarise(Path(args.out), args.seeds)
         return
-    overrides: list[str] = []
-    if args.quick:
-        args.seeds, args.budget, args.eval_every = 1, 300, 150
-        overrides = ["warm_start.steps=10", "env.n_eval_tasks=4", "rollout.tasks_per_step=2"]
-    if args.lr is not None:
-        overrides.append(f"train.lr={args.lr}")
+    if not args.quick:
+        raise SystemExit(
+            "the study is declared in turnrl.study.catalogue: `make study-tree-rollouts` "
+            "(or `turnrl study run tree-rollouts`, then `turnrl study summarise tree-rollouts` "
+            "and `python examples/tree/run.py --summarise --out runs/studies/tree-rollouts/lr3e-4`)"
+        )
+    args.seeds, args.budget, args.eval_every = 1, 300, 150
+    overrides = ["warm_start.steps=10", "env.n_eval_tasks=4", "rollout.tasks_per_step=2"]
     out = Path(args.out)
-    warm_root = Path(args.warm) if args.warm else out.parent / "warm"
     for seed in range(args.seeds):
-        warm = warm_start(warm_root, seed, [o for o in overrides if not o.startswith("train.lr")])
+        warm = warm_start(out.parent / "warm", seed, overrides)
         for strategy in STRATEGIES:
             run_dir = out / strategy / f"seed{seed}"
             if (run_dir / "done").exists():

@@ -273,6 +273,15 @@ def _add_serve(subparsers: Any) -> None:
 _EXTRA_COMMANDS.append(_add_serve)
 
 
+def _add_study(subparsers: Any) -> None:
+    from turnrl.study.cli import add_study_command
+
+    add_study_command(subparsers)
+
+
+_EXTRA_COMMANDS.append(_add_study)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -1,0 +1,327 @@
+"""Every declared study of this repository, and the measurements that are not
+``turnrl train`` matrices but write doc tables too.
+
+Paths are relative to the repository root (studies run from a checkout: their
+recipes live in ``examples/``). ``turnrl study list`` prints them with their cell
+counts and times; ``make study-<name>`` runs one and summarises it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from turnrl.errors import UsageError
+from turnrl.study.declaration import Arm, Metric, Setting, Study, Table, WarmStarts
+
+DEMO_METRICS = (
+    Metric("eval_success", "success"),
+    Metric("eval_success_easy", "easy"),
+    Metric("eval_success_hard", "hard"),
+    Metric("eval_tool_rate", "tool rate"),
+)
+
+DEMO_SEEDS = Study(
+    name="demo-seeds",
+    title="`make demo`'s recipe over six seeds",
+    config="examples/calculator.toml",
+    arms=(Arm("calculator"),),
+    seeds=tuple(range(6)),
+    doc="README.md",
+    tables=(
+        Table(
+            "seeds",
+            "seeds",
+            DEMO_METRICS,
+            extra=(Metric("eval_success", "lowest success after step 0", "min_after_first"),),
+        ),
+        Table("arms", "arms", DEMO_METRICS[:1]),
+    ),
+    curve="eval_success",
+    minutes_per_cell=2.5,
+)
+
+TREE_METRICS = (
+    Metric("eval_success", "eval success", digits=3),
+    Metric("eval_success", "mean over evals", "mean_after_first", digits=3),
+)
+
+TREE_ROLLOUTS = Study(
+    name="tree-rollouts",
+    title="Tree rollouts on FrozenLake 3x3: independent vs PATR vs RTPO at equal env steps",
+    config="examples/frozenlake_independent.toml",
+    program=(
+        "{python}",
+        "examples/tree/run.py",
+        "--budget",
+        "6000",
+        "--eval-every",
+        "1000",
+        "--cell",
+    ),
+    arms=(
+        Arm("independent"),
+        Arm("patr", config="examples/frozenlake_patr.toml"),
+        Arm("rtpo", config="examples/frozenlake_rtpo.toml"),
+    ),
+    seeds=(0, 1, 2),
+    settings=(Setting("lr3e-4"), Setting("lr1e-3", ("train.lr=1e-3",))),
+    warm_starts=WarmStarts(
+        count=3, per_seed=True, program=("{python}", "-m", "turnrl.cli", "train", "--quiet")
+    ),
+    overrides=("train.threads=1",),
+    resume_flag=None,
+    baseline="independent",
+    doc="docs/tree-rollouts.md",
+    tables=(
+        Table("arms", "arms", TREE_METRICS),
+        Table("paired", "paired", TREE_METRICS),
+        Table("seeds", "seeds", TREE_METRICS[:1]),
+    ),
+    curve="eval_success",
+    curve_x="env_steps_physical",
+    minutes_per_cell=1.0,
+)
+
+TOOL_OPEN = Metric("eval_tool_open_rate", "turn-0 tool rate", digits=3)
+GROUPING_OUTCOMES = (
+    TOOL_OPEN,
+    Metric("eval_return", "return", digits=3),
+    Metric("eval_success", "success", digits=3),
+    Metric("eval_turns", "turns", digits=3),
+)
+
+
+def _estimator_arm(name: str, estimator: str, params: str = "{}", *extra: str) -> Arm:
+    return Arm(
+        name,
+        (f"label={name}", f"credit.estimator={estimator}", f"credit.params={params}", *extra),
+    )
+
+
+GROUPING_LEARNING = Study(
+    name="grouping-learning",
+    title="Grouping experiment, learning runs: grpo_mixed vs grpo vs node (token-mean, all turns)",
+    config="examples/grouping/medium.toml",
+    arms=tuple(
+        _estimator_arm(name, name, "{}", "train.aggregation=token-mean")
+        for name in ("grpo_mixed", "grpo", "node")
+    ),
+    seeds=tuple(range(5)),
+    settings=(
+        Setting("cost0.4-steps60", ("env.env_kwargs.turn_cost=0.4", "train.steps=60")),
+        Setting("cost0.4-steps30", ("env.env_kwargs.turn_cost=0.4", "train.steps=30")),
+        Setting("cost0.2-steps60", ("env.env_kwargs.turn_cost=0.2", "train.steps=60")),
+    ),
+    # the frozen warm start of examples/grouping/gradient.py (same recipe, same seed)
+    warm_starts=WarmStarts(count=1),
+    overrides=("train.threads=1",),
+    baseline="grpo_mixed",
+    doc="docs/grouping-experiment.md",
+    tables=(
+        Table("arms", "arms", GROUPING_OUTCOMES),
+        Table("paired", "paired", GROUPING_OUTCOMES),
+    ),
+    doc_tables=("legacy-cost0.4-steps60", "legacy-cost0.4-steps30", "legacy-cost0.2-steps60"),
+    curve="eval_tool_open_rate",
+    minutes_per_cell=6.0,
+    regenerated="python examples/grouping/run.py --cost C --steps N",
+)
+
+SEARCH_ARMS = (
+    ("grpo", "grpo", "{}"),
+    ("igpo", "igpo", "{}"),
+    ("a2tgpo", "a2tgpo", "{}"),
+    ("gigpo", "gigpo", "{}"),
+    ("turn_group", "turn_group", "{}"),
+    ("a2tgpo_joint", "a2tgpo", '{ig_norm = "joint"}'),
+    ("a2tgpo_no_rescale", "a2tgpo", "{rescale = false}"),
+    ("a2tgpo_no_clip", "a2tgpo", "{beta = 0.0}"),
+)
+
+SEARCH_AGENT = Study(
+    name="search-agent",
+    title="Search agent (lookup): credit estimators, equal episodes",
+    config="examples/lookup.toml",
+    arms=tuple(_estimator_arm(*arm) for arm in SEARCH_ARMS),
+    seeds=(0, 1, 2),
+    # one warm start per seed: the seed spread then includes the warm start's (the
+    # tables in the doc used one shared warm start: RL spread only)
+    warm_starts=WarmStarts(count=1, per_seed=True),
+    overrides=("train.threads=1",),
+    baseline="grpo",
+    doc="docs/search-agent.md",
+    tables=(
+        Table("arms", "arms", (Metric("eval_success", "success"),)),
+        Table("paired", "paired", (Metric("eval_success", "success"),)),
+    ),
+    doc_tables=("details",),
+    curve="eval_success",
+    minutes_per_cell=5.0,
+    regenerated="python examples/lookup/run.py (one warm start shared by all seeds)",
+)
+
+AGENT_METRICS = (
+    Metric("eval_success", "success"),
+    Metric("eval_success_hard", "success (hard)"),
+    Metric("eval_tool_rate_hard", "tool rate (hard)"),
+)
+
+AGENTS_CALC_OPENAI = Study(
+    name="agents-calc-openai",
+    title="The openai-client calculator agent: grpo_mixed vs grpo vs node",
+    config="examples/agents/calc_openai.toml",
+    arms=tuple(
+        _estimator_arm(name, name, "{}", "warm_start.teacher=none")
+        for name in ("grpo_mixed", "grpo", "node")
+    ),
+    seeds=(0, 1, 2),
+    warm_starts=WarmStarts(
+        count=1,
+        overrides=("train.steps=0", "warm_start.teacher_tasks=512", "warm_start.steps=3000"),
+    ),
+    overrides=(
+        "train.threads=1",
+        "rollout.tasks_per_step=8",
+        "rollout.group_size=4",
+        "train.steps=20",
+        "train.eval_every=10",
+        "train.checkpoint_every=10",
+    ),
+    baseline="grpo_mixed",
+    doc="docs/agents.md",
+    tables=(Table("arms", "arms", AGENT_METRICS), Table("paired", "paired", AGENT_METRICS)),
+    doc_tables=("legacy-20-steps",),
+    curve="eval_success",
+    minutes_per_cell=3.0,
+    regenerated="python examples/agents/study.py calc_openai",
+)
+
+STUDIES: dict[str, Study] = {
+    s.name: s
+    for s in (DEMO_SEEDS, TREE_ROLLOUTS, GROUPING_LEARNING, SEARCH_AGENT, AGENTS_CALC_OPENAI)
+}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A command that writes doc tables but is not a matrix of training runs (a gradient
+    measurement, a benchmark): its tables' markers name it, and it says how to rerun."""
+
+    name: str
+    command: str
+    doc: str
+    tables: tuple[str, ...]
+    minutes: float
+
+
+MEASUREMENTS: dict[str, Measurement] = {
+    m.name: m
+    for m in (
+        Measurement(
+            "grouping-gradient",
+            "python examples/grouping/gradient.py --batches 110",
+            "docs/grouping-experiment.md",
+            ("warm-start", "projection", "contrasts"),
+            60.0,
+        ),
+        Measurement(
+            "tree-rollouts-resources",
+            "python examples/tree/run.py --summarise --out runs/studies/tree-rollouts/LR",
+            "docs/tree-rollouts.md",
+            ("lr3e-4", "lr1e-3"),
+            0.5,
+        ),
+        Measurement(
+            "bench-tree-tokens",
+            "python benchmarks/tree_tokens.py --warm-start 100 --write",
+            "docs/tree-rollouts.md",
+            ("tokens",),
+            10.0,
+        ),
+        Measurement(
+            "bench-update",
+            "python benchmarks/update.py --write",
+            "docs/tree-training.md",
+            ("update", "trl"),
+            60.0,
+        ),
+        Measurement(
+            "bench-tree-attention",
+            "python benchmarks/tree_attention.py --only calculator,frozenlake,patr --steps 1 "
+            "--budgets 1024,2048,1000000 --write",
+            "docs/tree-training.md",
+            ("attention",),
+            10.0,
+        ),
+        Measurement(
+            "smol-long",
+            "turnrl train --config examples/calculator_smollm2.toml --run-dir runs/smol-long "
+            "--overwrite train.steps=36 train.eval_every=12 train.checkpoint_every=12 "
+            "env.n_eval_tasks=32 train.threads=1",
+            "docs/tree-training.md",
+            ("heldout",),
+            40.0,
+        ),
+        Measurement(
+            "bench-agents",
+            "python benchmarks/agents.py",
+            "docs/agents.md",
+            ("gateway",),
+            5.0,
+        ),
+        Measurement(
+            "agents-calc-openai-long",
+            "python examples/agents/study.py calc_openai_long",
+            "docs/agents.md",
+            ("legacy",),
+            10.0,
+        ),
+        Measurement(
+            "agents-calc-x",
+            "python examples/agents/study.py calc_x",
+            "docs/agents.md",
+            ("legacy",),
+            35.0,
+        ),
+        Measurement(
+            "agents-solver-checker",
+            "turnrl train --config examples/agents/solver_checker.toml train.steps=20 "
+            "train.eval_every=10",
+            "docs/agents.md",
+            ("legacy",),
+            7.0,
+        ),
+        Measurement(
+            "iterative-grpo",
+            "python examples/iterative_grpo/run.py",
+            "docs/iterative-grpo.md",
+            ("haggle", "split_money", "q-quality"),
+            110.0,
+        ),
+        Measurement(
+            "iterative-persona",
+            "python examples/iterative_grpo/persona_following.py",
+            "docs/iterative-grpo.md",
+            ("persona",),
+            5.0,
+        ),
+    )
+}
+
+
+def get_study(name: str) -> Study:
+    if name in MEASUREMENTS:
+        raise UsageError(
+            f"{name!r} is a measurement, not a matrix of runs: its command is "
+            f"`{MEASUREMENTS[name].command}`"
+        )
+    if name not in STUDIES:
+        raise UsageError(f"unknown study {name!r}; declared: {', '.join(STUDIES)}")
+    return STUDIES[name]
+
+
+def known_tables() -> dict[str, tuple[str, ...]]:
+    """Marker name -> table names, for every study and measurement."""
+    out = {name: study.table_names for name, study in STUDIES.items()}
+    out.update({name: m.tables for name, m in MEASUREMENTS.items()})
+    return out

@@ -1,0 +1,228 @@
+"""What a study is: a declared matrix of runs, and the cells it expands to.
+
+A study is arms x seeds x warm starts x settings of one command (``turnrl train``
+by default, ``turnrl iterate`` or a script that accepts the same shape of
+arguments). Every cell is the command, the study's config and the overrides of its
+setting, arm, seed and warm start, and a run directory of its own::
+
+    runs/studies/<study>/[<setting>/]<arm>/[ws<w>-]seed<k>
+
+Warm starts are a level of the matrix: with ``WarmStarts`` declared, warm start
+``w`` is a run of its own (``train.steps=0`` and ``train.seed=w`` by default)
+under ``runs/studies/<study>/warm/ws<w>``, and every cell of warm start ``w``
+starts from it (``warm_start.init_from=...``). Without it, each cell trains its own
+warm start inside its run (seeded by the cell's seed).
+
+Nothing here runs anything; :mod:`turnrl.study.runner` does.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TRAIN = ("{python}", "-m", "turnrl.cli", "train", "--quiet")
+ITERATE = ("{python}", "-m", "turnrl.cli", "iterate", "--quiet")
+STUDIES_DIR = Path("runs") / "studies"
+DONE_FILE = "study-cell.json"
+"""Written into a cell's run directory when its command exited 0 (command, seconds, date)."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One treatment: a name (a table row) and the overrides that make it."""
+
+    name: str
+    overrides: tuple[str, ...] = ()
+    config: str | None = None
+    """The arm's own recipe (relative to the repository root); default: the study's."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of the environment or budget, crossed with every arm."""
+
+    name: str
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class WarmStarts:
+    """Shared warm starts as a level of the matrix (see the module docstring)."""
+
+    count: int
+    """How many; with ``per_seed`` it is ignored (one per seed)."""
+    per_seed: bool = False
+    """One warm start per seed, warm start ``k`` for seed ``k`` (the seed is both)."""
+    program: tuple[str, ...] | None = None
+    """The warm-start command; default: the study's."""
+    overrides: tuple[str, ...] = ("train.steps=0",)
+    """Overrides of the warm-start run (added to the study's own)."""
+    seed_override: str = "train.seed={warm}"
+    init_override: str = "warm_start.init_from={warm_dir}/warm_start"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A number a table reports: ``key`` in the cell's ``metrics.jsonl``.
+
+    ``reduce``: ``"last"`` (the last row that has it; the end of the run),
+    ``"first"`` (the first such row; the start), ``"min_after_first"`` (the lowest
+    after the first), ``"mean_after_first"`` (the mean over rows after the first)."""
+
+    key: str
+    label: str
+    reduce: str = "last"
+    digits: int = 2
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table the summary writes (into ``summary.md`` and between the doc's markers).
+
+    ``kind``: ``"seeds"`` (one row per cell: start -> end of each metric, then the
+    ``extra`` metrics), ``"arms"`` (per arm and setting: end mean +- sd, change, end
+    per seed) or ``"paired"`` (per arm and setting: ``arm - baseline`` of the end
+    value per pair, mean, bootstrap CI, verdict)."""
+
+    name: str
+    kind: str
+    metrics: tuple[Metric, ...]
+    extra: tuple[Metric, ...] = ()
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a study."""
+
+    study: str
+    setting: str
+    arm: str
+    warm: int
+    seed: int
+    run_dir: Path
+    argv: tuple[str, ...]
+    """The command, without a resume flag (the runner adds one to continue a run)."""
+    is_warm_start: bool = False
+
+    @property
+    def key(self) -> str:
+        """The run directory relative to the study's directory: unique in the study."""
+        return "/".join(self.run_dir.parts[-(3 if self.setting else 2) :])
+
+
+@dataclass(frozen=True)
+class Study:
+    """A declared matrix of runs and the tables and figures summarised from it."""
+
+    name: str
+    title: str
+    config: str
+    """The recipe (TOML), relative to the repository root."""
+    arms: tuple[Arm, ...]
+    seeds: tuple[int, ...]
+    tables: tuple[Table, ...]
+    doc: str | None = None
+    """The document whose ``<!-- study:NAME:TABLE -->`` markers the summary fills."""
+    program: tuple[str, ...] = TRAIN
+    overrides: tuple[str, ...] = ()
+    settings: tuple[Setting, ...] = (Setting(""),)
+    warm_starts: WarmStarts | None = None
+    seed_override: str = "train.seed={seed}"
+    resume_flag: str | None = "--resume"
+    baseline: str | None = None
+    """The arm every other arm is compared with, pair by pair."""
+    curve: str | None = None
+    """A metric plotted per arm against ``curve_x`` (per-seed lines and the mean)."""
+    curve_x: str = "step"
+    minutes_per_cell: float = 5.0
+    """Estimated minutes of one cell on one core here, until one has been measured."""
+    regenerated: str = ""
+    """Empty when the doc's tables come from this declaration; otherwise the line the
+    summary leaves under them (which old command and commit produced them)."""
+    notes: str = ""
+    doc_tables: tuple[str, ...] = field(default=())
+    """Marker names of doc tables kept from an older command (not written by this
+    summary; see ``regenerated``)."""
+
+    def __post_init__(self) -> None:
+        names = [arm.name for arm in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"study {self.name!r}: two arms share a name")
+        if self.baseline is not None and self.baseline not in names:
+            raise ValueError(f"study {self.name!r}: baseline {self.baseline!r} is not an arm")
+
+    @property
+    def table_names(self) -> tuple[str, ...]:
+        return tuple(table.name for table in self.tables) + self.doc_tables
+
+
+def study_dir(study: Study, root: Path) -> Path:
+    return root / STUDIES_DIR / study.name
+
+
+def _fill(template: str, **values: object) -> str:
+    return template.format(**values)
+
+
+def warm_indices(study: Study) -> list[int]:
+    if study.warm_starts is None:
+        return [0]
+    if study.warm_starts.per_seed:
+        return list(study.seeds)
+    return list(range(study.warm_starts.count))
+
+
+def warm_cells(study: Study, root: Path) -> list[Cell]:
+    """The shared warm-start runs (none unless ``warm_starts`` is declared)."""
+    if study.warm_starts is None:
+        return []
+    cells = []
+    program = study.warm_starts.program or study.program
+    for warm in warm_indices(study):
+        run_dir = study_dir(study, root) / "warm" / f"ws{warm}"
+        argv = (
+            *(_fill(part, python=sys.executable) for part in program),
+            "--config",
+            str(root / study.config),
+            *study.overrides,
+            *study.warm_starts.overrides,
+            _fill(study.warm_starts.seed_override, warm=warm),
+            f"run_dir={run_dir}",
+        )
+        cells.append(Cell(study.name, "", "warm", warm, warm, run_dir, argv, is_warm_start=True))
+    return cells
+
+
+def cells(study: Study, root: Path) -> list[Cell]:
+    """Every cell of the study: warm starts first, then settings x warm starts x seeds
+    x arms (so a study cut short has whole pairs of the first seeds)."""
+    out = warm_cells(study, root)
+    per_seed = study.warm_starts is not None and study.warm_starts.per_seed
+    base = study_dir(study, root)
+    for setting in study.settings:
+        for warm in warm_indices(study):
+            for seed in [warm] if per_seed else study.seeds:
+                for arm in study.arms:
+                    parent = base / setting.name if setting.name else base
+                    shared = study.warm_starts is not None and not per_seed
+                    leaf = f"ws{warm}-seed{seed}" if shared else f"seed{seed}"
+                    run_dir = parent / arm.name / leaf
+                    warm_override = ()
+                    if study.warm_starts:
+                        warm_dir = base / "warm" / f"ws{warm}"
+                        warm_override = (_fill(study.warm_starts.init_override, warm_dir=warm_dir),)
+                    argv = (
+                        *(_fill(part, python=sys.executable) for part in study.program),
+                        "--config",
+                        str(root / (arm.config or study.config)),
+                        *study.overrides,
+                        *setting.overrides,
+                        *arm.overrides,
+                        *warm_override,
+                        _fill(study.seed_override, seed=seed),
+                        f"run_dir={run_dir}",
+                    )
+                    out.append(Cell(study.name, setting.name, arm.name, warm, seed, run_dir, argv))
+    return out

@@ -1,0 +1,196 @@
+"""Run what a study is missing: one process per cell, ``jobs`` at a time.
+
+A cell's state is read from its run directory only, so a killed study (or a killed
+machine) resumes by running the same command again:
+
+- finished: ``study-cell.json`` is there (written atomically after the command
+  exited 0) -- never run again;
+- partial: the directory holds a run (``config.toml``) but no marker -- the
+  command is run again with the study's resume flag (``turnrl train --resume``
+  continues from the last checkpoint);
+- missing: nothing there -- the command is run.
+
+Warm-start cells run before the cells that start from them. Each cell's output
+goes to ``runs/studies/<study>/logs/<cell>.log`` (not into its run directory,
+which ``turnrl train`` wants empty or holding its run). Every child gets
+``OMP_NUM_THREADS=1`` unless the environment already sets it: one process per core.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from turnrl.io import atomic_write_json, read_jsonl_tolerant
+from turnrl.study.declaration import DONE_FILE, Cell, Study, cells, study_dir
+
+FINISHED, PARTIAL, MISSING = "finished", "partial", "missing"
+
+
+def cell_state(cell: Cell) -> str:
+    if (cell.run_dir / DONE_FILE).exists():
+        return FINISHED
+    if (cell.run_dir / "config.toml").exists():
+        return PARTIAL
+    return MISSING
+
+
+def cell_record(cell: Cell) -> dict:
+    """What the runner wrote when the cell finished (empty when it has not)."""
+    path = cell.run_dir / DONE_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def cell_seconds(cell: Cell) -> float | None:
+    """Measured wall seconds of a finished cell (``None`` if it has not finished)."""
+    seconds = cell_record(cell).get("seconds")
+    return None if seconds is None else float(seconds)
+
+
+def select(all_cells: Sequence[Cell], only: Sequence[str]) -> list[Cell]:
+    """The cells whose key contains every ``only`` fragment (all cells without one).
+    Warm starts that a selected cell needs are kept."""
+    if not only:
+        return list(all_cells)
+    chosen = [c for c in all_cells if all(part in c.key for part in only)]
+    warms = {c.warm for c in chosen if not c.is_warm_start}
+    needed = [c for c in all_cells if c.is_warm_start and c.warm in warms and c not in chosen]
+    return needed + chosen
+
+
+@dataclass
+class Outcome:
+    cell: Cell
+    returncode: int
+    seconds: float
+
+
+def command_for(cell: Cell, study: Study) -> list[str]:
+    argv = list(cell.argv)
+    if cell_state(cell) == PARTIAL and study.resume_flag:
+        argv.insert(_option_position(argv), study.resume_flag)
+    return argv
+
+
+def _option_position(argv: list[str]) -> int:
+    """Where to put a flag: before ``--config`` (after the program and subcommand)."""
+    return argv.index("--config") if "--config" in argv else len(argv)
+
+
+def log_path(cell: Cell, study: Study, root: Path) -> Path:
+    return study_dir(study, root) / "logs" / (cell.key.replace("/", "__") + ".log")
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def run_study(
+    study: Study,
+    root: Path,
+    *,
+    jobs: int = 1,
+    only: Sequence[str] = (),
+    on_event: Callable[[str, Cell, Outcome | None], None] | None = None,
+) -> list[Outcome]:
+    """Run every selected cell that is not finished, ``jobs`` processes at a time
+    (warm starts first). Returns the outcome of each cell run; failed cells are
+    reported, not retried, and do not stop the others."""
+    todo = [c for c in select(cells(study, root), only) if cell_state(c) != FINISHED]
+    phases = [[c for c in todo if c.is_warm_start], [c for c in todo if not c.is_warm_start]]
+    outcomes: list[Outcome] = []
+    for phase in phases:
+        outcomes += _run_phase(study, root, phase, max(1, jobs), on_event or _quiet)
+        failed_warm = [o.cell.warm for o in outcomes if o.returncode and o.cell.is_warm_start]
+        if failed_warm:
+            phases[1] = [c for c in phases[1] if c.warm not in failed_warm]
+    return outcomes
+
+
+def _quiet(event: str, cell: Cell, outcome: Outcome | None) -> None:
+    del event, cell, outcome
+
+
+def _run_phase(
+    study: Study,
+    root: Path,
+    todo: list[Cell],
+    jobs: int,
+    on_event: Callable[[str, Cell, Outcome | None], None],
+) -> list[Outcome]:
+    pending = list(todo)
+    running: list[tuple[Cell, subprocess.Popen, float, object]] = []
+    outcomes: list[Outcome] = []
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                cell = pending.pop(0)
+                argv = command_for(cell, study)
+                log = log_path(cell, study, root)
+                log.parent.mkdir(parents=True, exist_ok=True)
+                handle = log.open("ab")
+                handle.write(f"$ {' '.join(argv)}\n".encode())
+                handle.flush()
+                process = subprocess.Popen(
+                    argv, cwd=root, stdout=handle, stderr=subprocess.STDOUT, env=_child_env()
+                )
+                running.append((cell, process, time.perf_counter(), handle))
+                on_event("start", cell, None)
+            time.sleep(0.05)
+            for item in list(running):
+                cell, process, started, handle = item
+                if process.poll() is None:
+                    continue
+                running.remove(item)
+                handle.close()  # type: ignore[attr-defined]
+                outcome = Outcome(cell, process.returncode, time.perf_counter() - started)
+                if outcome.returncode == 0:
+                    _mark_finished(cell, process.args, outcome.seconds, root)  # type: ignore[arg-type]
+                outcomes.append(outcome)
+                on_event("end", cell, outcome)
+    finally:
+        for _cell, process, _, handle in running:  # interrupted: leave no orphan behind
+            process.terminate()
+            process.wait()
+            handle.close()  # type: ignore[attr-defined]
+    return outcomes
+
+
+def _mark_finished(cell: Cell, argv: list[str], seconds: float, root: Path) -> None:
+    from turnrl.study.provenance import git_commit, machine
+
+    atomic_write_json(
+        cell.run_dir / DONE_FILE,
+        {
+            "command": argv,
+            "seconds": seconds,
+            "commit": git_commit(root),
+            "machine": machine(_child_env()["OMP_NUM_THREADS"]),
+            "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        },
+    )
+
+
+def read_metrics(cell: Cell) -> list[dict]:
+    """The cell's ``metrics.jsonl`` rows (a torn last line, from a kill, is dropped)."""
+    path = cell.run_dir / "metrics.jsonl"
+    return (
+        [row for row in read_jsonl_tolerant(path) if isinstance(row, dict)] if path.exists() else []
+    )
+
+
+def estimate_minutes(study: Study, root: Path, jobs: int = 1) -> tuple[float, int, int]:
+    """(minutes for the whole study on ``jobs`` cores, cells timed here, cells in all):
+    the mean of the cells measured here, else the declaration's estimate."""
+    all_cells = cells(study, root)
+    measured = [s for s in (cell_seconds(c) for c in all_cells) if s is not None]
+    per_cell = sum(measured) / len(measured) / 60 if measured else study.minutes_per_cell
+    return per_cell * len(all_cells) / max(1, jobs), len(measured), len(all_cells)

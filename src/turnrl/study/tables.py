@@ -1,0 +1,187 @@
+"""Markdown tables of a study's finished cells: per seed, per arm, paired.
+
+Every table shows the per-seed values it summarises; means come with the sample
+standard deviation (``ddof = 1``, written "sd"); comparisons are paired
+differences with a bootstrap interval and the verdict of
+:mod:`turnrl.study.statistics`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from turnrl.study import statistics
+from turnrl.study.declaration import Cell, Metric, Study, Table
+from turnrl.study.values import pair_key, reduce
+
+Rows = Callable[[Cell], list[dict]]
+
+
+def number(value: float, digits: int, sign: bool = False) -> str:
+    if np.isnan(value):
+        return "–"
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def mean_sd_text(values: Sequence[float], digits: int, sign: bool = False) -> str:
+    mean, sd = statistics.mean_sd(values)
+    return f"{number(mean, digits, sign)} ± {number(sd, digits)}"
+
+
+def _start(metric: Metric) -> Metric:
+    return Metric(metric.key, metric.label, "first", metric.digits)
+
+
+def _groups(study: Study, finished: Sequence[Cell]) -> list[tuple[str, str, list[Cell]]]:
+    """(setting, arm, cells in pair order) for every setting and arm with a finished cell."""
+    out = []
+    for setting in study.settings:
+        for arm in study.arms:
+            group = [c for c in finished if c.setting == setting.name and c.arm == arm.name]
+            if group:
+                out.append((setting.name, arm.name, sorted(group, key=pair_key)))
+    return out
+
+
+def _row_label(study: Study, setting: str, arm: str) -> list[str]:
+    return ([setting] if len(study.settings) > 1 else []) + [arm]
+
+
+def _label_headers(study: Study) -> list[str]:
+    return (["setting"] if len(study.settings) > 1 else []) + ["arm"]
+
+
+def _markdown(header: list[str], rows: list[list[str]], right_from: int) -> str:
+    align = ["---" if i < right_from else "---:" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def seeds_table(study: Study, table: Table, finished: Sequence[Cell], rows: Rows) -> str:
+    """One row per cell: start -> end of each metric, then the extra metrics (no arm
+    column for a one-arm study, no warm-start column unless warm starts are shared)."""
+    warm = study.warm_starts is not None and not study.warm_starts.per_seed
+    labels = len(study.arms) > 1 or len(study.settings) > 1
+    header = (_label_headers(study) if labels else []) + (["warm start"] if warm else [])
+    header.append("seed")
+    left = len(header)
+    header += [f"{m.label} start → end" for m in table.metrics] + [m.label for m in table.extra]
+    body = []
+    for setting, arm, group in _groups(study, finished):
+        for cell in group:
+            log = rows(cell)
+            line = (_row_label(study, setting, arm) if labels else []) + (
+                [str(cell.warm)] if warm else []
+            )
+            line.append(str(cell.seed))
+            for m in table.metrics:
+                start, end = reduce(log, _start(m)), reduce(log, m)
+                line.append(f"{number(start, m.digits)} → {number(end, m.digits)}")
+            line += [number(reduce(log, m), m.digits) for m in table.extra]
+            body.append(line)
+    return _markdown(header, body, left)
+
+
+def arms_table(study: Study, table: Table, finished: Sequence[Cell], rows: Rows) -> str:
+    """Per arm: seeds, then per metric the start mean, end mean ± sd, change mean ± sd
+    and the end value of every seed."""
+    header = [*_label_headers(study), "n"]
+    left = len(header)
+    for m in table.metrics:
+        if m.reduce == "last":
+            header += [f"{m.label}: start (mean)", "end (mean ± sd)", "change (mean ± sd)"]
+            header.append("end per seed")
+        else:  # a summary of the whole run: no start and change
+            header += [f"{m.label} (mean ± sd)", "per seed"]
+    body = []
+    for setting, arm, group in _groups(study, finished):
+        line = [*_row_label(study, setting, arm), str(len(group))]
+        for m in table.metrics:
+            end = [reduce(rows(c), m) for c in group]
+            if m.reduce == "last":
+                start = [reduce(rows(c), _start(m)) for c in group]
+                change = [e - s for s, e in zip(start, end, strict=True)]
+                line += [
+                    number(float(np.mean(start)), m.digits),
+                    mean_sd_text(end, m.digits),
+                    mean_sd_text(change, m.digits, sign=True),
+                ]
+            else:
+                line.append(mean_sd_text(end, m.digits))
+            line.append(", ".join(number(v, m.digits) for v in end))
+        body.append(line)
+    return _markdown(header, body, left)
+
+
+def paired_table(study: Study, table: Table, finished: Sequence[Cell], rows: Rows) -> str:
+    """Per arm other than the baseline: ``arm - baseline`` of each metric, pair by pair
+    (same warm start and seed), its mean, 95% bootstrap interval and verdict."""
+    if study.baseline is None:
+        raise ValueError(f"study {study.name!r}: a paired table needs a baseline arm")
+    header = [*_label_headers(study), "metric", "pairs", "difference per pair", "mean"]
+    header += ["95% CI", "verdict"]
+    left = len(_label_headers(study)) + 1
+    groups = _groups(study, finished)
+    body = []
+    for setting, arm, group in groups:
+        if arm == study.baseline:
+            continue
+        base = next((g for s, a, g in groups if s == setting and a == study.baseline), [])
+        for m in table.metrics:
+            ours = {pair_key(c): reduce(rows(c), m) for c in group}
+            theirs = {pair_key(c): reduce(rows(c), m) for c in base}
+            diffs = statistics.paired_differences(ours, theirs)
+            interval = statistics.bootstrap_interval(diffs)
+            ci = (
+                f"[{number(interval.low, m.digits, True)}, {number(interval.high, m.digits, True)}]"
+            )
+            body.append(
+                [
+                    *_row_label(study, setting, f"{arm} − {study.baseline}"),
+                    m.label,
+                    str(interval.n),
+                    ", ".join(number(v, m.digits, True) for v in diffs.values()),
+                    number(interval.mean, m.digits, True),
+                    ci,
+                    statistics.verdict(interval),
+                ]
+            )
+    return _markdown(header, body, left)
+
+
+BUILDERS = {"seeds": seeds_table, "arms": arms_table, "paired": paired_table}
+
+
+def table_note(study: Study, table: Table) -> str:
+    """The line under a table saying what its numbers are."""
+    if table.kind == "seeds":
+        return "Start: the first evaluation (after the warm start); end: the last."
+    if table.kind == "arms":
+        return "Means over seeds; sd: sample standard deviation (ddof = 1)."
+    warm = study.warm_starts
+    if warm is None:
+        levels = "seeds resampled; each run trains its own warm start"
+    elif warm.per_seed:
+        levels = "seeds resampled; each seed has its own warm start"
+    elif warm.count > 1:
+        levels = "warm starts resampled, then seeds within them"
+    else:
+        levels = "seeds resampled; one warm start shared by all: RL spread only"
+    return (
+        f"Differences pair by pair (same warm start and seed); 95% percentile bootstrap "
+        f"interval of their mean ({levels}, {statistics.DEFAULT_RESAMPLES} resamples, fixed "
+        "seed); the verdict reads the interval only, and “not detected” is not evidence of "
+        "no difference. With n pairs the interval excludes 0 whenever all n differences "
+        "share a sign, which happens by chance with probability 2^(1-n) when there is no "
+        "difference (1 in 4 for 3 pairs, 1 in 16 for 5): with few seeds “detected” is weak "
+        "evidence."
+    )
+
+
+def build(study: Study, table: Table, finished: Sequence[Cell], rows: Rows) -> str:
+    if table.kind not in BUILDERS:
+        raise ValueError(f"study {study.name!r}, table {table.name!r}: unknown kind {table.kind!r}")
+    return BUILDERS[table.kind](study, table, finished, rows) + "\n\n" + table_note(study, table)

@@ -1,0 +1,142 @@
+"""``turnrl study run`` on a study of tiny fake cells: it runs what is missing, and a
+killed or failed study resumes without running a finished cell again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from turnrl.study.declaration import DONE_FILE, Arm, Metric, Study, Table, WarmStarts, cells
+from turnrl.study.runner import FINISHED, MISSING, PARTIAL, cell_state, run_study
+
+FAKE_CELL = textwrap.dedent(
+    """
+    # A stand-in for `turnrl train`: records its invocation, writes config.toml (a run
+    # has started), then fails, hangs or finishes as files in its root say.
+    import json, pathlib, sys, time
+    args = sys.argv[1:]
+    run_dir = pathlib.Path(next(a[8:] for a in args if a.startswith("run_dir=")))
+    seed = next(a.split("=")[1] for a in args if a.startswith("train.seed="))
+    root = pathlib.Path(__file__).parent
+    with open(root / "invocations.jsonl", "a") as log:
+        log.write(json.dumps({"cell": run_dir.name, "resume": "--resume" in args}) + "\\n")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text("")
+    while (root / f"hang-{seed}").exists():
+        time.sleep(0.05)
+    if (root / f"fail-{seed}").exists():
+        sys.exit(3)
+    value = float(seed) / 10
+    rows = [{"step": 0, "eval_success": 0.0}, {"step": 1, "eval_success": value}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
+    """
+)
+
+DRIVER = textwrap.dedent(
+    """
+    import pathlib, sys
+    sys.path.insert(0, {tests!r})
+    from test_study_runner import fake_study
+    from turnrl.study.runner import run_study
+    root = pathlib.Path({root!r})
+    run_study(fake_study(root), root, jobs=1)
+    """
+)
+
+
+def fake_study(root: Path, warm: bool = False) -> Study:
+    (root / "fake_cell.py").write_text(FAKE_CELL)
+    (root / "recipe.toml").write_text("")
+    return Study(
+        name="fake",
+        title="fake",
+        config="recipe.toml",
+        program=("{python}", str(root / "fake_cell.py")),
+        arms=(Arm("a"),),
+        seeds=(0, 1, 2, 3),
+        warm_starts=WarmStarts(count=1) if warm else None,
+        tables=(Table("seeds", "seeds", (Metric("eval_success", "success"),)),),
+    )
+
+
+def invocations(root: Path) -> list[dict]:
+    path = root / "invocations.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_runs_missing_cells_and_skips_finished_ones(tmp_path: Path) -> None:
+    study = fake_study(tmp_path)
+    assert [cell_state(c) for c in cells(study, tmp_path)] == [MISSING] * 4
+    outcomes = run_study(study, tmp_path, jobs=2)
+    assert sorted(o.cell.seed for o in outcomes) == [0, 1, 2, 3]
+    assert all(o.returncode == 0 for o in outcomes)
+    record = json.loads((cells(study, tmp_path)[0].run_dir / DONE_FILE).read_text())
+    assert record["command"][-2:] == [
+        "train.seed=0",
+        f"run_dir={tmp_path}/runs/studies/fake/a/seed0",
+    ]
+    assert run_study(study, tmp_path, jobs=2) == []  # nothing left to run
+    assert len(invocations(tmp_path)) == 4
+
+
+def test_a_failed_cell_is_resumed_alone(tmp_path: Path) -> None:
+    study = fake_study(tmp_path)
+    (tmp_path / "fail-1").write_text("")
+    outcomes = run_study(study, tmp_path, jobs=1)
+    assert {o.cell.seed: o.returncode for o in outcomes} == {0: 0, 1: 3, 2: 0, 3: 0}
+    states = [cell_state(c) for c in cells(study, tmp_path)]
+    assert states == [FINISHED, PARTIAL, FINISHED, FINISHED]
+    (tmp_path / "fail-1").unlink()
+    again = run_study(study, tmp_path, jobs=1)
+    assert [(o.cell.seed, o.returncode) for o in again] == [(1, 0)]
+    assert invocations(tmp_path)[-1] == {"cell": "seed1", "resume": True}
+    assert len(invocations(tmp_path)) == 5
+
+
+def test_a_killed_study_resumes_without_rerunning_finished_cells(tmp_path: Path) -> None:
+    fake_study(tmp_path)
+    (tmp_path / "hang-2").write_text("")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER.format(tests=str(Path(__file__).parent), root=str(tmp_path))],
+        start_new_session=True,
+        env=env,
+    )
+    deadline = time.monotonic() + 120
+    while not any(i["cell"] == "seed2" for i in invocations(tmp_path)):
+        assert driver.poll() is None and time.monotonic() < deadline, "seed2 never started"
+        time.sleep(0.05)
+    os.killpg(driver.pid, signal.SIGKILL)  # the study and its running cell, mid-way
+    driver.wait()
+    study = fake_study(tmp_path)
+    assert [cell_state(c) for c in cells(study, tmp_path)] == [FINISHED, FINISHED, PARTIAL, MISSING]
+    (tmp_path / "hang-2").unlink()
+    resumed = run_study(study, tmp_path, jobs=1)
+    assert [o.cell.seed for o in resumed] == [2, 3]
+    assert [(i["cell"], i["resume"]) for i in invocations(tmp_path)] == [
+        ("seed0", False),
+        ("seed1", False),
+        ("seed2", False),
+        ("seed2", True),
+        ("seed3", False),
+    ]
+
+
+def test_warm_starts_run_first_and_only_selects_cells(tmp_path: Path) -> None:
+    study = fake_study(tmp_path, warm=True)
+    every = cells(study, tmp_path)
+    assert [c.key for c in every[:2]] == ["warm/ws0", "a/ws0-seed0"]
+    assert f"warm_start.init_from={tmp_path}/runs/studies/fake/warm/ws0/warm_start" in every[1].argv
+    outcomes = run_study(study, tmp_path, only=["seed3"])
+    assert [o.cell.key for o in outcomes] == ["warm/ws0", "a/ws0-seed3"]
