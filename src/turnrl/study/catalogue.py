@@ -292,6 +292,21 @@ MEASUREMENTS: dict[str, Measurement] = {
             7.0,
         ),
         Measurement(
+            "bench-sampling",
+            "make bench-sampling",
+            "docs/backends.md",
+            ("throughput",),
+            15.0,
+        ),
+        Measurement(
+            "bench-mismatch",
+            ".venv/bin/python benchmarks/mismatch.py --backend hf; "
+            ".venv-vllm/bin/python benchmarks/mismatch.py --backend vllm",
+            "docs/backends.md",
+            ("mismatch",),
+            5.0,
+        ),
+        Measurement(
             "iterative-grpo",
             "python examples/iterative_grpo/run.py",
             "docs/iterative-grpo.md",
