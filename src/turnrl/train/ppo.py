@@ -62,6 +62,7 @@ __all__ = [
     "merge_loss_stats",
     "pad_rows",
     "ppo_update",
+    "trainable_rows",
 ]
 
 
@@ -111,6 +112,11 @@ class UpdateShard:
     """Every rank's value of a picklable object, in rank order (every rank calls it)."""
 
 
+def trainable_rows(records: list[TurnRecord]) -> list[int]:
+    """Indices of the records an update trains on (see :func:`build_update_batch`)."""
+    return [i for i, r in enumerate(records) if r.response_ids and r.train]
+
+
 def build_update_batch(
     records: list[TurnRecord],
     table: TurnTable,
@@ -129,7 +135,7 @@ def build_update_batch(
     ``reduce_count`` makes the aggregation weights those of a global batch this one is
     a share of (see :func:`turnrl.train.loss.aggregation_weights`).
     """
-    keep = [i for i, r in enumerate(records) if r.response_ids and r.train]
+    keep = trainable_rows(records)
     if not keep:
         raise ValueError("no record to update on (every row is train=false or has no response)")
     responses = [list(records[i].response_ids or ()) for i in keep]
