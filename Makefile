@@ -19,7 +19,7 @@ AGL_VENV := .venv-agl
 INT_STAMP := $(INT_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations.txt | cksum | cut -d' ' -f1)
 AGL_STAMP := $(AGL_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations-agl.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup setup-integrations browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-gateway bench-agents grouping grouping-gradient lookup-study clean
+.PHONY: setup setup-integrations browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-gateway bench-agents bench-distributed grouping grouping-gradient lookup-study clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -119,6 +119,10 @@ bench-gateway: setup
 # Agent episodes/s through the gateway, 16 agents at once: batching vs max_batch 1.
 bench-agents: setup
 	$(PY) benchmarks/agents.py
+
+# Step and update time of `turnrl train` on 1 and 2 torchrun ranks (gloo; NCCL with 2 GPUs).
+bench-distributed: setup
+	$(PY) benchmarks/distributed.py
 
 # The grouping experiment (docs/grouping-experiment.md): the gradient projection table
 # first (it trains the shared warm start), then the confirming learning runs.

@@ -5,7 +5,6 @@ distributed_entry.py train ...``) and as one process, so both see the same envir
 import sys
 
 import conftest  # noqa: F401  (registers the "parity" environment)
-
 from turnrl.cli import main
 
 if __name__ == "__main__":
