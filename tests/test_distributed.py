@@ -373,3 +373,59 @@ def test_iterate_refuses_ranks(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> 
         "turnrl iterate: error: turnrl iterate does not run under torchrun with 2 ranks yet; "
         "launch it as one process (docs/distributed.md)"
     ]
+
+
+def _collectives_worker(rank: int, init_file: str, out_dir: str) -> None:
+    """One of 2 gloo ranks: the collectives of :mod:`turnrl.train.distributed` on hand-built
+    values; writes what it saw to ``out_dir/rank{rank}.pt``."""
+    from turnrl.train import distributed as dist
+
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2
+    )
+    world = World(rank, 2, rank)
+    try:
+        both, only_rank0, nobody = (torch.nn.Parameter(torch.zeros(3)) for _ in range(3))
+        both.grad = torch.full((3,), float(rank + 1))  # 1 and 2
+        if rank == 0:
+            only_rank0.grad = torch.tensor([1.0, 2.0, 3.0])
+        dist.reduce_gradients([both, only_rank0, nobody], world)
+        seen: dict[str, Any] = {
+            "both": both.grad,
+            "only_rank0": only_rank0.grad,
+            "nobody": nobody.grad,
+            "count": dist.sum_over_ranks(torch.tensor(rank + 3, dtype=torch.float64), world),
+            "gathered": dist.gather_objects({"rank": rank}, world),
+            "broadcast": dist.broadcast_object(f"from {rank}", world),
+        }
+        tensor = torch.full((2,), float(rank))
+        dist.broadcast_tensors_([tensor], world)
+        seen["tensor"] = tensor
+
+        def refuse() -> None:
+            raise UsageError("rank 0 refuses")
+
+        try:
+            dist.on_main(refuse, world)
+            seen["on_main"] = None
+        except UsageError as error:
+            seen["on_main"] = str(error)
+        torch.save(seen, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.shutdown()
+
+
+def test_collectives_on_two_gloo_ranks(tmp_path: Path) -> None:
+    torch.multiprocessing.spawn(
+        _collectives_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True
+    )
+    for rank in (0, 1):
+        seen = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert seen["both"].tolist() == [3.0, 3.0, 3.0]  # summed, not averaged
+        assert seen["only_rank0"].tolist() == [1.0, 2.0, 3.0]  # rank 1 added zeros
+        assert seen["nobody"] is None  # no rank had one: AdamW skips it, as in one process
+        assert seen["count"].item() == 7.0 and seen["count"].dtype == torch.float64
+        assert seen["gathered"] == [{"rank": 0}, {"rank": 1}]
+        assert seen["broadcast"] == "from 0"
+        assert seen["tensor"].tolist() == [0.0, 0.0]
+        assert seen["on_main"] == "rank 0 refuses"
