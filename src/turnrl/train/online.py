@@ -14,6 +14,11 @@ start, metrics, checkpoints and seeds are the shared run lifecycle
 ``resume=True`` continues a killed run from its last checkpoint; the random
 streams are all derived from (seed, step) or restored from the checkpoint, so the
 resumed run produces the same numbers as an uninterrupted one.
+
+Under ``torchrun`` with several ranks, :mod:`turnrl.train.online_distributed` runs this
+trainer as one rank of N through the small hooks below (``_runner``, ``_own_tasks``,
+``_combine``, ``_count_reducer``, ``_write_rollouts``); in one process they change
+nothing (docs/distributed.md).
 """
 
 from __future__ import annotations
