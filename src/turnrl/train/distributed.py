@@ -140,12 +140,18 @@ def stop_on_sigterm(world: World) -> None:
     in the main thread then, so the run ends with one line instead of a traceback."""
 
     def handler(signum: int, frame: Any) -> None:
+        ignore_sigterm()  # one line: a second SIGTERM while stopping changes nothing
         raise RankLost(
             f"rank {world.rank}: stopped by torchrun (another rank failed); nothing is "
             "half-written; continue with --resume from the last checkpoint"
         )
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def ignore_sigterm() -> None:
+    """Ignore torchrun's SIGTERM from now on (a rank that already reported why it stops)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _collective(world: World, what: str, fn: Callable[[], T]) -> T:

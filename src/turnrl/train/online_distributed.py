@@ -335,6 +335,7 @@ def train_distributed(
             report(run_dir)
         return 0
     except dist.RankLost as error:
+        dist.ignore_sigterm()
         print(f"turnrl train: error: {error}", file=sys.stderr, flush=True)
         return EXIT_RANK_LOST
     finally:
