@@ -199,31 +199,33 @@ def sum_over_ranks(value: torch.Tensor, world: World) -> torch.Tensor:
 
 
 def reduce_gradients(parameters: Sequence[torch.nn.Parameter], world: World) -> None:
-    """Sum every parameter's ``.grad`` over ranks, in place, one all-reduce per dtype.
+    """Sum every parameter's ``.grad`` over ranks, in place: one all-reduce per parameter
+    dtype (one in all for a model in one precision).
 
     A rank without a gradient for a parameter (it ran no forward this step)
-    contributes zeros; a parameter no rank has a gradient for stays ``None``.
+    contributes zeros; a parameter no rank has a gradient for stays ``None``. Whether
+    a rank had one travels in the same buffer, as a trailing 0/1 per parameter
+    (exact in any float format for up to 256 ranks).
     """
     if not world.split or not parameters:
         return
-    device = parameters[0].device
-    have = torch.tensor([p.grad is not None for p in parameters], dtype=torch.int64, device=device)
-    _collective(world, "gradient flags", lambda: torch.distributed.all_reduce(have))
     by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
-    for parameter, count in zip(parameters, have.tolist(), strict=True):
-        if count == 0:
-            parameter.grad = None
-            continue
-        if parameter.grad is None:
-            parameter.grad = torch.zeros_like(parameter)
-        by_dtype.setdefault(parameter.grad.dtype, []).append(parameter)
-    for group in by_dtype.values():
-        flat = torch.cat([p.grad.reshape(-1) for p in group])  # type: ignore[union-attr]
+    for parameter in parameters:
+        by_dtype.setdefault(parameter.dtype, []).append(parameter)
+    for dtype, group in by_dtype.items():
+        device = group[0].device
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in group]
+        have = torch.tensor([p.grad is not None for p in group], dtype=dtype, device=device)
+        flat = torch.cat([*(g.reshape(-1) for g in grads), have])
         _collective(world, "gradient sum", lambda flat=flat: torch.distributed.all_reduce(flat))
         offset = 0
-        for p in group:
+        for p, g, count in zip(group, grads, flat[-len(group) :].tolist(), strict=True):
             n = p.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))  # type: ignore[union-attr]
+            if count == 0:
+                p.grad = None
+            else:
+                p.grad = g
+                g.copy_(flat[offset : offset + n].view_as(g))
             offset += n
 
 
