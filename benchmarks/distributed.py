@@ -37,9 +37,12 @@ from results_file import write_section  # noqa: E402
 TITLE = "Learner over torchrun ranks"
 
 
-def overrides(args: argparse.Namespace, device: str) -> list[str]:
+def overrides(args: argparse.Namespace, device: str, size: tuple[int, int]) -> list[str]:
+    hidden, layers = size
     return [
         f"policy.device={device}",
+        f"policy.hidden={hidden}",
+        f"policy.layers={layers}",
         f"warm_start.steps={args.warm_steps}",
         "env.n_train_tasks=64",
         "env.n_eval_tasks=2",
@@ -56,7 +59,9 @@ def overrides(args: argparse.Namespace, device: str) -> list[str]:
     ]
 
 
-def launch(ranks: int, device: str, args: argparse.Namespace) -> dict[str, float]:
+def launch(
+    ranks: int, device: str, size: tuple[int, int], args: argparse.Namespace
+) -> dict[str, float]:
     """One run on ``ranks`` ranks; mean seconds per step after the first."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
@@ -71,7 +76,7 @@ def launch(ranks: int, device: str, args: argparse.Namespace) -> dict[str, float
             "train",
             "--config",
             str(ROOT / "examples" / "calculator.toml"),
-            *overrides(args, device),
+            *overrides(args, device, size),
             "--run-dir",
             str(run_dir),
             "--quiet",
@@ -89,12 +94,14 @@ def launch(ranks: int, device: str, args: argparse.Namespace) -> dict[str, float
     }
 
 
-def measure(device: str, args: argparse.Namespace) -> dict[int, dict[str, float]]:
+def measure(
+    device: str, size: tuple[int, int], args: argparse.Namespace
+) -> dict[int, dict[str, float]]:
     runs: dict[int, list[dict[str, float]]] = {1: [], 2: []}
     for _ in range(args.repeats):
         for ranks in runs:
-            runs[ranks].append(launch(ranks, device, args))
-            print(f"{device} {ranks} rank(s): {runs[ranks][-1]}", flush=True)
+            runs[ranks].append(launch(ranks, device, size, args))
+            print(f"{device} {size} {ranks} rank(s): {runs[ranks][-1]}", flush=True)
     return {n: {k: statistics.mean(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()}
 
 
@@ -120,8 +127,14 @@ def main() -> None:
     parser.add_argument("--minibatch", type=int, default=16, help="rows per optimiser step")
     parser.add_argument("--warm-steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2, help="runs per arm (alternating)")
+    parser.add_argument(
+        "--sizes",
+        default="64x2,256x4",
+        help="tiny-model sizes to measure, hidden x layers (the recipe's is 64x2)",
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
     load = os.getloadavg()[0]
     lines = [
         f"Calculator recipe, tiny model, {args.tasks} tasks x {args.group} episodes per step, "
@@ -130,14 +143,16 @@ def main() -> None:
         "alternating runs per arm; one torch thread per rank; "
         f"1-min load average {load:.1f} at start. 1 rank = the one-process trainer.",
         "",
-        "CPU, gloo:",
-        "",
-        *table(measure("cpu", args)),
-        "",
     ]
+    for size in sizes:
+        name = f"hidden {size[0]}, {size[1]} layers"
+        lines += [f"CPU, gloo, {name}:", "", *table(measure("cpu", size, args)), ""]
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus >= 2:
-        lines += ["CUDA, NCCL (one GPU per rank):", "", *table(measure("cuda", args)), ""]
+        for size in sizes:
+            name = f"hidden {size[0]}, {size[1]} layers"
+            lines += [f"CUDA, NCCL (one GPU per rank), {name}:", ""]
+            lines += [*table(measure("cuda", size, args)), ""]
     else:
         lines.append(f"CUDA, NCCL: skipped: needs 2 GPUs (one per rank), this machine has {gpus}.")
     body = "\n".join(lines)
