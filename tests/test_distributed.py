@@ -425,3 +425,17 @@ def test_collectives_on_two_gloo_ranks(tmp_path: Path) -> None:
         assert seen["broadcast"] == "from 0"
         assert seen["tensor"].tolist() == [0.0, 0.0]
         assert seen["on_main"] == "rank 0 refuses"
+
+
+def test_one_process_trainers_refuse_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """N copies of a one-process trainer would write one run directory N times."""
+    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.run import RunDirectory, RunDirectoryError
+
+    config = load_config(RunConfig, RECIPE, [*RUN, f"run_dir={tmp_path / 'run'}"])
+    for key, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(RunDirectoryError, match="torchrun started 2 ranks that would all write"):
+        OnlineTrainer(config)
+    assert RunDirectory.open(config, split_over_ranks=True).path == tmp_path / "run"
+    assert not (tmp_path / "run").exists()

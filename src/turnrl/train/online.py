@@ -79,6 +79,9 @@ class OnlineTrainer:
     anything is built or written.
     """
 
+    SPLITS_OVER_RANKS = False
+    """Whether this trainer runs as one of several torchrun ranks (see ``RunDirectory.open``)."""
+
     def __init__(
         self,
         config: RunConfig,
@@ -101,6 +104,7 @@ class OnlineTrainer:
             overwrite=overwrite,
             keep_checkpoints=config.train.keep_checkpoints,
             quiet=quiet,
+            split_over_ranks=self.SPLITS_OVER_RANKS,
         )
         self.run_dir = self.run_directory.path
         self.quiet = quiet

@@ -96,6 +96,8 @@ class _RankRun(RunDirectory):
 class DistributedOnlineTrainer(OnlineTrainer):
     """:class:`~turnrl.train.online.OnlineTrainer` as one of ``world.size`` ranks."""
 
+    SPLITS_OVER_RANKS = True
+
     def __init__(
         self,
         config: RunConfig,
