@@ -96,25 +96,30 @@ def launch(
 
 def measure(
     device: str, size: tuple[int, int], args: argparse.Namespace
-) -> dict[int, dict[str, float]]:
+) -> dict[int, list[dict[str, float]]]:
     runs: dict[int, list[dict[str, float]]] = {1: [], 2: []}
     for _ in range(args.repeats):
         for ranks in runs:
             runs[ranks].append(launch(ranks, device, size, args))
             print(f"{device} {size} {ranks} rank(s): {runs[ranks][-1]}", flush=True)
-    return {n: {k: statistics.mean(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()}
+    return runs
 
 
-def table(results: dict[int, dict[str, float]]) -> list[str]:
+def table(runs: dict[int, list[dict[str, float]]]) -> list[str]:
+    """Means over the runs of each arm; the step time of every run in brackets (noise)."""
+    results = {n: {k: statistics.mean(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()}
     one = results[1]
     lines = [
-        "| ranks | s/step | update s/step | sampling s/step | step speed-up | update speed-up |",
+        "| ranks | s/step (each run) | update s/step | sampling s/step | step speed-up "
+        "| update speed-up |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for ranks, row in results.items():
+        each = ", ".join(f"{r['step']:.2f}" for r in runs[ranks])
         lines.append(
-            f"| {ranks} | {row['step']:.2f} | {row['update']:.2f} | {row['sampling']:.2f} | "
-            f"{one['step'] / row['step']:.2f}x | {one['update'] / row['update']:.2f}x |"
+            f"| {ranks} | {row['step']:.2f} ({each}) | {row['update']:.2f} | "
+            f"{row['sampling']:.2f} | {one['step'] / row['step']:.2f}x | "
+            f"{one['update'] / row['update']:.2f}x |"
         )
     return lines
 
