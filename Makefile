@@ -25,7 +25,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml requirements/vl
 STUDIES := demo-seeds tree-rollouts grouping-learning search-agent iterative-grpo agents-calc-openai
 STUDY_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 
-.PHONY: setup setup-integrations setup-vllm test-vllm browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-sampling bench-gateway bench-agents grouping grouping-gradient lookup-study studies $(addprefix study-,$(STUDIES)) clean
+.PHONY: setup setup-integrations setup-vllm test-vllm browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-sampling bench-gateway bench-agents bench-distributed grouping grouping-gradient lookup-study studies $(addprefix study-,$(STUDIES)) clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -155,6 +155,10 @@ bench-gateway: setup
 # Agent episodes/s through the gateway, 16 agents at once: batching vs max_batch 1.
 bench-agents: setup
 	$(PY) benchmarks/agents.py
+
+# Step and update time of `turnrl train` on 1 and 2 torchrun ranks (gloo; NCCL with 2 GPUs).
+bench-distributed: setup
+	$(PY) benchmarks/distributed.py
 
 # The grouping experiment (docs/grouping-experiment.md): the gradient projection table
 # first (it trains the shared warm start), then the confirming learning runs.

@@ -89,14 +89,24 @@ def _load_run_config(cls: type, args: argparse.Namespace) -> Any:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from turnrl.report import heldout_console_table, write_report
     from turnrl.train.config import RunConfig
+    from turnrl.train.distributed import world_from_env
     from turnrl.train.run import RunDirectory
     from turnrl.train.stop_signals import stopping_on_signals
 
     config = _load_run_config(RunConfig, args)
+    world = world_from_env()
+    if world.split:  # one rank of several under torchrun (docs/distributed.md)
+        from turnrl.train.online_distributed import train_distributed
+
+        return train_distributed(
+            config,
+            world,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            quiet=args.quiet,
+            report=lambda run_dir: _train_report(config, run_dir),
+        )
     # The guard, before Ray workers or models are started (the trainer checks again); it
     # holds the run directory's lock until the command ends.
     guard = RunDirectory.open(config, resume=args.resume, overwrite=args.overwrite)
@@ -108,10 +118,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise
     finally:
         guard.close()
-    report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
-    console = Console()
-    console.print(heldout_console_table(run_dir))
-    console.print(f"report: {report}")
+    _train_report(config, run_dir)
     return 0
 
 
@@ -150,12 +157,25 @@ def _train(config: Any, args: argparse.Namespace) -> Any:
     return run_dir
 
 
+def _train_report(config: Any, run_dir: Any) -> None:
+    """Write the run's HTML report and print its held-out table."""
+    from rich.console import Console
+
+    from turnrl.report import heldout_console_table, write_report
+
+    report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
+    console = Console()
+    console.print(heldout_console_table(run_dir))
+    console.print(f"report: {report}")
+
+
 def cmd_iterate(args: argparse.Namespace) -> int:
     from turnrl.report import write_report
     from turnrl.train.iterate import IterativeGRPO
     from turnrl.train.iterate_config import IterateConfig
 
     config = _load_run_config(IterateConfig, args)
+    _refuse_ranks("turnrl iterate")
     trainer = IterativeGRPO(
         config,
         from_logs=args.from_logs,
@@ -168,6 +188,18 @@ def cmd_iterate(args: argparse.Namespace) -> int:
     print(f"final policy: {run_dir / 'final_policy'}")
     print(f"report: {report}")
     return 0
+
+
+def _refuse_ranks(command: str) -> None:
+    """Commands that do not split over torchrun ranks yet refuse to run as one of several."""
+    from turnrl.train.distributed import world_from_env
+
+    world = world_from_env()
+    if world.split:
+        raise UsageError(
+            f"{command} does not run under torchrun with {world.size} ranks yet; launch it "
+            "as one process (docs/distributed.md)"
+        )
 
 
 def _add_run_options(p: argparse.ArgumentParser, resume_help: str) -> None:

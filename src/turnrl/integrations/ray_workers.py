@@ -54,13 +54,7 @@ from typing import Any
 
 from turnrl.envs import make_env
 from turnrl.policy.factory import load_policy
-from turnrl.rollout.runner import (
-    RolloutBatch,
-    continue_episodes,
-    episode_seed,
-    plan_episodes,
-    start_episode,
-)
+from turnrl.rollout.runner import RolloutBatch, plan_episodes, run_planned_episodes
 from turnrl.train.config import RunConfig
 from turnrl.train.online import OnlineTrainer
 from turnrl.types import Env, Policy, Task
@@ -137,13 +131,10 @@ class RolloutWorker:
         policy counts them (``HFPolicy.tokens_computed``).
         """
         before = getattr(self.policy, "tokens_computed", None)
-        episodes = [
-            start_episode(self.policy, self.make_env, task, traj_id, episode_seed(seed, k))
-            for k, task, traj_id in chunk
-        ]
-        batch = continue_episodes(
+        batch = run_planned_episodes(
             self.policy,
-            episodes,
+            self.make_env,
+            chunk,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             seed=seed,

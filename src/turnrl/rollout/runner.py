@@ -140,6 +140,35 @@ def run_episodes(
     )
 
 
+def run_planned_episodes(
+    policy: Policy,
+    make_env: Callable[[], Env],
+    planned: Sequence[tuple[int, Task, str]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    max_turns: int = 32,
+) -> RolloutBatch:
+    """Run some episodes of a batch planned with :func:`plan_episodes`: ``planned`` holds
+    ``(episode index, task, traj_id)``, and episode ``k`` samples with its own seed
+    ``episode_seed(seed, k)``. Any split of a batch's plan gives each episode the tokens
+    ``run_episodes(..., per_episode_seeds=True)`` gives it (Ray workers and torchrun
+    ranks each run their share this way)."""
+    episodes = [
+        start_episode(policy, make_env, task, traj_id, episode_seed(seed, k))
+        for k, task, traj_id in planned
+    ]
+    return continue_episodes(
+        policy,
+        episodes,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        max_turns=max_turns,
+    )
+
+
 def continue_episodes(
     policy: Policy,
     episodes: list[Episode],

@@ -173,6 +173,12 @@ class RolloutConfig:
     ray_address: str | None = None
     """Ray cluster to join when ``workers > 0`` (e.g. ``"auto"`` or ``"ray://head:10001"``);
     unset starts a local Ray instance."""
+    per_episode_seeds: bool = False
+    """Every episode of a step samples from its own seed (derived from the step's seed and
+    its index in the step), so the step's episodes are the same however the batch is
+    split: across Ray workers (always on there) or torchrun ranks, which need it
+    (docs/distributed.md). Off: one seed for the batch, as before. ``independent``
+    strategy only."""
 
 
 @dataclass

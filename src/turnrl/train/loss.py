@@ -52,21 +52,38 @@ Tensor = torch.Tensor
 # --------------------------------------------------------------------------- weights
 
 
-def _token_mean(mask_B_T: Tensor, rollout_index_B: Tensor | None) -> Tensor:
+CountReducer = Callable[[Tensor], Tensor]
+"""Maps a batch's own normaliser (a 0-d tensor: its tokens, rows or rollouts) to the one
+its weights divide by. ``None`` keeps the batch's own; a learner split over processes
+passes the sum over its ranks (:mod:`turnrl.train.distributed`), so every rank's
+weights are its slice of the global batch's."""
+
+
+def _reduced(count: Tensor, reduce: CountReducer | None) -> Tensor:
+    return count if reduce is None else reduce(count)
+
+
+def _token_mean(
+    mask_B_T: Tensor, rollout_index_B: Tensor | None, reduce: CountReducer | None = None
+) -> Tensor:
     """Every response token of the batch weighs ``1 / total_tokens``."""
-    total = mask_B_T.sum()
+    total = _reduced(mask_B_T.sum(), reduce)
     return mask_B_T / total.clamp(min=1.0)
 
 
-def _seq_mean_token_mean(mask_B_T: Tensor, rollout_index_B: Tensor | None) -> Tensor:
+def _seq_mean_token_mean(
+    mask_B_T: Tensor, rollout_index_B: Tensor | None, reduce: CountReducer | None = None
+) -> Tensor:
     """Every non-empty row weighs ``1 / n_rows``, split equally over its tokens."""
     len_B = mask_B_T.sum(dim=1)  # (B,)
-    n_rows = (len_B > 0).sum()
+    n_rows = _reduced((len_B > 0).sum(), reduce)
     row_weight_B = torch.where(len_B > 0, 1.0 / (len_B.clamp(min=1.0) * n_rows.clamp(min=1)), 0.0)
     return mask_B_T * row_weight_B[:, None]
 
 
-def _rollout_mean(mask_B_T: Tensor, rollout_index_B: Tensor | None) -> Tensor:
+def _rollout_mean(
+    mask_B_T: Tensor, rollout_index_B: Tensor | None, reduce: CountReducer | None = None
+) -> Tensor:
     """Every non-empty rollout weighs ``1 / n_rollouts``, split equally over all tokens
     of all its turns (rows)."""
     if rollout_index_B is None:
@@ -82,7 +99,7 @@ def _rollout_mean(mask_B_T: Tensor, rollout_index_B: Tensor | None) -> Tensor:
     len_B = mask_B_T.sum(dim=1)
     rollout_tokens_G = torch.zeros(n_groups, dtype=mask_B_T.dtype, device=mask_B_T.device)
     rollout_tokens_G.index_add_(0, group_B, len_B)
-    n_rollouts = (rollout_tokens_G > 0).sum()
+    n_rollouts = _reduced((rollout_tokens_G > 0).sum(), reduce)
     tokens_B = rollout_tokens_G[group_B]
     row_weight_B = torch.where(
         tokens_B > 0, 1.0 / (tokens_B.clamp(min=1.0) * n_rollouts.clamp(min=1)), 0.0
@@ -90,18 +107,20 @@ def _rollout_mean(mask_B_T: Tensor, rollout_index_B: Tensor | None) -> Tensor:
     return mask_B_T * row_weight_B[:, None]
 
 
-AGGREGATIONS: dict[str, Callable[[Tensor, Tensor | None], Tensor]] = {
+AGGREGATIONS: dict[str, Callable[[Tensor, Tensor | None, CountReducer | None], Tensor]] = {
     "token-mean": _token_mean,
     "seq-mean-token-mean": _seq_mean_token_mean,
     "rollout-mean": _rollout_mean,
 }
-"""Aggregation modes by name: ``fn(mask_B_T as float64, rollout_index_B) -> weights``."""
+"""Aggregation modes by name: ``fn(mask_B_T as float64, rollout_index_B, reduce) -> weights``."""
 
 
 def aggregation_weights(
     mask_B_T: Tensor,
     mode: str,
     rollout_index_B: Tensor | None = None,
+    *,
+    reduce_count: CountReducer | None = None,
 ) -> Tensor:
     """Per-token loss weights for the WHOLE batch (compute once, then slice per mini-batch).
 
@@ -115,7 +134,9 @@ def aggregation_weights(
 
     Rows (and rollouts) with no tokens get weight 0 and are not counted, so the weights
     sum to 1 whenever the batch has at least one token (to 0 otherwise). Returned in
-    float32 on the mask's device, shape ``(B, T)``.
+    float32 on the mask's device, shape ``(B, T)``. ``reduce_count`` replaces the
+    normaliser (tokens, rows or rollouts) by the global batch's when this batch is one
+    rank's share of it (see :data:`CountReducer`); the weights then sum to this share.
     """
     if mask_B_T.dim() != 2:
         raise ValueError(f"mask_B_T must be 2-D (B, T), got shape {tuple(mask_B_T.shape)}")
@@ -126,7 +147,7 @@ def aggregation_weights(
             f"unknown aggregation mode {mode!r}; choose one of {sorted(AGGREGATIONS)}"
         ) from None
     # float64 so 1/total_tokens sums back to 1 tightly even for large batches.
-    weights_B_T = fn(mask_B_T.to(torch.float64), rollout_index_B)
+    weights_B_T = fn(mask_B_T.to(torch.float64), rollout_index_B, reduce_count)
     return weights_B_T.to(torch.float32)
 
 

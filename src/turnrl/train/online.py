@@ -14,11 +14,18 @@ start, metrics, checkpoints and seeds are the shared run lifecycle
 ``resume=True`` continues a killed run from its last checkpoint; the random
 streams are all derived from (seed, step) or restored from the checkpoint, so the
 resumed run produces the same numbers as an uninterrupted one.
+
+Under ``torchrun`` with several ranks, :mod:`turnrl.train.online_distributed` runs this
+trainer as one rank of N through the small hooks below (``_runner``, ``_own_tasks``,
+``_combine``, ``_count_reducer``, ``_write_rollouts``); in one process they change
+nothing (docs/distributed.md).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +40,13 @@ from turnrl.policy.factory import build_sampler
 from turnrl.policy.sync import push_weights
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, StrategyContext, get_strategy, run_episodes
-from turnrl.rollout.strategies import RolloutPool
+from turnrl.rollout.strategies import RolloutPool, StepExperience
 from turnrl.rollout.tokens import PrefixReuse
 from turnrl.rollout.tree import physical_env_steps
 from turnrl.table import TurnTable
 from turnrl.train.config import RunConfig
 from turnrl.train.info_gain import add_information_gain
+from turnrl.train.loss import CountReducer
 from turnrl.train.metrics import advantage_metrics, episode_metrics
 from turnrl.train.ppo import UpdateBatch, build_update_batch, ppo_update
 from turnrl.train.run import (
@@ -73,6 +81,9 @@ class OnlineTrainer:
     anything is built or written.
     """
 
+    SPLITS_OVER_RANKS = False
+    """Whether this trainer runs as one of several torchrun ranks (see ``RunDirectory.open``)."""
+
     def __init__(
         self,
         config: RunConfig,
@@ -95,6 +106,7 @@ class OnlineTrainer:
             overwrite=overwrite,
             keep_checkpoints=config.train.keep_checkpoints,
             quiet=quiet,
+            split_over_ranks=self.SPLITS_OVER_RANKS,
         )
         self.run_dir = self.run_directory.path
         self.quiet = quiet
@@ -237,7 +249,12 @@ class OnlineTrainer:
             self.learned[(record.traj_id, record.turn)] = (record, float(advantage))
         t0 = time.perf_counter()
         update = build_update_batch(
-            records, table, credit.advantages, credit.clip_factor, cfg.train.aggregation
+            records,
+            table,
+            credit.advantages,
+            credit.clip_factor,
+            cfg.train.aggregation,
+            reduce_count=self._count_reducer(),
         )
         losses = self.update(update)
         self.policy_version += 1
@@ -258,6 +275,7 @@ class OnlineTrainer:
         picks = self.sampler.choice(
             len(self.train_tasks), cfg.rollout.tasks_per_step, replace=False
         )
+        tasks = [self.train_tasks[i] for i in picks]
         self.policy.model.eval()
         context = StrategyContext(
             policy=self.rollout_policy,
@@ -267,20 +285,15 @@ class OnlineTrainer:
             learn=self.learn,
             seed=derive_seed(cfg.train.seed, "rollout", self.step),
             traj_prefix=f"s{self.step}-",
-            runner=run_episodes if self.pool is None else self.pool.run_episodes,
+            runner=self._runner(tasks),
         )
         strategy = get_strategy(cfg.rollout.strategy)
-        experience = strategy(
-            context,
-            [self.train_tasks[i] for i in picks],
-            cfg.rollout.group_size,
-            **cfg.rollout.params,
+        experience = self._combine(
+            strategy(context, self._own_tasks(tasks), cfg.rollout.group_size, **cfg.rollout.params)
         )
         batch = experience.batch
         if due(self.step, cfg.train.log_rollouts_every):
-            path = self.run_dir / "rollouts" / f"step-{self.step:06d}.jsonl"
-            path.parent.mkdir(exist_ok=True)
-            atomic_write_text(path, rollout_log(batch.records, self.learned))
+            self._write_rollouts(batch.records)
         self.env_steps += physical_env_steps(batch.records)
         self.tokens += batch.sampled_tokens
         learned = _mean_stats(experience.learn_stats)
@@ -296,6 +309,35 @@ class OnlineTrainer:
             "seconds_env": batch.seconds_env,
             "seconds_step": time.perf_counter() - started,
         }
+
+    # ------------------------------------------------- hooks of a split learner
+    # One process: the identity. turnrl.train.online_distributed overrides them to
+    # split a step's tasks over torchrun ranks.
+    def _runner(self, tasks: list[Task]) -> Callable[..., RolloutBatch]:
+        """What runs the independent strategy's episodes of the step's ``tasks``."""
+        if self.pool is not None:
+            return self.pool.run_episodes
+        if self.config.rollout.per_episode_seeds:
+            return partial(run_episodes, per_episode_seeds=True)
+        return run_episodes
+
+    def _own_tasks(self, tasks: list[Task]) -> list[Task]:
+        """The tasks of the step this process collects and learns from."""
+        return tasks
+
+    def _combine(self, experience: StepExperience) -> StepExperience:
+        """The step's experience of every process, from this process's."""
+        return experience
+
+    def _count_reducer(self) -> CountReducer | None:
+        """The global batch's loss normaliser from this process's (None: its own)."""
+        return None
+
+    def _write_rollouts(self, records: list[TurnRecord]) -> None:
+        """Write the step's records with their advantages to ``rollouts/``."""
+        path = self.run_dir / "rollouts" / f"step-{self.step:06d}.jsonl"
+        path.parent.mkdir(exist_ok=True)
+        atomic_write_text(path, rollout_log(records, self.learned))
 
     # -------------------------------------------------------------------- run
     def run(self, *, stop_after: int | None = None) -> Path:

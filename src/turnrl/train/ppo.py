@@ -43,7 +43,9 @@ ratio's denominator while truncated importance weights correct for the sampler
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,7 +56,12 @@ from turnrl.rollout.tokens import trie_size
 from turnrl.table import TurnTable
 from turnrl.train.config import PPOConfig
 from turnrl.train.credit_check import check_finite_credit
-from turnrl.train.loss import aggregation_weights, ppo_clip_loss, truncated_is_weights
+from turnrl.train.loss import (
+    CountReducer,
+    aggregation_weights,
+    ppo_clip_loss,
+    truncated_is_weights,
+)
 from turnrl.train.memory import ActivationMeter, cuda_peak
 from turnrl.train.minibatches import row_minibatches, tree_minibatches
 from turnrl.train.mismatch import learner_logprobs, mismatch_stats
@@ -63,10 +70,12 @@ from turnrl.types import TurnRecord
 __all__ = [
     "PPOConfig",
     "UpdateBatch",
+    "UpdateShard",
     "build_update_batch",
     "merge_loss_stats",
     "pad_rows",
     "ppo_update",
+    "trainable_rows",
 ]
 
 
@@ -96,12 +105,39 @@ class UpdateBatch:
     """The tree (task) of each row: ``update = "tree"`` keeps a tree in one mini-batch."""
 
 
+@dataclass(frozen=True)
+class UpdateShard:
+    """This process's share of an update whose batch is split over ranks by task
+    (:mod:`turnrl.train.distributed`); ``None`` in one process.
+
+    The global batch is the one a single process would build from all ranks' records,
+    in that process's row order; mini-batches are drawn over it (same generator, same
+    plan on every rank) and each rank runs the rows it holds.
+    """
+
+    positions: list[int]
+    """Global position of each of this rank's rows (one per row of its ``UpdateBatch``)."""
+    tree_B: list[int]
+    """Tree (task) of every global row, by position; distinct trees, distinct ids."""
+    reduce_gradients: Callable[[list[torch.nn.Parameter]], None]
+    """Sums the gradients of a mini-batch over ranks (every rank calls it each step)."""
+    gather: Callable[[Any], list[Any]]
+    """Every rank's value of a picklable object, in rank order (every rank calls it)."""
+
+
+def trainable_rows(records: list[TurnRecord]) -> list[int]:
+    """Indices of the records an update trains on (see :func:`build_update_batch`)."""
+    return [i for i, r in enumerate(records) if r.response_ids and r.train]
+
+
 def build_update_batch(
     records: list[TurnRecord],
     table: TurnTable,
     advantages: np.ndarray,
     clip_factor: np.ndarray | None,
     aggregation: str,
+    *,
+    reduce_count: CountReducer | None = None,
 ) -> UpdateBatch:
     """The padded update batch of the rows that are trained on.
 
@@ -110,10 +146,12 @@ def build_update_batch(
     and trajectory structure, but are updated on once, through the original), are
     left out; ``advantages`` and ``clip_factor`` are per record, as ``table``. A
     non-finite return or advantage is refused here, before any update
-    (:func:`~turnrl.train.credit_check.check_finite_credit`).
+    (:func:`~turnrl.train.credit_check.check_finite_credit`). ``reduce_count`` makes
+    the aggregation weights those of a global batch this one is a share of (see
+    :func:`turnrl.train.loss.aggregation_weights`).
     """
     check_finite_credit(table, advantages)
-    keep = [i for i, r in enumerate(records) if r.response_ids and r.train]
+    keep = trainable_rows(records)
     if not keep:
         raise ValueError("no record to update on (every row is train=false or has no response)")
     responses = [list(records[i].response_ids or ()) for i in keep]
@@ -129,7 +167,7 @@ def build_update_batch(
         clip_factor_B=None
         if clip_factor is None
         else torch.as_tensor(clip_factor[keep], dtype=torch.float32),
-        weight_B_T=aggregation_weights(mask, aggregation, rollout),
+        weight_B_T=aggregation_weights(mask, aggregation, rollout, reduce_count=reduce_count),
         tree_B=torch.as_tensor(table.task_code[keep]),
     )
 
@@ -143,6 +181,7 @@ def ppo_update(
     temperature: float,
     reference: TrainablePolicy | None,
     seed: int,
+    shard: UpdateShard | None = None,
 ) -> dict[str, float]:
     """``config.epochs`` passes of mini-batch PPO-clip steps over one batch of turns.
 
@@ -152,11 +191,17 @@ def ppo_update(
     norm (0: no clipping; the norm is still reported). ``config.update`` picks the
     layout (see the module docstring). Returns the mean of each loss statistic over
     the optimiser steps, the token counts and peak memory.
+
+    With ``shard`` (several ranks), the mini-batches are drawn over the global batch,
+    each rank runs its rows of each, and the gradients are summed over ranks before
+    the clip and the step; the statistics are the global batch's on every rank
+    (``cuda_*`` peaks stay this rank's).
     """
-    n = len(batch.contexts)
+    tree_B = batch.tree_B.tolist() if shard is None else shard.tree_B
+    local = None if shard is None else {p: b for b, p in enumerate(shard.positions)}
     tree = config.update == "tree"
     generator = torch.Generator().manual_seed(seed)
-    stats: list[dict[str, float]] = []
+    steps: list[tuple[list[dict[str, float]], float]] = []
     parameters = [p for p in policy.parameters() if p.requires_grad]
     mismatch: dict[str, float] = {}
     is_weight_B_T = None
@@ -176,15 +221,15 @@ def ppo_update(
     with cuda_peak(policy.device) as cuda:
         for _ in range(config.epochs):
             if tree:
-                minibatches = tree_minibatches(
-                    batch.tree_B.tolist(), config.minibatch_size, generator
-                )
+                minibatches = tree_minibatches(tree_B, config.minibatch_size, generator)
             else:
-                minibatches = row_minibatches(n, config.minibatch_size, generator)
+                minibatches = row_minibatches(len(tree_B), config.minibatch_size, generator)
             for rows in minibatches:
+                if local is not None:
+                    rows = [local[p] for p in rows if p in local]
                 optimizer.zero_grad(set_to_none=True)
                 parts = []
-                for forward_rows in _forwards(batch, rows, config):
+                for forward_rows in _forwards(batch, rows, config) if rows else []:
                     with meter.forward():
                         loss, info, tokens = _minibatch_loss(
                             policy,
@@ -199,15 +244,28 @@ def ppo_update(
                     loss.backward()
                     computed += tokens
                     parts.append({**info, "loss": float(loss.item())})
+                if shard is not None:
+                    shard.reduce_gradients(parameters)
                 norm = _clip_grad_norm(parameters, config.max_grad_norm)
                 optimizer.step()
-                stats.append({**merge_loss_stats(parts), "grad_norm": norm})
+                steps.append((parts, norm))
     policy.model.eval()
-    return {
-        **{k: float(np.mean([s[k] for s in stats])) for k in stats[0]},
+    counts = {
         **update_token_counts(batch, config.epochs),
         "update_tokens_computed": float(computed),
-        "update_activation_mib": meter.peak_mib,
+    }
+    activation_mib = meter.peak_mib
+    if shard is not None:  # every rank's forwards of each step, and its counts
+        ranks = shard.gather(([parts for parts, _ in steps], counts, activation_mib))
+        for i, (_, norm) in enumerate(steps):
+            steps[i] = ([p for rank_parts, _, _ in ranks for p in rank_parts[i]], norm)
+        counts = {k: float(sum(rank_counts[k] for _, rank_counts, _ in ranks)) for k in counts}
+        activation_mib = max(mib for _, _, mib in ranks)
+    stats = [{**merge_loss_stats(parts), "grad_norm": norm} for parts, norm in steps]
+    return {
+        **{k: float(np.mean([s[k] for s in stats])) for k in stats[0]},
+        **counts,
+        "update_activation_mib": activation_mib,
         **cuda,
         **mismatch,
     }

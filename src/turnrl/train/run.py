@@ -281,6 +281,7 @@ class RunDirectory:
         overwrite: bool = False,
         keep_checkpoints: int = 2,
         quiet: bool = False,
+        split_over_ranks: bool = False,
     ) -> RunDirectory:
         """Check that ``config.run_dir`` may be used as asked; reads only.
 
@@ -290,8 +291,21 @@ class RunDirectory:
           ``overwrite`` (emptied by :meth:`start`);
         * anything else (a file, a non-empty directory without a run): refused.
 
+        Under torchrun with several ranks, only a trainer that splits over them
+        (``split_over_ranks``; rank 0 alone writes) may open it: N copies of a
+        one-process trainer would write one directory N times.
+
         Raises :class:`RunDirectoryError` naming the directory and what to do.
         """
+        from turnrl.train.distributed import world_from_env
+
+        world = world_from_env()
+        if world.split and not split_over_ranks:
+            raise RunDirectoryError(
+                f"this trainer runs as one process, but torchrun started {world.size} ranks "
+                f"that would all write run_dir {config.run_dir}; launch it without torchrun "
+                "(docs/distributed.md says what runs on ranks)"
+            )
         if resume and overwrite:
             raise RunDirectoryError("--resume and --overwrite exclude each other")
         path = Path(config.run_dir)

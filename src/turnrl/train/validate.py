@@ -266,6 +266,8 @@ def _rollout(rollout: RolloutConfig, p: Problems) -> None:
         p.options("params", get_strategy(rollout.strategy), rollout.params, skip=3)
         if rollout.workers > 0 and rollout.strategy != "independent":
             p.add("workers", "rollout workers run only the 'independent' strategy")
+        if rollout.per_episode_seeds and rollout.strategy != "independent":
+            p.add("per_episode_seeds", "only the 'independent' strategy samples per episode")
 
 
 @register_check(CreditConfig)

@@ -1,0 +1,344 @@
+"""``turnrl train`` on a built-in environment, over the ranks torchrun started.
+
+One run, N processes (docs/distributed.md). Every rank holds the whole model and
+draws the same tasks for a step (the sampler is seeded from the config and
+restored from the checkpoint identically everywhere); rank ``r`` then samples and
+learns from its contiguous share of them (:func:`turnrl.train.distributed.owned_slice`),
+whole task groups, so credit needs nothing from other ranks. The update is the one
+of :func:`turnrl.train.ppo.ppo_update` with an :class:`~turnrl.train.ppo.UpdateShard`:
+the mini-batch plan is drawn over the global batch in one process's row order, the
+loss weights use the global normaliser, and the gradients are summed over ranks
+before the clip and the optimiser step. So N ranks compute what one process computes
+on the same global batch, up to float summation order.
+
+Sampling is made rank-invariant by ``rollout.per_episode_seeds = true`` (required):
+episode ``k`` of a step draws from ``episode_seed(step seed, k)``, whichever rank runs
+it. A single process with the same flag is the reference run; without the flag one
+process samples the whole batch from one generator (today's default, unchanged).
+
+Rank 0 alone reads and writes the run directory (config, warm start, metrics,
+rollouts, checkpoints; the CLI adds the report) and evaluates; it hands the other
+ranks the starting state (weights, the KL reference, optimiser state, counters,
+sampler and RNG states) by broadcast, so they need no shared filesystem. At the end
+of a step every rank's episodes, records, advantages and counts are gathered, so the
+metrics row is the global batch's.
+
+Not supported under torchrun yet (refused with one line): tree rollout strategies
+(RTPO learns once per turn position, a count that differs between ranks), Ray
+rollout workers, the agent loop and ``turnrl iterate``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from turnrl.errors import TurnrlError, UsageError
+from turnrl.rollout import RolloutBatch
+from turnrl.rollout.runner import plan_episodes, run_planned_episodes
+from turnrl.rollout.strategies import StepExperience
+from turnrl.rollout.tokens import token_metrics
+from turnrl.table import TurnTable
+from turnrl.train import distributed as dist
+from turnrl.train.config import RunConfig
+from turnrl.train.loss import CountReducer
+from turnrl.train.metrics import advantage_metrics
+from turnrl.train.online import OnlineTrainer
+from turnrl.train.ppo import UpdateBatch, UpdateShard, ppo_update, trainable_rows
+from turnrl.train.run import RunDirectory, derive_seed, initial_policy
+from turnrl.types import Task, TurnRecord
+
+EXIT_RANK_LOST = 3
+"""Exit status of a rank whose run ended because another rank stopped."""
+
+
+def check_supported(config: RunConfig, world: dist.World) -> None:
+    """Refuse, with one line, what N ranks do not run yet."""
+    n = f"under torchrun with {world.size} ranks"
+    if config.agent.enabled:
+        raise UsageError(f"the agent loop ([agent]) does not run {n} yet; launch one process")
+    if config.rollout.workers > 0:
+        raise UsageError(f"rollout.workers (Ray) cannot be combined with torchrun ranks yet ({n})")
+    if config.rollout.strategy != "independent":
+        raise UsageError(
+            f"rollout.strategy = {config.rollout.strategy!r} does not run {n} yet; only "
+            "'independent' does"
+        )
+    if not config.rollout.per_episode_seeds:
+        raise UsageError(
+            f"{n}, every rank samples its own episodes: set rollout.per_episode_seeds = true "
+            "(the run then equals one process with that setting)"
+        )
+    dist.owned_slice(config.rollout.tasks_per_step, world)
+
+
+class _RankRun(RunDirectory):
+    """The run directory as a rank other than 0 sees it: it writes nothing."""
+
+    def append_metrics(self, row: Any) -> None:
+        return None
+
+    def save_checkpoint(self, step: int, *args: Any, **kwargs: Any) -> Path:
+        return self.path
+
+    def progress(self, *, enabled: bool = True) -> Any:
+        return super().progress(enabled=False)
+
+    def log(self, message: str) -> None:
+        return None
+
+
+class DistributedOnlineTrainer(OnlineTrainer):
+    """:class:`~turnrl.train.online.OnlineTrainer` as one of ``world.size`` ranks."""
+
+    SPLITS_OVER_RANKS = True
+
+    def __init__(
+        self,
+        config: RunConfig,
+        world: dist.World,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        quiet: bool = False,
+    ) -> None:
+        self.world = world
+        failure: tuple[type, str] | None = None
+        try:
+            check_supported(config, world)
+            super().__init__(config, resume=resume, overwrite=overwrite, quiet=quiet)
+        except TurnrlError as error:
+            failure = (type(error), str(error))
+        # Every rank checked the directory before rank 0 writes anything; any rank's
+        # refusal stops all of them with the same line.
+        failures = [f for f in dist.gather_objects(failure, world) if f is not None]
+        if failures:
+            kind, message = failures[0]
+            raise kind(message)
+        if not world.main:
+            d = self.run_directory
+            self.run_directory = _RankRun(
+                d.path,
+                config,
+                resuming=d.resuming,
+                clear=False,
+                keep_checkpoints=d.keep_checkpoints,
+                quiet=True,
+            )
+        self._records: list[TurnRecord] = []
+        self._episode_index: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ set-up
+    def _setup(self) -> None:
+        """Rank 0 starts or resumes the run; every rank then takes its state."""
+        cfg = self.config
+        if self.world.main:
+            super()._setup()
+        else:
+            self.policy = initial_policy(self.policy, cfg.warm_start, cfg.policy)
+            self.reference = self.policy.clone_frozen() if cfg.train.kl_coef > 0 else None
+            self.optimizer = torch.optim.AdamW(
+                self.policy.parameters(), lr=cfg.train.lr, weight_decay=0.0
+            )
+        self._share_state()
+
+    def _share_state(self) -> None:
+        from turnrl.train.checkpoint import capture_rng_state, restore_rng_state
+
+        world = self.world
+        models = [self.policy.model] + ([] if self.reference is None else [self.reference.model])
+        keys = [list(m.state_dict()) for m in models]
+        if dist.broadcast_object(keys, world) != keys:
+            raise UsageError(
+                f"rank {world.rank}: the model's parameters differ from rank 0's; every "
+                "rank must build the same policy (same policy.model, warm_start.init_from)"
+            )
+        for model in models:
+            dist.broadcast_tensors_(model.state_dict().values(), world)
+        assert self.optimizer is not None
+        state = {
+            "optimizer": dist.cpu_state(self.optimizer.state_dict()),
+            "sampler": self.sampler.bit_generator.state,
+            "counters": (self.step, self.env_steps, self.tokens, self.policy_version),
+            "rng": capture_rng_state(),
+        }
+        state = dist.broadcast_object(state if world.main else None, world)
+        if not world.main:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.sampler.bit_generator.state = state["sampler"]
+            self.step, self.env_steps, self.tokens, self.policy_version = state["counters"]
+            restore_rng_state(state["rng"])
+
+    # ------------------------------------------------------- the split step
+    def _runner(self, tasks: list[Task]) -> Callable[..., RolloutBatch]:
+        """Runs this rank's episodes of the step's plan over all ``tasks``, each with its
+        own seed from its index in that plan (as one process with per-episode seeds)."""
+        owned = dist.owned_slice(len(tasks), self.world)
+
+        def run(
+            policy: Any,
+            make_env: Callable[[], Any],
+            own_tasks: list[Task],
+            *,
+            group_size: int,
+            max_new_tokens: int,
+            temperature: float,
+            seed: int,
+            traj_prefix: str = "",
+            max_turns: int = 32,
+        ) -> RolloutBatch:
+            assert list(own_tasks) == tasks[owned], "a strategy ran other tasks than its own"
+            plan = plan_episodes(tasks, group_size, traj_prefix)
+            self._episode_index = {traj: k for k, (_, traj) in enumerate(plan)}
+            planned = [
+                (k, task, traj)
+                for k, (task, traj) in enumerate(plan)
+                if owned.start <= k // group_size < owned.stop
+            ]
+            return run_planned_episodes(
+                policy,
+                make_env,
+                planned,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=seed,
+                max_turns=max_turns,
+            )
+
+        return run
+
+    def _own_tasks(self, tasks: list[Task]) -> list[Task]:
+        return tasks[dist.owned_slice(len(tasks), self.world)]
+
+    def _order_key(self, record: TurnRecord) -> tuple[int, int]:
+        """Where one process puts ``record`` in the step's batch: turn by turn, episodes in
+        plan order (what :func:`turnrl.rollout.runner.run_episodes` appends)."""
+        return record.turn, self._episode_index[record.traj_id]
+
+    def _count_reducer(self) -> CountReducer | None:
+        return lambda count: dist.sum_over_ranks(count, self.world)
+
+    def learn(self, records: list[TurnRecord]) -> dict[str, float]:
+        self._records = records
+        return super().learn(records)
+
+    def update(self, batch: UpdateBatch) -> dict[str, float]:
+        """The PPO update of this rank's rows as part of the global batch."""
+        assert self.optimizer is not None
+        cfg = self.config
+        kept = [self._records[i] for i in trainable_rows(self._records)]
+        local = list(zip([self._order_key(r) for r in kept], batch.tree_B.tolist(), strict=True))
+        ranks = dist.gather_objects(local, self.world)
+        rows = sorted(
+            (key, rank, b, tree)
+            for rank, part in enumerate(ranks)
+            for b, (key, tree) in enumerate(part)
+        )
+        tree_ids: dict[tuple[int, int], int] = {}
+        tree_B, positions = [], [0] * len(local)
+        for position, (_, rank, b, tree) in enumerate(rows):
+            tree_B.append(tree_ids.setdefault((rank, tree), len(tree_ids)))
+            if rank == self.world.rank:
+                positions[b] = position
+        world = self.world
+        shard = UpdateShard(
+            positions=positions,
+            tree_B=tree_B,
+            reduce_gradients=lambda parameters: dist.reduce_gradients(parameters, world),
+            gather=lambda value: dist.gather_objects(value, world),
+        )
+        return ppo_update(
+            self.policy,
+            self.optimizer,
+            batch,
+            cfg.train,
+            temperature=cfg.policy.temperature,
+            reference=self.reference,
+            seed=derive_seed(cfg.train.seed, "update", self.step),
+            shard=shard,
+        )
+
+    def _combine(self, experience: StepExperience) -> StepExperience:
+        """The global step on every rank: all ranks' episodes, records (in one process's
+        order), advantages and counts, and the advantage metrics of the global batch."""
+        batch = experience.batch
+        mine = {
+            "records": batch.records,
+            "episodes": [dataclasses.replace(e, env=None) for e in batch.episodes],
+            "sampled_tokens": batch.sampled_tokens,
+            "context_tokens": batch.context_tokens,
+            "seconds": (batch.seconds_sampling, batch.seconds_env),
+            "tokens_computed": experience.extra.get("tokens_computed"),
+            "learned": self.learned,
+        }
+        ranks = dist.gather_objects(mine, self.world)
+        records = sorted((r for part in ranks for r in part["records"]), key=self._order_key)
+        self.learned = {k: v for part in ranks for k, v in part["learned"].items()}
+        computed = [part["tokens_computed"] for part in ranks]
+        combined = RolloutBatch(
+            records=records,
+            episodes=[e for part in ranks for e in part["episodes"]],
+            sampled_tokens=sum(part["sampled_tokens"] for part in ranks),
+            context_tokens=sum(part["context_tokens"] for part in ranks),
+            seconds_sampling=max(part["seconds"][0] for part in ranks),
+            seconds_env=max(part["seconds"][1] for part in ranks),
+        )
+        extra = {
+            **experience.extra,
+            **token_metrics(records, None if None in computed else int(sum(computed))),
+            "rollout_env_steps": float(len(records)),
+        }
+        keys = [(r.traj_id, r.turn) for r in records]
+        learned = [self.learned[key] for key in keys if key in self.learned]
+        stats = [dict(s) for s in experience.learn_stats]
+        if learned and stats:
+            table = TurnTable.from_records([r for r, _ in learned], source=f"step {self.step}")
+            advantages = np.array([a for _, a in learned], dtype=np.float64)
+            stats[0].update(advantage_metrics(table, advantages, self.config.credit.estimator))
+        return StepExperience(combined, stats, extra)
+
+    # ------------------------------------------------------- rank 0's jobs
+    def _write_rollouts(self, records: list[TurnRecord]) -> None:
+        if self.world.main:
+            super()._write_rollouts(records)
+
+    def evaluate(self) -> dict[str, float]:
+        """Rank 0 evaluates (the other ranks wait at the next collective)."""
+        return super().evaluate() if self.world.main else {}
+
+
+def train_distributed(
+    config: RunConfig,
+    world: dist.World,
+    *,
+    resume: bool,
+    overwrite: bool,
+    quiet: bool,
+    report: Callable[[Path], None] | None = None,
+) -> int:
+    """One rank of ``turnrl train`` under torchrun: join the group, train, rank 0 calls
+    ``report(run_dir)``; leave the group. Returns the exit status: 0, or
+    :data:`EXIT_RANK_LOST` (with one line on stderr) when another rank stopped."""
+    import sys
+
+    dist.stop_on_sigterm(world)
+    try:
+        dist.init_world(config.policy.device, world)
+        trainer = DistributedOnlineTrainer(
+            config, world, resume=resume, overwrite=overwrite, quiet=quiet or not world.main
+        )
+        run_dir = trainer.run()
+        if world.main and report is not None:
+            report(run_dir)
+        return 0
+    except dist.RankLost as error:
+        dist.ignore_sigterm()
+        print(f"turnrl train: error: {error}", file=sys.stderr, flush=True)
+        return EXIT_RANK_LOST
+    finally:
+        dist.shutdown()
