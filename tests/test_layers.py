@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
     {"serve"},
     {"train"},
     {"report"},
+    {"study"},
     {"integrations"},
     {"cli", "__main__", "turnrl"},
 ]

@@ -92,16 +92,20 @@ def test_saved_directory_loads_on_the_configured_dtype(tmp_path: Path) -> None:
 
 
 def test_ray_default_factory_goes_through_the_policy_settings(tmp_path: Path) -> None:
-    pytest.importorskip("ray")
+    ray = pytest.importorskip("ray")
     from turnrl.integrations.ray_workers import pool_for_config
 
     config = RunConfig(run_dir=str(tmp_path))
     config.policy.dtype = "bfloat16"
     config.rollout.workers = 1
     pool = pool_for_config(config)  # actors start at the first push_weights, not here
-    worker_factory = pool._init_args[0]
-    assert worker_factory.func is factory.load_policy
-    assert worker_factory.args == (str(tmp_path / "warm_start"), config.policy)
+    try:
+        worker_factory = pool._init_args[0]
+        assert worker_factory.func is factory.load_policy
+        assert worker_factory.args == (str(tmp_path / "warm_start"), config.policy)
+    finally:  # the pool started Ray in this process: later tests start their own
+        pool.close()
+        ray.shutdown()
 
 
 def test_serve_loads_smollm2_through_the_factory() -> None:

@@ -21,14 +21,21 @@ The truncated importance weights built on the same numbers live in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 
 from turnrl.policy.trainable import TrainablePolicy
 
-if TYPE_CHECKING:
-    from turnrl.train.ppo import UpdateBatch
+
+class SampledRows(Protocol):
+    """What :func:`learner_logprobs` reads of an update batch (``ppo.UpdateBatch`` has
+    it; a Protocol keeps this module below ``ppo`` in the imports)."""
+
+    contexts: Sequence[Any]
+    responses: Sequence[Any]
+    old_logp_B_T: torch.Tensor
 
 __all__ = ["learner_logprobs", "mismatch_stats"]
 
@@ -36,7 +43,7 @@ __all__ = ["learner_logprobs", "mismatch_stats"]
 @torch.no_grad()
 def learner_logprobs(
     policy: TrainablePolicy,
-    batch: UpdateBatch,
+    batch: SampledRows,
     *,
     temperature: float,
     rows_per_forward: int,

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from turnrl.errors import TurnrlError, UsageError
+from turnrl.policy.factory import build_sampler
 from turnrl.rollout import RolloutBatch
 from turnrl.rollout.runner import plan_episodes, run_planned_episodes
 from turnrl.rollout.strategies import StepExperience
@@ -146,6 +147,9 @@ class DistributedOnlineTrainer(OnlineTrainer):
                 self.policy.parameters(), lr=cfg.train.lr, weight_decay=0.0
             )
         self._share_state()
+        if not self.world.main:  # rank 0's sampler was built by the one-process set-up
+            self.rollout_policy = build_sampler(cfg.policy, self.policy)
+            self._push_weights()
 
     def _share_state(self) -> None:
         from turnrl.train.checkpoint import capture_rng_state, restore_rng_state

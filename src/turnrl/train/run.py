@@ -321,6 +321,8 @@ class RunDirectory:
                 keep_checkpoints=keep_checkpoints,
                 quiet=quiet,
             )
+        if world.split and not world.main:  # rank 0 holds the lock for every rank
+            return cls._open_existing(path, config, resume, overwrite, keep_checkpoints, quiet)
         lock = acquire_lock(path)  # first: a second process is refused before anything else
         try:
             run = cls._open_existing(path, config, resume, overwrite, keep_checkpoints, quiet)
