@@ -37,6 +37,7 @@ class SampledRows(Protocol):
     responses: Sequence[Any]
     old_logp_B_T: torch.Tensor
 
+
 __all__ = ["learner_logprobs", "mismatch_stats"]
 
 
