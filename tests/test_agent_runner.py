@@ -21,7 +21,7 @@ from agent_fixtures import parity
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.records import record_to_json
 from turnrl.serve import Gateway, GatewayConfig, GatewayError, GatewayServer
-from turnrl.train.agent_programs import (
+from turnrl.train.agent.programs import (
     AgentConfigError,
     AgentFailed,
     AgentOutput,
@@ -29,7 +29,7 @@ from turnrl.train.agent_programs import (
     make_program,
     reward_of,
 )
-from turnrl.train.agent_runner import (
+from turnrl.train.agent.runner import (
     AgentFailure,
     AgentRunner,
     GatewayLink,

@@ -16,7 +16,8 @@ from turnrl.envs import make_env, make_tasks
 from turnrl.envs.negotiation import HaggleEnv
 from turnrl.policy import build_tiny_policy
 from turnrl.train.config import load_config
-from turnrl.train.iterate import (
+from turnrl.train.iterate.config import ImproveConfig, IterateConfig
+from turnrl.train.iterate.loop import (
     EnvCallError,
     IterativeGRPO,
     LoggedState,
@@ -25,7 +26,6 @@ from turnrl.train.iterate import (
     temperature_counts,
     trainable,
 )
-from turnrl.train.iterate_config import ImproveConfig, IterateConfig
 from turnrl.types import Env, StepResult
 
 torch.set_num_threads(1)

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnrl.train.qmodel import (
+from turnrl.train.iterate.qmodel import (
     QExample,
     QFunction,
     average_ranks,

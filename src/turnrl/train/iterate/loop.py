@@ -9,7 +9,7 @@ training loop. Each iteration:
    With ``--from-logs`` the first batch is imported production logs instead.
 2. **Evaluate**: Monte Carlo return ``G_t`` of every logged ``(state, response)``
    (``turnrl.credit.returns.return_to_go``), and a fit of ``Q^{pi_i}`` to them
-   (:mod:`turnrl.train.qmodel`) with a held-out split of conversations and
+   (:mod:`turnrl.train.iterate.qmodel`) with a held-out split of conversations and
    calibration metrics.
 3. **Improve**: for logged states, sample ``G`` candidates with the current
    policy, score them with Q, normalise within the state (the ``q`` estimator:
@@ -66,12 +66,10 @@ from turnrl.policy import HFPolicy
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, run_episodes
 from turnrl.table import TurnTable
-from turnrl.train.chatlogs import read_chat_logs, tokenise_conversations
-from turnrl.train.explore import hide_personas, persona_env_factory, with_instruction
-from turnrl.train.iterate_config import DeployConfig, ImproveConfig, IterateConfig
-from turnrl.train.metrics import episode_metrics
-from turnrl.train.ppo import build_update_batch, ppo_update
-from turnrl.train.qmodel import (
+from turnrl.train.iterate.chatlogs import read_chat_logs, tokenise_conversations
+from turnrl.train.iterate.config import DeployConfig, ImproveConfig, IterateConfig
+from turnrl.train.iterate.explore import hide_personas, persona_env_factory, with_instruction
+from turnrl.train.iterate.qmodel import (
     QFit,
     QFunction,
     QModel,
@@ -81,6 +79,8 @@ from turnrl.train.qmodel import (
     q_examples,
     q_quality,
 )
+from turnrl.train.metrics import episode_metrics
+from turnrl.train.ppo import build_update_batch, ppo_update
 from turnrl.train.run import (
     Checkpoint,
     RunDirectory,
@@ -201,7 +201,7 @@ def deploy(
     prefix: str,
 ) -> RolloutBatch:
     """Collect ``conversations_per_task`` conversations per task, split over
-    temperatures and exploration personas (:mod:`turnrl.train.explore`).
+    temperatures and exploration personas (:mod:`turnrl.train.iterate.explore`).
 
     Records carry the ``temperature`` they were sampled at and their ``persona``
     index; persona instructions are removed from the logged ``prompt_ids``.
@@ -397,7 +397,7 @@ def improve_policy(
 class IterativeGRPO:
     """Runs one ``turnrl iterate`` job described by an ``IterateConfig``.
 
-    ``from_logs``: a chat-log JSONL file (:mod:`turnrl.train.chatlogs`) used as the
+    ``from_logs``: a chat-log JSONL file (:mod:`turnrl.train.iterate.chatlogs`) used as the
     first iteration's deployed batch. ``resume``: continue from the run directory's
     last checkpoint (a fresh start when it has none).
     """

@@ -31,7 +31,7 @@ Two ways to plug an agent in (``[agent]`` in the run config):
 
 What a run produced is an :class:`AgentOutput`; what counts as a failure
 (raised, timed out, no reward, a non-finite reward, a non-zero exit) is decided
-in :func:`reward_of`, and the runner (:mod:`turnrl.train.agent_runner`) drops
+in :func:`reward_of`, and the runner (:mod:`turnrl.train.agent.runner`) drops
 those rollouts.
 """
 
