@@ -9,8 +9,8 @@ from turnrl.envs import make_env, make_tasks
 from turnrl.policy import build_tiny_policy
 from turnrl.table import TurnTable
 from turnrl.train.iterate.config import DeployConfig
+from turnrl.train.iterate.deploy import deploy, deployment_arms
 from turnrl.train.iterate.explore import PersonaEnv, with_instruction
-from turnrl.train.iterate.loop import deploy, deployment_arms
 from turnrl.types import TurnRecord
 
 torch.set_num_threads(1)

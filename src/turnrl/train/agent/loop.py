@@ -60,7 +60,8 @@ from turnrl.io import append_jsonl, atomic_write_text
 from turnrl.records import dumps_record
 from turnrl.serve import Gateway, GatewayConfig, GatewayServer, bind_socket
 from turnrl.table import TurnTable
-from turnrl.train.agent.programs import KILL_GRACE_S, make_program
+from turnrl.train.agent.command import KILL_GRACE_S
+from turnrl.train.agent.programs import make_program
 from turnrl.train.agent.runner import (
     AgentFailure,
     AgentRunner,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from turnrl.io import atomic_write_text
-from turnrl.train.agent.programs import LLM, AgentFailed, AgentProgram, reward_of
+from turnrl.train.agent.contract import LLM, AgentFailed, AgentProgram, reward_of
 from turnrl.train.process_tree import no_process_left
 from turnrl.types import Task, TurnRecord
 
