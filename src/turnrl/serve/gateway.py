@@ -10,7 +10,8 @@ It is the one public face of parts that each do one job; a reader follows a call
 here (:meth:`Gateway.complete`, :meth:`Gateway.reward`) and into them:
 
 * :mod:`turnrl.serve.registry`: the rollout registry (open, claim, retries,
-  finish, timeouts, discards) and the read side (:class:`RolloutViews`);
+  finish, timeouts, discards) and the read side
+  (:class:`~turnrl.serve.registry.RolloutViews`);
 * :mod:`turnrl.serve.limits`: request limits (ids, rewards, size before
   tokenising, the response budget);
 * :mod:`turnrl.serve.conversation`: conversation extension, exact token
@@ -28,10 +29,6 @@ prompt changes, so that turn is a rebuild).
 
 Rebuilt contexts are recorded as ``context_rebuilt: true`` and counted in
 :attr:`Gateway.context_rebuilds`.
-
-:class:`Gateway` has more than twenty methods on purpose: they are the API the
-HTTP app, the agent loop and users call (``docs/gateway.md``), each a short
-delegation to one of the parts above; the work is in those parts.
 """
 
 from __future__ import annotations
@@ -81,7 +78,12 @@ __all__ = [
 
 
 class Gateway:
-    """Serves a policy to agent programs and records their calls as turn records."""
+    """Serves a policy to agent programs and records their calls as turn records.
+
+    Over twenty methods on purpose: this is the API callers use (the HTTP app, the
+    agent loop, ``docs/gateway.md``); each method is a short delegation to one
+    part (module docstring), except :meth:`complete`, which strings them together.
+    """
 
     def __init__(
         self, policy: Policy, config: GatewayConfig | None = None, *, policy_version: int = 0
