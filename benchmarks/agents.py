@@ -33,10 +33,10 @@ from results_file import write_section  # noqa: E402
 
 from turnrl.policy import HFPolicy, build_tiny_policy  # noqa: E402
 from turnrl.serve import Gateway, GatewayConfig, GatewayServer  # noqa: E402
-from turnrl.train.agent_programs import make_program  # noqa: E402
-from turnrl.train.agent_runner import AgentRunner, GatewayLink  # noqa: E402
-from turnrl.train.agent_tasks import calculator_task_set  # noqa: E402
-from turnrl.train.agent_teacher import TeacherGateway, load_teacher, teacher_examples  # noqa: E402
+from turnrl.train.agent.programs import make_program  # noqa: E402
+from turnrl.train.agent.runner import AgentRunner, GatewayLink  # noqa: E402
+from turnrl.train.agent.tasks import calculator_task_set  # noqa: E402
+from turnrl.train.agent.teacher import TeacherGateway, load_teacher, teacher_examples  # noqa: E402
 from turnrl.train.sft import supervised_warm_start  # noqa: E402
 
 AGENT = f"{ROOT / 'examples' / 'agents' / 'calc_openai.py'}:run"

@@ -41,7 +41,7 @@ from typing import Any
 
 from results_file import write_section
 
-from turnrl.serve.gateway import (
+from turnrl.serve.limits import (
     BODY_SLACK_BYTES,
     CHARS_PER_TOKEN_BOUND,
     JSON_BYTES_PER_CHAR,

@@ -55,7 +55,7 @@ def one_turn_records(
 def agent_rollout(name: str, versions: Sequence[int], temperatures: Sequence[float]) -> Any:
     """A finished agent rollout (``RolloutResult``) of task ``t`` whose turn ``k`` was
     sampled by policy version ``versions[k]`` at ``temperatures[k]``; reward 1 at the end."""
-    from turnrl.train.agent_runner import RolloutResult  # the agent loop: heavy imports
+    from turnrl.train.agent.runner import RolloutResult  # the agent loop: heavy imports
 
     last = len(versions) - 1
     records = [

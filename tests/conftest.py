@@ -132,7 +132,7 @@ def tiny_train() -> Callable[..., Any]:
 def tiny_iterate() -> Callable[..., Any]:
     """Factory of tiny ``IterateConfig``s on the haggle recipe."""
     from turnrl.train.config import load_config
-    from turnrl.train.iterate_config import IterateConfig
+    from turnrl.train.iterate.config import IterateConfig
 
     def make(run_dir: Path, *extra: str) -> IterateConfig:
         return load_config(

@@ -25,10 +25,11 @@ from turnrl.policy import HFPolicy
 from turnrl.records import parse_record
 from turnrl.serve import PortInUseError
 from turnrl.table import TurnTable
-from turnrl.train.agent import AgentRunError, AgentTrainer, refuse_untrainable, rollout_metrics
-from turnrl.train.agent_programs import AgentConfigError, make_program
-from turnrl.train.agent_runner import RolloutResult
-from turnrl.train.agent_teacher import load_teacher
+from turnrl.train.agent.contract import AgentConfigError
+from turnrl.train.agent.loop import AgentRunError, AgentTrainer, refuse_untrainable, rollout_metrics
+from turnrl.train.agent.programs import make_program
+from turnrl.train.agent.runner import RolloutResult
+from turnrl.train.agent.teacher import load_teacher
 from turnrl.train.checkpoint import load_latest_checkpoint
 from turnrl.train.config import PPOConfig, RunConfig, load_config
 from turnrl.train.ppo import build_update_batch, ppo_update

@@ -21,15 +21,15 @@ from agent_fixtures import parity
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.records import record_to_json
 from turnrl.serve import Gateway, GatewayConfig, GatewayError, GatewayServer
-from turnrl.train.agent_programs import (
+from turnrl.train.agent.contract import (
     AgentConfigError,
     AgentFailed,
     AgentOutput,
     load_entrypoint,
-    make_program,
     reward_of,
 )
-from turnrl.train.agent_runner import (
+from turnrl.train.agent.programs import make_program
+from turnrl.train.agent.runner import (
     AgentFailure,
     AgentRunner,
     GatewayLink,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from turnrl.envs.calculator import calculator_tasks
-from turnrl.train.agent_tasks import (
+from turnrl.train.agent.tasks import (
     TaskFileError,
     calculator_task_set,
     check_task_spec,

@@ -17,10 +17,11 @@ import pytest
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.records import record_to_json
 from turnrl.serve import GatewayConfig, GatewayServer
-from turnrl.train.agent_programs import AgentConfigError, make_program
-from turnrl.train.agent_runner import AgentRunner, GatewayLink, RolloutResult
-from turnrl.train.agent_tasks import calculator_task_set
-from turnrl.train.agent_teacher import TeacherGateway, load_teacher, teacher_examples
+from turnrl.train.agent.contract import AgentConfigError
+from turnrl.train.agent.programs import make_program
+from turnrl.train.agent.runner import AgentRunner, GatewayLink, RolloutResult
+from turnrl.train.agent.tasks import calculator_task_set
+from turnrl.train.agent.teacher import TeacherGateway, load_teacher, teacher_examples
 from turnrl.train.sft import encode_response
 from turnrl.types import Task
 

@@ -62,7 +62,7 @@ def test_config_error_exits_2_before_any_work(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import turnrl.train.iterate as iterate
+    import turnrl.train.iterate.loop as iterate
     import turnrl.train.online as online
     from turnrl.train.run import RunDirectory
 

@@ -17,7 +17,7 @@ from turnrl.rollout import run_episodes
 from turnrl.rollout.runner import start_episode
 from turnrl.rollout.tree import clone_episode
 from turnrl.train.config import RunConfig, load_config
-from turnrl.train.explore import PersonaEnv
+from turnrl.train.iterate.explore import PersonaEnv
 from turnrl.train.validate import validate
 from turnrl.types import (
     Env,

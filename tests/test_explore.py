@@ -8,9 +8,9 @@ import torch
 from turnrl.envs import make_env, make_tasks
 from turnrl.policy import build_tiny_policy
 from turnrl.table import TurnTable
-from turnrl.train.explore import PersonaEnv, with_instruction
-from turnrl.train.iterate import deploy, deployment_arms
-from turnrl.train.iterate_config import DeployConfig
+from turnrl.train.iterate.config import DeployConfig
+from turnrl.train.iterate.deploy import deploy, deployment_arms
+from turnrl.train.iterate.explore import PersonaEnv, with_instruction
 from turnrl.types import TurnRecord
 
 torch.set_num_threads(1)
@@ -82,8 +82,8 @@ def test_the_policy_sees_the_persona_and_the_logs_do_not() -> None:
 def test_persona_styles_add_instructed_demonstrations(tmp_path) -> None:
     from turnrl.envs import demonstration
     from turnrl.train.config import load_config
-    from turnrl.train.iterate import IterativeGRPO
-    from turnrl.train.iterate_config import IterateConfig
+    from turnrl.train.iterate.config import IterateConfig
+    from turnrl.train.iterate.loop import IterativeGRPO
 
     overrides = [
         "env.name=haggle",
@@ -131,7 +131,7 @@ def test_persona_styles_add_instructed_demonstrations(tmp_path) -> None:
 def test_hide_personas_refuses_contexts_built_another_way() -> None:
     from turnrl.rollout import RolloutBatch
     from turnrl.rollout.runner import Episode
-    from turnrl.train.explore import hide_personas
+    from turnrl.train.iterate.explore import hide_personas
 
     policy = build_tiny_policy(seed=0, hidden=16, layers=1)
     task = make_tasks("haggle", 1, seed=0)[0]
@@ -160,8 +160,8 @@ def test_persona_env_snapshots_keep_both_openings() -> None:
 
 def test_bad_exploration_settings_are_refused_up_front(tmp_path) -> None:
     from turnrl.train.config import load_config
-    from turnrl.train.iterate import IterativeGRPO
-    from turnrl.train.iterate_config import IterateConfig
+    from turnrl.train.iterate.config import IterateConfig
+    from turnrl.train.iterate.loop import IterativeGRPO
 
     base = ["env.n_train_tasks=16", f"run_dir={tmp_path / 'run'}"]
     bad_style = load_config(

@@ -32,8 +32,8 @@ from turnrl.serve import (
 )
 from turnrl.serve.guard import allowed_host_names, host_name
 from turnrl.serve.rollouts import RolloutTable
-from turnrl.train.agent_programs import make_program
-from turnrl.train.agent_runner import AgentRunner, GatewayLink
+from turnrl.train.agent.programs import make_program
+from turnrl.train.agent.runner import AgentRunner, GatewayLink
 from turnrl.types import Task
 
 HOSTILE = Path(__file__).with_name("hostile_requests.py")
@@ -402,7 +402,7 @@ def test_a_call_on_a_future_rollout_neither_crashes_nor_hangs_a_run(
     """Through ``turnrl train``'s agent loop (AgentTrainer) with groups of two: a hostile
     agent calls a rollout of a later step and its sibling, with the run's key."""
     from test_agent_loop import agent_config
-    from turnrl.train.agent import AgentTrainer
+    from turnrl.train.agent.loop import AgentTrainer
 
     log = tmp_path / "log.jsonl"
     monkeypatch.setenv("TURNRL_TEST_LOG", str(log))

@@ -29,13 +29,10 @@ from turnrl.errors import OutputError
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.serve import Gateway, GatewayConfig, GatewayServer
 from turnrl.table import TurnTable
-from turnrl.train.agent_programs import (
-    OUTPUT_TAIL_BYTES,
-    TASK_ENV_MAX_BYTES,
-    AgentConfigError,
-    make_program,
-)
-from turnrl.train.agent_runner import AgentRunner, GatewayLink
+from turnrl.train.agent.command import OUTPUT_TAIL_BYTES, TASK_ENV_MAX_BYTES
+from turnrl.train.agent.contract import AgentConfigError
+from turnrl.train.agent.programs import make_program
+from turnrl.train.agent.runner import AgentRunner, GatewayLink
 from turnrl.train.checkpoint import list_checkpoints
 from turnrl.train.config import RunConfig, load_config
 from turnrl.train.credit_check import MAX_ABS_REWARD, CreditOverflowError, check_finite_credit

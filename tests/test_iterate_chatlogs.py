@@ -10,7 +10,7 @@ import torch
 
 from builders import HAGGLE_LOG
 from turnrl.policy import build_tiny_policy
-from turnrl.train.chatlogs import (
+from turnrl.train.iterate.chatlogs import (
     ChatLogError,
     conversation_records,
     read_chat_logs,

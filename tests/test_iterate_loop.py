@@ -16,16 +16,16 @@ from turnrl.envs import make_env, make_tasks
 from turnrl.envs.negotiation import HaggleEnv
 from turnrl.policy import build_tiny_policy
 from turnrl.train.config import load_config
-from turnrl.train.iterate import (
+from turnrl.train.iterate.config import ImproveConfig, IterateConfig
+from turnrl.train.iterate.deploy import temperature_counts
+from turnrl.train.iterate.improve import (
     EnvCallError,
-    IterativeGRPO,
     LoggedState,
     forbid_env_calls,
     improve_policy,
-    temperature_counts,
     trainable,
 )
-from turnrl.train.iterate_config import ImproveConfig, IterateConfig
+from turnrl.train.iterate.loop import IterativeGRPO
 from turnrl.types import Env, StepResult
 
 torch.set_num_threads(1)

@@ -11,20 +11,22 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnrl.train.qmodel import (
+from turnrl.train.iterate.qmodel import (
     QExample,
     QFunction,
-    average_ranks,
     build_q_model,
     choose_loss,
-    expected_calibration_error,
     fit_q,
     mc_returns,
-    prediction_loss,
     q_examples,
+    split_by_group,
+)
+from turnrl.train.iterate.qquality import (
+    average_ranks,
+    expected_calibration_error,
+    prediction_loss,
     reliability,
     spearman,
-    split_by_group,
 )
 from turnrl.types import TurnRecord
 

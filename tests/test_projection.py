@@ -1,20 +1,30 @@
-"""The gradient projection: J d by double backward, dL/dlogp from the trainer's loss,
-and their product equal to the loss gradient dotted with the direction."""
+"""The gradient projection of the grouping experiment (``examples/grouping/projection.py``):
+J d by double backward, dL/dlogp from the trainer's loss, and their product equal to the
+loss gradient dotted with the direction."""
 
 from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from turnrl.policy import build_tiny_policy
 from turnrl.train.loss import aggregation_weights, ppo_clip_loss
-from turnrl.train.projection import (
-    directional_logprobs,
-    loss_logp_gradient,
-    opening_direction,
-    projection,
-    trainable_parameters,
-)
+
+PATH = Path(__file__).resolve().parents[1] / "examples" / "grouping" / "projection.py"
+_spec = importlib.util.spec_from_file_location("grouping_projection", PATH)
+assert _spec is not None and _spec.loader is not None
+_module = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = _module
+_spec.loader.exec_module(_module)
+directional_logprobs = _module.directional_logprobs
+loss_logp_gradient = _module.loss_logp_gradient
+opening_direction = _module.opening_direction
+projection = _module.projection
+trainable_parameters = _module.trainable_parameters
 
 torch.set_num_threads(1)
 

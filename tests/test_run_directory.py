@@ -179,7 +179,7 @@ def test_train_cli_never_writes_over_an_existing_run(
 def test_iterate_cli_never_writes_over_an_existing_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_iterate
 ) -> None:
-    from turnrl.train.iterate import IterativeGRPO
+    from turnrl.train.iterate.loop import IterativeGRPO
 
     run = tmp_path / "run"
     tiny = ("iterations=1", "improve.steps=1")

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builders import agent_rollout
-from turnrl.train.agent import refuse_untrainable
-from turnrl.train.agent_runner import RolloutResult
+from turnrl.train.agent.loop import refuse_untrainable
+from turnrl.train.agent.runner import RolloutResult
 
 
 def _rollout(name: str, temperatures: list[float]) -> RolloutResult:

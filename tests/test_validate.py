@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 from turnrl.options import TypeMismatch, Unsupported, check_options, coerce
 from turnrl.train.config import RunConfig, TrainConfig, load_config
-from turnrl.train.iterate_config import IterateConfig
+from turnrl.train.iterate.config import IterateConfig
 from turnrl.train.validate import ConfigError, Problems, register_check, validate
 
 # --------------------------------------------------------------------------- options

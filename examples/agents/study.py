@@ -101,7 +101,7 @@ WALL = "wall.jsonl"
 def train(config_path: Path, overrides: list[str]) -> Path:
     """One run, resumed if it was interrupted; its wall time appended to ``wall.jsonl``
     next to the study's runs (a resumed run's line covers only the last part)."""
-    from turnrl.train.agent import AgentTrainer
+    from turnrl.train.agent.loop import AgentTrainer
     from turnrl.train.config import RunConfig, load_config
 
     config = load_config(RunConfig, config_path, [*overrides, "train.threads=1"])

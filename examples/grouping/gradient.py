@@ -6,7 +6,7 @@ project the loss gradient on the direction ``d`` that raises the probability of
 opening a response with a tool call at turn 0 (``d = grad mean_c log
 pi("<call>" | c)`` over the turn-0 contexts of the held-out tasks), split into the
 part that comes from turn-0 rows and the part from later-turn rows
-(``turnrl.train.projection``; the loss is the trainer's, ``turnrl.train.loss``,
+(``projection.py`` beside this file; the loss is the trainer's, ``turnrl.train.loss``,
 with the trainer's update batch). Positive means a gradient step makes opening
 with the tool more likely. Arms:
 
@@ -120,10 +120,10 @@ def legacy_pipeline(config) -> LegacyPipeline:
 def project_arm(arm: Arm, records, table, logp, jd, mask, pipeline, seed: int) -> tuple:
     """``(turn-0 part, later part, rows trained)`` of one arm's projection on one batch."""
     import torch
+    from projection import loss_logp_gradient, projection
 
     from turnrl.credit import compute_credit
     from turnrl.train.ppo import build_update_batch
-    from turnrl.train.projection import loss_logp_gradient, projection
 
     advantages = compute_credit(table, arm.estimator, **arm.params).advantages
     turn = np.array([r.turn for r in records])
@@ -171,6 +171,7 @@ def episode_stats(episodes, records) -> dict[str, float]:
 
 def measure(out: Path, n_batches: int, overrides: list[str]) -> None:
     import torch
+    from projection import directional_logprobs, opening_direction
 
     from turnrl.envs import make_env, make_tasks
     from turnrl.io import append_jsonl
@@ -178,7 +179,6 @@ def measure(out: Path, n_batches: int, overrides: list[str]) -> None:
     from turnrl.rollout import run_episodes
     from turnrl.table import TurnTable
     from turnrl.train.config import RunConfig, load_config
-    from turnrl.train.projection import directional_logprobs, opening_direction
 
     torch.set_num_threads(1)
     config = load_config(RunConfig, SETTING, overrides)

@@ -22,7 +22,7 @@ from turnrl.envs import make_env, make_tasks
 from turnrl.envs.negotiation import STYLES, play
 from turnrl.policy import HFPolicy
 from turnrl.rollout import run_episodes
-from turnrl.train.explore import persona_env_factory
+from turnrl.train.iterate.explore import persona_env_factory
 
 ROOT = Path(__file__).resolve().parents[2]
 PERSONA = "Negotiate hard."

@@ -55,8 +55,8 @@ PERSONA = "Negotiate hard."
 def run_iterative(setting: str, seed: int, run_dir: Path, overrides: list[str]) -> Path:
     """One ``turnrl iterate`` run from the setting's recipe, with ``overrides``."""
     from turnrl.train.config import load_config
-    from turnrl.train.iterate import IterativeGRPO
-    from turnrl.train.iterate_config import IterateConfig
+    from turnrl.train.iterate.config import IterateConfig
+    from turnrl.train.iterate.loop import IterativeGRPO
 
     config = load_config(
         IterateConfig,

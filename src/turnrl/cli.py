@@ -135,7 +135,7 @@ def _resume_hint(run_dir: str) -> str:
 def _train(config: Any, args: argparse.Namespace) -> Any:
     """Run ``turnrl train``'s trainer for ``config``; the run directory."""
     if config.agent.enabled:
-        from turnrl.train.agent import AgentTrainer
+        from turnrl.train.agent.loop import AgentTrainer
 
         agents = AgentTrainer(
             config, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet
@@ -171,8 +171,8 @@ def _train_report(config: Any, run_dir: Any) -> None:
 
 def cmd_iterate(args: argparse.Namespace) -> int:
     from turnrl.report import write_report
-    from turnrl.train.iterate import IterativeGRPO
-    from turnrl.train.iterate_config import IterateConfig
+    from turnrl.train.iterate.config import IterateConfig
+    from turnrl.train.iterate.loop import IterativeGRPO
 
     config = _load_run_config(IterateConfig, args)
     _refuse_ranks("turnrl iterate")

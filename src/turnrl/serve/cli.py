@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from turnrl.serve.gateway import GatewayConfig
+from turnrl.serve.config import GatewayConfig
 from turnrl.serve.guard import REQUEST_TIMEOUT_S
 
 EXIT_BAD_INPUT = 2

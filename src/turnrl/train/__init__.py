@@ -1,4 +1,8 @@
-"""Training: losses, config, checkpoints, SFT warm start and the online RL loop.
+"""Training: the run lifecycle, config, the shared update, and the three trainers.
+
+The shared core and the environment trainer (``online``) are modules here; the
+agent loop is the ``agent`` package and Iterative GRPO the ``iterate`` package
+(docs/architecture.md has the file map).
 
 Import submodules directly (``turnrl.train.online``, ``turnrl.train.loss``...);
 this package init stays empty so that importing the config does not load torch.

@@ -4,7 +4,7 @@ Rewards enter the agent loop from code turnrl did not write. A reward of ``1e308
 is finite, but a group's std of such rewards overflows to infinity and its
 advantages become NaN (or silently 0); the update must never see them. So the
 accepted reward range is ``|reward| <= MAX_ABS_REWARD`` (checked where agents'
-rewards enter, :func:`turnrl.train.agent_programs.reward_of`), and
+rewards enter, :func:`turnrl.train.agent.contract.reward_of`), and
 :func:`check_finite_credit` refuses, before the update, a reward outside it (every
 return, a sum of such rewards, is then finite too) or an advantage that is not a
 finite float32 (the precision the update trains in), naming the rollout, its task,

@@ -49,7 +49,7 @@ from turnrl.train.config import (
     WarmStartConfig,
     config_origin,
 )
-from turnrl.train.iterate_config import (
+from turnrl.train.iterate.config import (
     DeployConfig,
     ImproveConfig,
     IterateConfig,
@@ -404,7 +404,7 @@ def _tasks(tasks: TasksConfig, p: Problems) -> None:
 def _agent_run(config: RunConfig, p: Problems) -> None:
     """What an ``[agent]`` run needs of the other sections (and what only it may use)."""
     from turnrl.credit import get_estimator
-    from turnrl.train.agent_tasks import check_task_spec, is_task_file
+    from turnrl.train.agent.tasks import check_task_spec, is_task_file
 
     if not config.agent.enabled:
         if config.warm_start.teacher is not None:

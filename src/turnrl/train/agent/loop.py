@@ -21,7 +21,7 @@ Evaluation (after the warm start, every ``train.eval_every`` steps and at the en
 runs the same agent on the held-out tasks through a second gateway over the same
 policy, at ``train.eval_temperature`` (0: greedy). The warm start is SFT on the
 agent's own calls answered by ``warm_start.teacher``
-(:mod:`turnrl.train.agent_teacher`), or ``warm_start.init_from``.
+(:mod:`turnrl.train.agent.teacher`), or ``warm_start.init_from``.
 
 Where this departs from ``turnrl train``: rollouts are whatever the program does,
 so the loop knows only what the gateway records and what the agent returns:
@@ -60,16 +60,17 @@ from turnrl.io import append_jsonl, atomic_write_text
 from turnrl.records import dumps_record
 from turnrl.serve import Gateway, GatewayConfig, GatewayServer, bind_socket
 from turnrl.table import TurnTable
-from turnrl.train.agent_programs import KILL_GRACE_S, make_program
-from turnrl.train.agent_runner import (
+from turnrl.train.agent.command import KILL_GRACE_S
+from turnrl.train.agent.programs import make_program
+from turnrl.train.agent.runner import (
     AgentFailure,
     AgentRunner,
     GatewayLink,
     RolloutResult,
     failure_fraction_error,
 )
-from turnrl.train.agent_tasks import load_tasks
-from turnrl.train.agent_teacher import TeacherGateway, load_teacher, teacher_examples
+from turnrl.train.agent.tasks import load_tasks
+from turnrl.train.agent.teacher import TeacherGateway, load_teacher, teacher_examples
 from turnrl.train.config import RunConfig
 from turnrl.train.metrics import advantage_metrics, episode_metrics
 from turnrl.train.ppo import build_update_batch, ppo_update

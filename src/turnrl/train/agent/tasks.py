@@ -23,7 +23,7 @@ from typing import Any
 from turnrl.envs.calculator import calculator_tasks
 from turnrl.errors import TurnrlError
 from turnrl.serve import GatewayError
-from turnrl.serve.gateway import check_id
+from turnrl.serve.limits import check_id
 from turnrl.types import Task
 
 

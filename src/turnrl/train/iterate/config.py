@@ -66,7 +66,7 @@ class DeployConfig:
     reads (``""`` = none), e.g. ``["", "Open high and concede slowly."]``.
     Conversations are split evenly over every (temperature, persona) pair. The
     counterpart never sees the instruction and the logs hold the state without it
-    (``turnrl.train.explore``)."""
+    (``turnrl.train.iterate.explore``)."""
 
 
 @dataclass

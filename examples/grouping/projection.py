@@ -18,6 +18,9 @@ which runs the trainer's :func:`~turnrl.train.loss.ppo_clip_loss`).
 This is a plain-gradient (SGD) direction at the current parameters: it ignores
 gradient clipping, Adam's per-parameter scaling and the PPO clip, which only act
 after the first step.
+
+Part of the grouping experiment (``gradient.py`` beside it, docs/grouping-experiment.md),
+not of the library: nothing in ``turnrl`` uses it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Run many agent rollouts at once against the gateway, and keep what they recorded.
 
-Each rollout is one run of the user's program (:mod:`turnrl.train.agent_programs`)
+Each rollout is one run of the user's program (:mod:`turnrl.train.agent.programs`)
 on one task, with a base URL that names the rollout, so every chat completion
 the program makes becomes a turn record of that rollout in the gateway. At most
 ``concurrency`` rollouts run at a time; each has ``timeout_s`` in all.
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from turnrl.io import atomic_write_text
-from turnrl.train.agent_programs import LLM, AgentFailed, AgentProgram, reward_of
+from turnrl.train.agent.contract import LLM, AgentFailed, AgentProgram, reward_of
 from turnrl.train.process_tree import no_process_left
 from turnrl.types import Task, TurnRecord
 

@@ -29,7 +29,7 @@ from typing import Any
 from turnrl.serve import Gateway, GatewayConfig, GatewayError
 from turnrl.serve.protocol import ChatMessage, ChatRequest, ToolSpec, parse_message
 from turnrl.serve.toolcalls import message_text
-from turnrl.train.agent_programs import load_callable
+from turnrl.train.agent.contract import load_callable
 from turnrl.train.sft import TurnExample
 from turnrl.types import Policy, Sample, TurnRecord
 

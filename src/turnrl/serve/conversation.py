@@ -1,0 +1,112 @@
+"""Conversation extension: the exact token context of a turn, and when it is rebuilt.
+
+Each role of a rollout keeps the token context of its last turn
+(:class:`~turnrl.serve.rollouts.Conversation`): ``prompt_ids + response_ids``, plus
+the end-of-turn id when the response was cut at ``max_tokens`` (as the rollout
+runner does, :func:`next_context`). A request *extends* the last turn when its
+messages are the previous request's messages, then the assistant message the
+gateway returned (compared by role, text and tool calls, not ids), then new
+messages (:meth:`ContextBuilder.context`). Then:
+
+* one new message: the context is the kept ids plus
+  ``policy.encode_observation(message)``, so no sampled token is re-tokenised;
+* several new messages: the whole conversation (with the sampled text for the
+  assistant turn) is encoded with ``encode_initial``; if that starts with the
+  kept ids the turn is exact, otherwise it is a rebuild.
+
+Any other request (first call excepted) rewrote history: the context is
+``encode_initial`` of the full messages, and the turn is a rebuild.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turnrl.serve.config import GatewayConfig
+from turnrl.serve.errors import bad_request
+from turnrl.serve.protocol import ChatRequest, ToolSpec, tools_key
+from turnrl.serve.rollouts import Conversation
+from turnrl.serve.toolcalls import to_policy_message, to_policy_messages
+from turnrl.serve.weights import ServedPolicy
+from turnrl.types import Message, Sample
+
+
+class ContextBuilder:
+    """Turns a request on a role's conversation into the prompt the policy sees."""
+
+    def __init__(self, config: GatewayConfig, served: ServedPolicy) -> None:
+        self.config = config
+        self.served = served
+
+    def tools_key(self, tools: tuple[ToolSpec, ...]) -> str:
+        """What of the tools shapes the prompt: nothing unless they are described in it."""
+        return tools_key(tools) if self.config.tools_in_prompt else ""
+
+    def encode_initial(self, messages: list[Message]) -> list[int]:
+        """``policy.encode_initial`` under the policy lock; a 400 if it fails."""
+        try:
+            return self.served.call(self.served.policy.encode_initial, messages)
+        except Exception as exc:
+            raise bad_request(
+                f"the policy cannot encode these messages: {exc}", "messages"
+            ) from exc
+
+    def context(
+        self, conv: Conversation, request: ChatRequest, tools: tuple[ToolSpec, ...]
+    ) -> tuple[list[Message], list[int], bool]:
+        """The turn's prompt messages, prompt ids, and whether they were rebuilt."""
+        fmt = self.config.tool_format
+        keys = tuple(m.key() for m in request.messages)
+        n = len(conv.keys)
+        extends = (
+            conv.reply_key is not None
+            and self.tools_key(tools) == self.tools_key(conv.tools)
+            and len(keys) > n + 1
+            and keys[:n] == conv.keys
+            and keys[n] == conv.reply_key
+        )
+        if not extends:
+            prompt = to_policy_messages(
+                request.messages, tools, fmt, tools_in_prompt=self.config.tools_in_prompt
+            )
+            return prompt, self.encode_initial(prompt), conv.reply_key is not None
+        new = [to_policy_message(m, tools, fmt) for m in request.messages[n + 1 :]]
+        prompt = [*conv.prompt, {"role": "assistant", "content": conv.response}, *new]
+        if len(new) == 1:
+            policy = self.served.policy
+            try:
+                tail = self.served.call(policy.encode_observation, new[0])
+            except Exception as exc:
+                raise bad_request(
+                    f"the policy cannot encode message {len(keys) - 1}: {exc}", "messages"
+                ) from exc
+            return prompt, conv.context + tail, False
+        ids = self.encode_initial(prompt)
+        return prompt, ids, ids[: len(conv.context)] != conv.context
+
+
+def next_context(prompt_ids: list[int], sample: Sample, eos_token_id: int) -> list[int]:
+    """The ids the role's next turn extends: prompt, response, and the end-of-turn id
+    when the response did not end with one (cut at ``max_tokens``)."""
+    context = prompt_ids + list(sample.response_ids)
+    if sample.stop_reason != "stop":
+        context.append(eos_token_id)
+    return context
+
+
+def remember_turn(
+    conv: Conversation,
+    request: ChatRequest,
+    tools: tuple[ToolSpec, ...],
+    reply_key: Any,
+    prompt: list[Message],
+    response: str,
+    context: list[int],
+    body: dict[str, Any],
+) -> None:
+    """Keep what the role's next request is compared with (and a retry answered with)."""
+    conv.keys = tuple(m.key() for m in request.messages)
+    conv.tools = tools
+    conv.reply_key = reply_key
+    conv.prompt, conv.response, conv.context = prompt, response, context
+    conv.last_request, conv.last_result = request, body

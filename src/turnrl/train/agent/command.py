@@ -1,0 +1,272 @@
+"""Command programs: any program, run in its own process group once per rollout.
+
+``command = ["python", "my_agent.py"]``: killed as a whole when it times out or
+finishes. Its environment has ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``,
+``OPENAI_MODEL`` (which the official clients read), ``TURNRL_TASK_FILE`` (a file
+holding the task as JSON), ``TURNRL_TASK`` (the same JSON, only when it is at
+most :data:`TASK_ENV_MAX_BYTES`: larger values do not fit in one environment
+variable on Linux), ``TURNRL_ROLLOUT_ID``, ``TURNRL_REWARD_URL``, and Agent
+Lightning's ``AGL_OPENAI_BASE_URL``, ``AGL_EVENT_URL`` and ``AGL_KEY`` (so its
+published agents run unchanged). It reports its reward as the last line of
+stdout (``{"reward": x}``, optionally with ``"info"``), or by POSTing
+``{"reward": x}`` to ``TURNRL_REWARD_URL``; a last line over
+:data:`OUTPUT_TAIL_BYTES` is reported as too long. A command whose first word is
+``python`` or ``python3`` runs with the interpreter turnrl runs in; any other
+program is checked before any work (it exists, is executable, its ``#!``
+interpreter exists).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from turnrl.train.agent.contract import LLM, AgentConfigError, AgentFailed, AgentOutput
+
+OUTPUT_TAIL_BYTES = 64 * 1024
+"""How much of a command's stdout and stderr is kept (the end of each); also the
+longest reward line a command may print."""
+TASK_ENV_MAX_BYTES = 64 * 1024
+"""The largest task JSON also handed over in ``TURNRL_TASK`` (Linux refuses a single
+environment string over 128 KiB with "Argument list too long"); ``TURNRL_TASK_FILE``
+always holds it."""
+KILL_GRACE_S = 2.0
+"""How long to wait for a killed command's pipes to close before giving up on them."""
+
+
+def resolve_command(command: Sequence[str]) -> list[str]:
+    """The argv to run: ``python``/``python3`` become this interpreter; any other program
+    must exist, be executable and, for a script, have an interpreter that exists
+    (:func:`check_program`), so a bad command is a config error before any work."""
+    option = "agent.command"
+    if not command or not all(isinstance(a, str) and a for a in command):
+        raise AgentConfigError(f"{option}: expected a non-empty list of strings, got {command!r}")
+    argv = list(command)
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    else:
+        check_program(argv[0], option)
+    return argv
+
+
+def check_program(program: str, option: str) -> str:
+    """The file ``program`` runs (a path, or a name looked up on ``PATH``), checked to be
+    an executable file whose ``#!`` interpreter (if any) exists; else
+    :class:`AgentConfigError` naming ``option`` and what is wrong."""
+    if os.sep in program:
+        path = program
+        if not os.path.exists(path):
+            raise AgentConfigError(f"{option}: program {program!r} does not exist")
+    else:
+        found = shutil.which(program)
+        if found is None:
+            on_path = shutil.which(program, mode=os.F_OK)
+            if on_path is not None:
+                raise AgentConfigError(
+                    f"{option}: program {program!r} ({on_path}) is not executable (chmod +x)"
+                )
+            raise AgentConfigError(f"{option}: program {program!r} not found (not on PATH)")
+        path = found
+    if not os.path.isfile(path):
+        raise AgentConfigError(f"{option}: program {program!r} is not a file")
+    if not os.access(path, os.X_OK) or not os.stat(path).st_mode & 0o111:
+        raise AgentConfigError(f"{option}: program {program!r} is not executable (chmod +x)")
+    interpreter = shebang_interpreter(path)
+    if interpreter is not None and not _interpreter_exists(interpreter):
+        raise AgentConfigError(
+            f"{option}: program {program!r} names the interpreter {' '.join(interpreter)!r} "
+            "in its #! line, which does not exist"
+        )
+    return path
+
+
+def shebang_interpreter(path: str) -> list[str] | None:
+    """The words of a script's ``#!`` line (``["/usr/bin/env", "python3"]``), or None."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    line = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    return line.split() or None
+
+
+def _interpreter_exists(words: list[str]) -> bool:
+    """Whether a ``#!`` line's program exists, and for ``env NAME`` whether ``NAME`` does."""
+    program = words[0]
+    if not (os.path.isfile(program) and os.access(program, os.X_OK)):
+        return False
+    if os.path.basename(program) == "env":
+        names = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        return not names or shutil.which(names[0]) is not None
+    return True
+
+
+def last_line_reward(stdout: str) -> Any:
+    """The parsed last non-empty stdout line if it is a JSON object, else ``None``."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return None
+    try:
+        value = json.loads(lines[-1], parse_constant=lambda name: float(name))
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True)
+class OutputTail:
+    """The end of what a program wrote to one pipe."""
+
+    text: str
+    """The last ``limit`` bytes, decoded."""
+    dropped: int
+    """Bytes before them that were not kept."""
+
+    def last_line_cut(self) -> bool:
+        """Whether the last non-empty line began before what was kept (it is longer
+        than the limit, so it cannot be read)."""
+        body = self.text.rstrip("\r\n\t ")
+        return self.dropped > 0 and bool(body) and "\n" not in body
+
+
+async def _read_tail(stream: asyncio.StreamReader | None, limit: int) -> OutputTail:
+    """Read a pipe to its end, keeping the last ``limit`` bytes."""
+    if stream is None:
+        return OutputTail("", 0)
+    chunks: collections.deque[bytes] = collections.deque()
+    size = total = 0
+    while chunk := await stream.read(65536):
+        chunks.append(chunk)
+        size += len(chunk)
+        total += len(chunk)
+        while size - len(chunks[0]) >= limit:
+            size -= len(chunks.popleft())
+    kept = b"".join(chunks)[-limit:]
+    return OutputTail(kept.decode("utf-8", errors="replace"), total - len(kept))
+
+
+def kill_process_group(pid: int) -> None:
+    """SIGKILL the process group led by ``pid`` (the command and everything it started)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+class CommandProgram:
+    """An agent run as a separate program, in its own process group, once per rollout."""
+
+    def __init__(self, command: Sequence[str], *, env: dict[str, str] | None = None) -> None:
+        self.argv = resolve_command(command)
+        self.extra_env = dict(env or {})
+        self.description = f"command {' '.join(command)}"
+
+    def environment(
+        self, task: dict[str, Any], llm: LLM, task_file: str | None = None
+    ) -> dict[str, str]:
+        """The command's environment; ``task_file`` holds the task (``TURNRL_TASK_FILE``),
+        ``TURNRL_TASK`` is set too when the task's JSON is small enough for one variable."""
+        task_json = json.dumps(task, ensure_ascii=False)
+        env = {
+            **os.environ,
+            **self.extra_env,
+            **llm.env,
+            "OPENAI_BASE_URL": llm.base_url,
+            "OPENAI_API_KEY": llm.api_key,
+            "OPENAI_MODEL": llm.model,
+            "TURNRL_ROLLOUT_ID": llm.rollout_id,
+            "TURNRL_REWARD_URL": llm.reward_url,
+        }
+        env.pop("TURNRL_TASK", None)
+        if len(task_json.encode("utf-8")) <= TASK_ENV_MAX_BYTES:
+            env["TURNRL_TASK"] = task_json
+        if task_file is not None:
+            env["TURNRL_TASK_FILE"] = task_file
+        return env
+
+    async def run(self, task: dict[str, Any], llm: LLM, timeout_s: float) -> AgentOutput:
+        with task_file(task) as path:
+            return await self._run(self.environment(task, llm, path), timeout_s)
+
+    async def _run(self, env: dict[str, str], timeout_s: float) -> AgentOutput:
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *self.argv,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,  # its own process group, killed as a whole
+            )
+        except OSError as exc:
+            raise AgentFailed(f"could not start {self.argv[0]!r}: {exc}") from exc
+        readers = [
+            asyncio.ensure_future(_read_tail(process.stdout, OUTPUT_TAIL_BYTES)),
+            asyncio.ensure_future(_read_tail(process.stderr, OUTPUT_TAIL_BYTES)),
+        ]
+        exit_code: int | None = None
+        try:
+            exit_code = await asyncio.wait_for(process.wait(), timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            # Always (timeout, cancellation, normal exit): the command and anything it
+            # started go, then the pipes are read to their end.
+            kill_process_group(process.pid)
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+            _done, pending = await asyncio.wait(readers, timeout=KILL_GRACE_S)
+            for reader in pending:  # a grandchild that left the group holds a pipe open
+                reader.cancel()
+        out, err = (
+            r.result() if r.done() and not r.cancelled() else OutputTail("", 0) for r in readers
+        )
+        stdout, stderr = out.text, err.text
+        details = f"exit code {exit_code}\n--- stderr ---\n{stderr}\n--- stdout ---\n{stdout}"
+        if exit_code is None:
+            raise AgentFailed(f"timed out after {timeout_s:g} s (killed)", details)
+        if exit_code != 0:
+            last = stderr.strip().splitlines()[-1:] or ["(no stderr)"]
+            raise AgentFailed(f"exited with code {exit_code}: {last[0][:200]}", details)
+        value = last_line_reward(stdout)
+        if value is None and out.last_line_cut():
+            raise AgentFailed(
+                f"the last line of stdout (the reward line) is too long: over "
+                f"{OUTPUT_TAIL_BYTES} bytes, the most a reward line may have "
+                f"({out.dropped + len(stdout.encode()):,} bytes of stdout in all)",
+                f"exit code 0\n--- stderr ---\n{stderr}\n--- stdout (its end) ---\n"
+                f"{stdout[-2000:]}",
+            )
+        return AgentOutput(
+            value=value,
+            exit_code=exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            details=details,
+        )
+
+
+@contextlib.contextmanager
+def task_file(task: dict[str, Any]) -> Iterator[str]:
+    """A private temporary file holding ``task`` as JSON (removed afterwards)."""
+    fd, path = tempfile.mkstemp(prefix="turnrl-task-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(task, handle, ensure_ascii=False)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
