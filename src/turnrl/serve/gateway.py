@@ -59,6 +59,7 @@ from turnrl.serve.recordsfile import RecordsFile
 from turnrl.serve.registry import RolloutRegistry, RolloutViews
 from turnrl.serve.responses import completion_body, tool_call_id
 from turnrl.serve.rollouts import ClosedRollout, Conversation, FinishedRollout, Rollout
+from turnrl.serve.stops import cut_at_stop
 from turnrl.serve.toolcalls import parse_reply
 from turnrl.serve.turnrecords import build_record, finish_reason, response_logprobs
 from turnrl.serve.weights import ServedPolicy
@@ -258,10 +259,13 @@ class Gateway:
         sampled = self._served.sample(
             prompt_ids, max_new_tokens=max_tokens, temperature=temperature, seed=request.seed
         )
+        sampled, content = cut_at_stop(  # stop strings: see turnrl.serve.stops
+            sampled, request.stop, lambda ids: self._served.call(self.policy.decode, ids)
+        )
         sample = sampled.sample
         turn = len(state.records)
         reply = parse_reply(
-            sample.text, parse_tools, self.config.tool_format, tool_call_id(state.rollout_id, turn)
+            content, parse_tools, self.config.tool_format, tool_call_id(state.rollout_id, turn)
         )
         finish = finish_reason(reply, sample)
         record = build_record(

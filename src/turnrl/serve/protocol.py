@@ -15,11 +15,23 @@ What is accepted:
 * ``model``: any name of at most 256 printable characters; it becomes the turn
   record's ``role`` (so several agents of one program are told apart).
 * ``temperature`` (0 to 2), ``max_completion_tokens`` / ``max_tokens`` (the
-  former wins), ``seed``, ``logprobs``, ``n`` (1 only), ``stream`` and
+  former wins; the newer name, same meaning), ``seed`` (same seed and context,
+  same sample), ``logprobs``, ``n`` (1 only, see below), ``stream`` and
   ``stream_options.include_usage``, ``top_logprobs`` (0 only).
+* ``stop``: a string or a list of at most :data:`MAX_STOP_SEQUENCES` non-empty
+  strings. The response ends at the token that completes the first stop string
+  (:mod:`turnrl.serve.stops`): ``finish_reason`` is ``"stop"``, the content is
+  the text before the stop string (as OpenAI returns it), and the turn record
+  keeps every sampled token up to and including the completing one.
+
+``n`` other than 1 is refused: one call is one turn of one trajectory, and the
+reward an agent posts is credited to the tokens of that turn. With several
+choices the agent's outcome depends on which one it kept (or on all of them,
+for voting), so no single choice's log-probs could be credited exactly.
+Frameworks that ask for ``n`` > 1 can make ``n`` calls instead.
 
 Parameters that would change the sampling distribution and that the policy
-cannot honour (``top_p`` other than 1, penalties, ``logit_bias``, ``stop``, a
+cannot honour (``top_p`` other than 1, penalties, ``logit_bias``, a
 ``response_format`` other than text, ``tool_choice`` ``"required"`` or a named
 function) are refused with a 400 rather than silently ignored: a recorded
 log-prob must be the log-prob of what was really sampled. Everything else
@@ -51,9 +63,14 @@ _REFUSED_UNLESS_DEFAULT: dict[str, Any] = {
     "frequency_penalty": 0,
     "presence_penalty": 0,
     "logit_bias": None,
-    "stop": None,
 }
 """Sampling options the policy cannot honour: accepted only at their no-op value."""
+
+MAX_STOP_SEQUENCES = 16
+"""Most stop strings one request may give (OpenAI allows 4, vLLM more)."""
+
+MAX_STOP_LENGTH = 256
+"""Longest stop string accepted, in characters."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +141,8 @@ class ChatRequest:
     temperature: float | None = None
     max_tokens: int | None = None
     seed: int | None = None
+    stop: tuple[str, ...] = ()
+    """Stop strings (``stop``); the response ends where the first one is completed."""
     logprobs: bool = False
     stream: bool = False
     include_usage: bool = False
@@ -307,6 +326,25 @@ def _include_usage(options: Any) -> bool:
     return bool(value)
 
 
+def parse_stop(value: Any) -> tuple[str, ...]:
+    """Validate ``stop``: null, a string, or a list of non-empty strings."""
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or len(stops) > MAX_STOP_SEQUENCES:
+        raise bad_request(
+            f"stop must be a string or a list of at most {MAX_STOP_SEQUENCES} strings", "stop"
+        )
+    for i, stop in enumerate(stops):
+        where = "stop" if isinstance(value, str) else f"stop[{i}]"
+        if not isinstance(stop, str) or not 1 <= len(stop) <= MAX_STOP_LENGTH:
+            raise bad_request(
+                f"{where} must be a string of 1 to {MAX_STOP_LENGTH} characters, got {stop!r}",
+                where,
+            )
+    return tuple(dict.fromkeys(stops))
+
+
 def _check_unsupported(body: dict[str, Any]) -> None:
     """Refuse options that would make the recorded log-probs lie (see module doc)."""
     for name, default in _REFUSED_UNLESS_DEFAULT.items():
@@ -315,7 +353,11 @@ def _check_unsupported(body: dict[str, Any]) -> None:
             continue
         raise bad_request(f"{name}={value!r} is not supported by this gateway", name)
     if body.get("n") not in (None, 1):
-        raise bad_request(f"n must be 1, got {body.get('n')!r}", "n")
+        raise bad_request(
+            f"n must be 1, got {body.get('n')!r}: one call is one turn of one trajectory, "
+            "so the reward can be credited to exactly the tokens sampled (make n calls instead)",
+            "n",
+        )
     if body.get("top_logprobs") not in (None, 0):
         raise bad_request("top_logprobs is not supported (use logprobs=true)", "top_logprobs")
     response_format = body.get("response_format")
@@ -376,6 +418,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         temperature=None if temperature is None else float(temperature),
         max_tokens=max_tokens,
         seed=seed,
+        stop=parse_stop(body.get("stop")),
         logprobs=bool(logprobs),
         stream=bool(stream),
         include_usage=include_usage,
