@@ -246,6 +246,6 @@ def test_n_above_one_is_a_400_that_says_why(scripted: Any) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model="m", messages=QUESTION, n=2)
     assert caught.value.body["param"] == "n"
-    assert "make n calls instead" in caught.value.body["message"]
+    assert "run several rollouts" in caught.value.body["message"]
     answer = client.chat.completions.create(model="m", messages=QUESTION, n=1)
     assert [c.index for c in answer.choices] == [0]

@@ -28,7 +28,7 @@ What is accepted:
 reward an agent posts is credited to the tokens of that turn. With several
 choices the agent's outcome depends on which one it kept (or on all of them,
 for voting), so no single choice's log-probs could be credited exactly.
-Frameworks that ask for ``n`` > 1 can make ``n`` calls instead.
+Several samples per task come from several rollouts (the trainer's groups).
 
 Parameters that would change the sampling distribution and that the policy
 cannot honour (``top_p`` other than 1, penalties, ``logit_bias``, a
@@ -355,7 +355,8 @@ def _check_unsupported(body: dict[str, Any]) -> None:
     if body.get("n") not in (None, 1):
         raise bad_request(
             f"n must be 1, got {body.get('n')!r}: one call is one turn of one trajectory, "
-            "so the reward can be credited to exactly the tokens sampled (make n calls instead)",
+            "so its reward is credited to exactly the tokens sampled (for several samples, "
+            "run several rollouts)",
             "n",
         )
     if body.get("top_logprobs") not in (None, 0):
