@@ -1,0 +1,104 @@
+"""A calculator agent written with smolagents: a ``ToolCallingAgent`` over LiteLLM, unchanged.
+
+The agent is smolagents' own tool-calling loop (``ToolCallingAgent`` with one
+``@tool``), its model a ``LiteLLMModel`` pointed at the rollout's base URL with
+the run's key: what a new user writes to put an existing smolagents agent behind
+an OpenAI-compatible server. It sends ``stop=["Observation:", "Calling tools:"]``
+on every call; the gateway ends the response where a stop string completes and
+records exactly the tokens sampled up to there (docs/gateway.md).
+
+Two settings, both smolagents' or LiteLLM's own options, not code changes:
+
+* ``tool_choice="auto"``: ``LiteLLMModel`` asks for ``"required"`` by default,
+  which would need constrained decoding; the gateway refuses it (a forced tool
+  call would not be a sample of the policy, so its log-probs would lie).
+* a short system prompt (``prompt_templates``): smolagents' default one is about
+  3,800 characters, more than the tiny test model's context. A real model keeps
+  the default.
+
+LiteLLM fetches a model price list from GitHub when imported; the environment
+variable ``LITELLM_LOCAL_MODEL_COST_MAP`` makes it use its bundled copy (set here
+unless the caller set it). The calculator runs turnrl's safe arithmetic, never
+``eval``.
+
+``agent.entrypoint = "examples/agents/calc_smolagents.py:run"``; as a program
+(``agent.command = ["python", "examples/agents/calc_smolagents.py"]``) it reads
+``OPENAI_BASE_URL``/``OPENAI_API_KEY``/``OPENAI_MODEL``/``TURNRL_TASK`` and
+prints ``{"reward": ...}``.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+from typing import Any
+
+import yaml
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from smolagents import LiteLLMModel, ToolCallingAgent, tool
+
+from turnrl.envs.calculator import is_correct
+from turnrl.envs.safe_math import SafeMathError, calculate
+
+SYSTEM_PROMPT = (
+    "Solve the arithmetic problem. Call the calculator, then final_answer with the number."
+)
+MAX_STEPS = 2
+
+
+@tool
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: the expression, e.g. 123*456.
+    """
+    try:
+        return calculate(expression)
+    except SafeMathError as exc:
+        return f"error: {exc}"
+
+
+def prompt_templates() -> dict[str, Any]:
+    """smolagents' tool-calling templates with the short system prompt."""
+    text = importlib.resources.files("smolagents.prompts").joinpath("toolcalling_agent.yaml")
+    templates = yaml.safe_load(text.read_text())
+    return {**templates, "system_prompt": SYSTEM_PROMPT}
+
+
+def solve(question: str, base_url: str, api_key: str, model: str) -> str:
+    """One smolagents episode; the final answer as text ("" when there is none)."""
+    llm = LiteLLMModel(
+        model_id=f"openai/{model}", api_base=base_url, api_key=api_key, tool_choice="auto"
+    )
+    agent = ToolCallingAgent(
+        tools=[calculator],
+        model=llm,
+        max_steps=MAX_STEPS,
+        verbosity_level=0,
+        prompt_templates=prompt_templates(),
+    )
+    answer = agent.run(question)
+    return "" if answer is None else str(answer)
+
+
+def score(task: dict[str, Any], reply: str) -> dict[str, Any]:
+    correct = is_correct(reply, float(task["answer"]))
+    return {"reward": float(correct), "info": {"success": correct}}
+
+
+def run(task: dict[str, Any], llm: Any) -> dict[str, Any]:
+    """turnrl entrypoint: one smolagents episode on ``task`` through the rollout's URL."""
+    return score(task, solve(task["question"], llm.base_url, llm.api_key, llm.model))
+
+
+if __name__ == "__main__":
+    task = json.loads(os.environ["TURNRL_TASK"])
+    env = os.environ
+    reply = solve(
+        task["question"], env["OPENAI_BASE_URL"], env["OPENAI_API_KEY"], env["OPENAI_MODEL"]
+    )
+    print(json.dumps(score(task, reply)))
