@@ -306,11 +306,11 @@ def _train(train: TrainConfig, p: Problems) -> None:
 
 @register_check(RunConfig)
 def _run(config: RunConfig, p: Problems) -> None:
-    if config.policy.backend != "hf" and (config.agent.enabled or config.rollout.workers):
+    if config.policy.backend != "hf" and config.rollout.workers:
         p.add(
             "policy.backend",
-            f"{config.policy.backend!r} samples the built-in environments' rollouts in this "
-            "process; the agent loop and rollout.workers sample with the 'hf' backend only",
+            f"{config.policy.backend!r} samples in this process (the built-in environments' "
+            "rollouts and the agent loop's gateway); rollout.workers sample with 'hf' only",
         )
     pool = config.env.n_train_tasks
     if not config.agent.enabled and config.rollout.tasks_per_step > pool >= 1:

@@ -57,6 +57,8 @@ import torch
 from turnrl.credit import compute_credit
 from turnrl.errors import TurnrlError
 from turnrl.io import append_jsonl, atomic_write_text
+from turnrl.policy.factory import build_sampler
+from turnrl.policy.sync import push_weights
 from turnrl.records import dumps_record
 from turnrl.serve import Gateway, GatewayConfig, GatewayServer, bind_socket
 from turnrl.table import TurnTable
@@ -271,9 +273,9 @@ class AgentTrainer:
             records, table, credit.advantages, credit.clip_factor, cfg.train.aggregation
         )
         assert self.optimizer is not None
-        with gateway.updating(version=self.step) as policy:
+        with gateway.updating(version=self.step) as served:
             losses = ppo_update(
-                policy,
+                self.policy,
                 self.optimizer,
                 batch,
                 cfg.train,
@@ -281,6 +283,7 @@ class AgentTrainer:
                 reference=self.reference,
                 seed=derive_seed(cfg.train.seed, "update", self.step),
             )
+            push_weights(self.policy, served, self.step)  # #26: a vLLM engine gets them here
         seconds_update = time.perf_counter() - t0
         self.write_records(where, records, advantages=credit.advantages)
         self.calls += len(records)
@@ -297,7 +300,7 @@ class AgentTrainer:
 
     def evaluate(self, runner: AgentRunner, gateway: Gateway) -> dict[str, float]:
         """The same agent on the held-out tasks (the eval gateway's temperature)."""
-        gateway.swap_policy(self.policy, version=self.step)  # same weights, version stamped
+        gateway.swap_policy(self.served, version=self.step)  # same weights, version stamped
         where = f"eval-{self.step:06d}"
         jobs = plan_rollouts(self.eval_tasks, self.config.train.eval_samples, f"e{self.step}-")
         results = self.run_agents(runner, jobs, where)
@@ -401,6 +404,7 @@ class AgentTrainer:
             self.step = checkpoint.step
             self.calls = int(checkpoint.extra["calls"])
         self.policy.model.eval()
+        self.served = build_sampler(self.config.policy, self.policy)  # #26: the learner, or vLLM
 
     def checkpoint(self) -> None:
         assert self.optimizer is not None
@@ -423,10 +427,10 @@ class AgentTrainer:
         run = self.run_directory
         with (
             Gateway(
-                self.policy, self.gateway_config(cfg.policy.temperature), policy_version=self.step
+                self.served, self.gateway_config(cfg.policy.temperature), policy_version=self.step
             ) as gateway,
             Gateway(
-                self.policy,
+                self.served,
                 self.gateway_config(cfg.train.eval_temperature),
                 policy_version=self.step,
             ) as eval_gateway,
