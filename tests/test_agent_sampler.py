@@ -87,7 +87,7 @@ def test_the_gateway_serves_the_sampler_and_every_update_reaches_it(
     assert all(torch.equal(served[name], learned[name]) for name in learned)
 
 
-def test_the_agent_loop_accepts_the_vllm_backend_but_rollout_workers_do_not(
+def test_the_agent_loop_accepts_the_vllm_backend(
     tmp_path: Path,
 ) -> None:
     config = _config(tmp_path, "policy.backend=vllm")
@@ -98,5 +98,3 @@ def test_the_agent_loop_accepts_the_vllm_backend_but_rollout_workers_do_not(
         assert "rollout.workers" not in str(caught.value)
     else:
         validate(config)
-    with pytest.raises(ConfigError, match=r"rollout\.workers sample with 'hf' only"):
-        validate(_config(tmp_path, "policy.backend=vllm", "rollout.workers=2"))

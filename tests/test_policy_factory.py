@@ -213,7 +213,7 @@ def test_vllm_backend_is_refused_where_it_does_not_sample() -> None:
     config = RunConfig()
     config.policy.backend = "vllm"
     config.rollout.workers = 2
-    with pytest.raises(ConfigError, match=r"agent loop and rollout\.workers sample with the 'hf'"):
+    with pytest.raises(ConfigError, match=r"rollout\.workers sample with 'hf' only"):
         validate(config)
 
 
