@@ -255,3 +255,44 @@ def test_a_resumed_run_samples_from_the_checkpoints_weights(tmp_path: Path, tiny
     assert len(step2) == 1 and step2[0]["mismatch_logp_abs_max"] < 1e-3
     assert step2[0]["grad_norm"] > 0
     resumed.rollout_policy.close()
+
+
+def test_the_agent_loop_samples_through_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The calc_openai agent trained for 2 steps with its gateway on the engine (#26): the
+    gateways serve the engine, every update reaches it (its version is the step), and the
+    records' engine log-probs agree with the learner's recomputation."""
+    from turnrl.train.agent import AgentTrainer
+    from turnrl.train.config import RunConfig, load_config
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)  # the recipe names its agent from the repo root
+    config = load_config(
+        RunConfig,
+        repo / "examples" / "agents" / "calc_openai.toml",
+        [
+            f"run_dir={tmp_path / 'run'}", "warm_start.steps=0", "tasks.n_train=8",
+            "tasks.n_eval=2", "rollout.group_size=2", "rollout.tasks_per_step=2",
+            "policy.max_new_tokens=8", "train.steps=2", "train.eval_every=0",
+            "train.checkpoint_every=0", "train.minibatch_size=4", "train.threads=1",
+            "train.log_mismatch=true", "agent.concurrency=4", "policy.backend=vllm",
+            *VLLM_HEADS,
+        ],
+    )  # fmt: skip
+    trainer = AgentTrainer(config, quiet=True)
+    try:
+        trainer.run()
+        assert isinstance(trainer.served, VLLMPolicy)
+        assert trainer.served.policy_version == 2
+    finally:
+        served = getattr(trainer, "served", None)
+        if isinstance(served, VLLMPolicy):
+            served.close()
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [r for r in rows if r["step"] >= 1]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert [r["agent_failures"] for r in steps] == [0, 0]
+    assert all(r["mismatch_logp_abs_max"] < 1e-3 for r in steps)
