@@ -13,6 +13,8 @@ from typing import Any
 import openai
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from serve_scripted import ScriptedPolicy
 from turnrl.policy import HFPolicy, build_tiny_policy
@@ -187,6 +189,42 @@ def test_cut_at_stop_keeps_the_shortest_prefix_and_the_version() -> None:
     cut, content = cut_at_stop(sample, ("bc", "d"), lambda ids: "".join(letters[i] for i in ids))
     assert content == "a"
     assert cut == Sampled(Sample([1, 2, 3], [-1.0, -2.0, -3.0], STOP_SEQUENCE, "abc"), 2)
+
+
+PIECES = ("a", "b", "ab", "ba", "c", "")
+"""Token texts of a made-up vocabulary: several letters per token, and an empty one."""
+
+
+@given(
+    ids=st.lists(st.integers(0, len(PIECES) - 1), max_size=12),
+    stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=3), min_size=1, max_size=3),
+    ended=st.booleans(),
+)
+def test_cut_at_stop_keeps_exactly_the_tokens_up_to_the_first_completed_stop(
+    ids: list[int], stops: list[str], ended: bool
+) -> None:
+    eos = len(PIECES)
+
+    def decode(tokens: list[int]) -> str:
+        return "".join(PIECES[t] for t in tokens if t != eos)
+
+    response = [*ids, eos] if ended else ids
+    logprobs = [-0.5 - i for i in range(len(response))]
+    sample = Sampled(Sample(response, logprobs, "stop" if ended else "length", decode(ids)), 3)
+    cut, content = cut_at_stop(sample, stops, decode)
+    if not any(stop in decode(ids) for stop in stops):
+        assert (cut, content) == (sample, decode(ids))
+        return
+    kept = cut.sample.response_ids
+    assert kept == ids[: len(kept)]  # a prefix of the draw, without the end-of-turn id
+    assert cut.sample.logprobs == logprobs[: len(kept)]
+    assert any(stop in decode(kept) for stop in stops)  # completed at the last kept token
+    assert not any(stop in decode(kept[:-1]) for stop in stops)
+    assert cut.sample.text == decode(kept) and cut.sample.stop_reason == STOP_SEQUENCE
+    assert cut.policy_version == 3
+    start = min(i for i in (decode(kept).find(s) for s in stops) if i >= 0)
+    assert content == decode(kept)[:start]
+    assert decode(ids).startswith(content)
 
 
 @pytest.mark.parametrize(
