@@ -311,7 +311,8 @@ class TurnRecord:
     malformed: bool | None = None
     """The environment could not parse the response."""
     stop_reason: str | None = None
-    """``"stop"`` (end-of-turn token sampled) or ``"length"`` (cut at the token limit)."""
+    """``"stop"`` (end-of-turn token sampled), ``"length"`` (cut at the token limit) or
+    ``"stop_sequence"`` (the gateway: a request's stop string completed at the last token)."""
     finish_reason: str | None = None
     """The OpenAI ``finish_reason`` the gateway returned (``stop``, ``length``, ``tool_calls``)."""
     context_rebuilt: bool | None = None
