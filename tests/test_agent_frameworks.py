@@ -95,10 +95,18 @@ def test_a_smolagents_tool_calling_agent_over_litellm_trains_two_steps(
     run = _train(tmp_path, f"{AGENTS / 'calc_smolagents.py'}:run")
     # max_steps=2 tool-calling steps, then smolagents' own final-answer call.
     rollouts = _check_run(run, "Solve the arithmetic problem. Call the calculator", max_turns=3)
-    # The final-answer call is smolagents' "the agent got stuck" prompt, on the same rollout.
-    stuck = [t[-1] for t in rollouts if len(t) == 3]
-    assert stuck
-    assert all(r["prompt"][0]["content"].startswith("An agent tried to answer") for r in stuck)
+    # The third call is smolagents' final-answer call ("the agent got stuck"), same rollout.
+    three = [t for t in rollouts if len(t) == 3]
+    assert three
+    for turns in three:
+        assert turns[2]["prompt"][0]["content"].startswith("An agent tried to answer")
+        # The tool-calling loop extends its context on exact tokens; the final-answer
+        # call rewrites the system prompt, so its context is rebuilt (and says so).
+        first, second = turns[0], turns[1]
+        sampled = first["prompt_ids"] + first["response_ids"]
+        assert second["context_rebuilt"] is False
+        assert second["prompt_ids"][: len(sampled)] == sampled
+        assert turns[2]["context_rebuilt"] is True
 
 
 @pytest.mark.skipif(

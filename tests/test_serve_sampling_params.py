@@ -110,6 +110,28 @@ def test_the_next_turn_continues_after_the_kept_tokens_and_an_end_of_turn_id(
     assert after["context_rebuilt"] is False
 
 
+def test_a_reply_sent_back_stripped_still_extends_the_context(
+    scripted: Any, tiny: HFPolicy
+) -> None:
+    """smolagents strips the content it sends back ("Thought: add\n" -> "Thought: add");
+    the context keeps the sampled tokens, newline included, and is not rebuilt."""
+    gateway, server = scripted
+    client = _client(server, "stop-stripped")
+    first = client.chat.completions.create(model="m", messages=QUESTION, stop="Observation:")
+    assert first.choices[0].message.content == "Thought: add\n"
+    messages: list[Any] = [
+        *QUESTION,
+        {"role": "assistant", "content": "Thought: add"},
+        {"role": "user", "content": "Observation: 42"},
+    ]
+    client.chat.completions.create(model="m", messages=messages, stop="Observation:")
+    before, after = _records(gateway, "stop-stripped")
+    context = before["prompt_ids"] + before["response_ids"] + [tiny.eos_token_id]
+    assert after["prompt_ids"][: len(context)] == context
+    assert after["context_rebuilt"] is False
+    assert after["prompt"][1] == {"role": "assistant", "content": "Thought: add\nObservation:"}
+
+
 def test_a_stop_string_at_the_start_gives_empty_content(scripted: Any) -> None:
     gateway, server = scripted
     answer = _client(server, "stop-first").chat.completions.create(

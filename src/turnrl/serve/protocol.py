@@ -98,12 +98,16 @@ class ChatMessage:
 
     def key(self) -> tuple[Any, ...]:
         """What identifies the message for the "does this request extend the last
-        one" check: role, text and tool calls (name and decoded arguments), not ids."""
+        one" check: role, text and tool calls (name and decoded arguments), not ids.
+        An assistant's text is compared without surrounding whitespace: frameworks such
+        as smolagents strip the replies they send back (a reply cut before a stop string
+        often ends with a newline), and the context keeps the tokens really sampled."""
         calls = tuple(
             (c.name, json.dumps(c.parsed, sort_keys=True) if c.parsed is not None else c.arguments)
             for c in self.tool_calls
         )
-        return (self.role, self.content or "", calls)
+        text = self.content or ""
+        return (self.role, text.strip() if self.role == "assistant" else text, calls)
 
 
 @dataclass(frozen=True)
