@@ -16,7 +16,8 @@ second):
   turn: ``decode(response_ids)``, which ends with the stop string (and, when the
   completing token carries more characters after it, those too).
 * the completion's ``content``: that text up to where the stop string starts,
-  without the stop string, as OpenAI returns it; ``finish_reason`` ``"stop"``.
+  without the stop string, as OpenAI returns it; ``finish_reason`` ``"stop"``;
+  its ``logprobs``, ``token_ids`` and ``usage`` count the recorded tokens.
 * ``stop_reason`` :data:`STOP_SEQUENCE`; the next turn's context appends the
   end-of-turn id after the kept tokens, as after a response cut at ``max_tokens``.
 """
