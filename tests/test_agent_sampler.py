@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-import turnrl.train.agent as agent_loop
+import turnrl.train.agent.loop as agent_loop
 from turnrl.policy import HFPolicy
 from turnrl.train.agent import AgentTrainer
 from turnrl.train.config import RunConfig, load_config
