@@ -20,7 +20,7 @@ import torch
 
 import turnrl.train.agent.loop as agent_loop
 from turnrl.policy import HFPolicy
-from turnrl.train.agent import AgentTrainer
+from turnrl.train.agent.loop import AgentTrainer
 from turnrl.train.config import RunConfig, load_config
 from turnrl.train.validate import ConfigError, validate
 

@@ -263,7 +263,7 @@ def test_the_agent_loop_samples_through_the_engine(
     """The calc_openai agent trained for 2 steps with its gateway on the engine (#26): the
     gateways serve the engine, every update reaches it (its version is the step), and the
     records' engine log-probs agree with the learner's recomputation."""
-    from turnrl.train.agent import AgentTrainer
+    from turnrl.train.agent.loop import AgentTrainer
     from turnrl.train.config import RunConfig, load_config
 
     repo = Path(__file__).resolve().parents[1]
