@@ -435,7 +435,6 @@ class AgentTrainer:
             max_new_tokens=self.config.policy.max_new_tokens,
         )
         for line in lines:
-            logger.warning("%s", line)
             self.run_directory.log(line)
         report = {"metrics": metrics, "warnings": lines}
         atomic_write_text(self.run_dir / WARM_CHECK_FILE, json.dumps(report, indent=1) + "\n")
