@@ -225,6 +225,13 @@ MEASUREMENTS: dict[str, Measurement] = {
             60.0,
         ),
         Measurement(
+            "grouping-adam",
+            "python examples/grouping/adam.py --chains 12 --updates 3",
+            "docs/grouping-experiment.md",
+            ("updates",),
+            60.0,
+        ),
+        Measurement(
             "tree-rollouts-resources",
             "python examples/tree/run.py --summarise --out runs/studies/tree-rollouts/LR",
             "docs/tree-rollouts.md",
