@@ -354,11 +354,11 @@ def _check_capabilities(config: RunConfig, p: Problems) -> None:
 
 def _check_agent_mix(config: RunConfig, p: Problems) -> None:
     """An agent's ``mix = "per_draw"`` runs its teacher once per variant of
-    ``tasks.train``'s built-in environment (:mod:`turnrl.train.teacher_mix`)."""
+    ``tasks.train``'s built-in environment (:mod:`turnrl.train.teacher_mix`); without a
+    teacher (``warm_start.init_from``, or no warm start) there is nothing to mix."""
     from turnrl.envs import ENVS
 
     if config.warm_start.teacher is None:
-        p.add("warm_start.mix", "'per_draw' for an agent needs warm_start.teacher")
         return
     spec = ENVS.get(config.tasks.train)
     if spec is None or spec.demo_variants is None:
