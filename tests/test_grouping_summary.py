@@ -109,3 +109,17 @@ def test_adam_table_reports_each_quantity_and_the_sign_agreement() -> None:
         "| +0.0 [+0.0, +0.0] 0 | 3/3 |"
     )
     assert lines[-1].startswith("| 0.4 | node (mean) | 2 |")
+
+
+def test_adam_economics_sums_the_shared_batches() -> None:
+    """Per opening: share of episodes, success, turns and the return at each cost."""
+    rows = [
+        {"stats": {"n_tool": 3, "success_tool": 3, "turns_tool": 6, "n_direct": 1}},
+        {"stats": {"n_tool": 1, "success_tool": 0, "turns_tool": 2, "n_direct": 3}},
+    ]
+    for row in rows:
+        row["stats"].update(success_direct=1, turns_direct=row["stats"]["n_direct"])
+    assert adam.economics(rows)[2:] == [
+        "| tool | 0.500 | 0.750 | 2.00 | +0.750 | -0.050 |",
+        "| direct | 0.500 | 0.500 | 1.00 | +0.500 | +0.100 |",
+    ]

@@ -23,7 +23,7 @@ sample from each arm's own policy. Arms: ``grpo`` and ``grpo_mixed`` (divided by
 the group's std) and ``dr_grpo`` and ``node`` (centred only), all token-mean with
 every turn trained, as the grouping study defines them.
 
-    python examples/grouping/adam.py --chains 12 --updates 3   # = the doc's table
+    python examples/grouping/adam.py --chains 24 --updates 3   # = make grouping-adam
     python examples/grouping/adam.py --summarise               # the table only
     python examples/grouping/adam.py --quick --out /tmp/aq     # smoke test
 
@@ -45,7 +45,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
-from gradient import OPENING, SETTING, bootstrap, warm_start  # noqa: E402
+from gradient import OPENING, SETTING, bootstrap, episode_stats, warm_start  # noqa: E402
 
 ARMS = (
     ("grpo", "grpo", "std"),
@@ -165,10 +165,11 @@ def measure(out: Path, chains: int, updates: int, overrides: list[str]) -> None:
             temperature=config.policy.temperature,
             seed=1_000_003 * (chain + 1) + 7_919 * update,
             traj_prefix=f"c{chain}-u{update}-{tag}-",
-        ).records
+        )
 
     for chain in range(done, chains):
-        first = sample(probe_policy, chain, 1, "shared")
+        shared = sample(probe_policy, chain, 1, "shared")
+        first = shared.records
         line: dict[str, dict] = {}
         for cost in COSTS:
             for name, estimator, _ in ARMS:
@@ -178,7 +179,7 @@ def measure(out: Path, chains: int, updates: int, overrides: list[str]) -> None:
                 )
                 rows = []
                 for update in range(1, updates + 1):
-                    records = first if update == 1 else sample(policy, chain, update, name)
+                    records = first if update == 1 else sample(policy, chain, update, name).records
                     costed = [replace(r, reward=r.reward - cost) for r in records]
                     seed = 104_729 * chain + update
                     rows.append(
@@ -194,7 +195,8 @@ def measure(out: Path, chains: int, updates: int, overrides: list[str]) -> None:
                     ),
                     flush=True,
                 )
-        append_jsonl(path, {"chain": chain, "updates": line})
+        stats = episode_stats(shared.episodes, first)
+        append_jsonl(path, {"chain": chain, "updates": line, "stats": stats})
 
 
 # ----------------------------------------------------------------------------- summarise
@@ -238,6 +240,30 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def economics(rows: list[dict]) -> list[str]:
+    """The warm start's shared first batches: share, success, turns and return at each
+    cost per opening (the economics gradient.py reports for its batches)."""
+    total: dict[str, float] = {}
+    for row in rows:
+        for key, value in row["stats"].items():
+            total[key] = total.get(key, 0) + value
+    n = sum(total.get(f"n_{k}", 0) for k in ("tool", "direct", "other"))
+    lines = [
+        "| opening | share of episodes | success | turns | "
+        + " | ".join(f"return at cost {c:g}" for c in COSTS)
+        + " |",
+        "|---|---|---|---|" + "---|" * len(COSTS),
+    ]
+    for kind in ("tool", "direct", "other"):
+        count = total.get(f"n_{kind}", 0)
+        if count:
+            success = total[f"success_{kind}"] / count
+            turns = total[f"turns_{kind}"] / count
+            returns = " | ".join(f"{success - c * turns:+.3f}" for c in COSTS)
+            lines.append(f"| {kind} | {count / n:.3f} | {success:.3f} | {turns:.2f} | {returns} |")
+    return lines
+
+
 def summarise(out: Path, write_doc: bool) -> str:
     """``OUT/summary.md``; with ``write_doc`` the table also goes between the
     ``grouping-adam:updates`` markers of docs/grouping-experiment.md."""
@@ -250,6 +276,10 @@ def summarise(out: Path, write_doc: bool) -> str:
     block = "\n".join(
         [
             *table(rows),
+            "",
+            "The warm start on the shared first batches (every chain's update 1):",
+            "",
+            *economics(rows),
             "",
             f"_{len(rows)} chains of {updates} updates (mean [95% bootstrap CI over chains], "
             "sign when the interval excludes 0); update 1 of every arm and cost on the same "

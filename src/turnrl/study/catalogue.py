@@ -259,10 +259,10 @@ MEASUREMENTS: dict[str, Measurement] = {
         ),
         Measurement(
             "grouping-adam",
-            "python examples/grouping/adam.py --chains 12 --updates 3",
+            "python examples/grouping/adam.py --chains 24 --updates 3",
             "docs/grouping-experiment.md",
             ("updates",),
-            60.0,
+            10.0,
         ),
         Measurement(
             "tree-rollouts-resources",
