@@ -370,11 +370,12 @@ def test_the_teacher_warm_start_trains_on_the_agent_s_own_calls(tmp_path: Path) 
     taught = load_tasks("calculator", n=8, seed=config.tasks.seed, kwargs=config.tasks.kwargs)[:6]
     n_hard = sum("hard" in t.tags for t in taught)
     # every teacher turn checked once: per task a call, its result, a direct answer
-    assert sum(v for k, v in metrics.items() if k.endswith("_n")) == len(demonstrations)
     for kind, n in (("hard", n_hard), ("easy", 6 - n_hard)):
         for turn in ("call", "result", "direct"):
-            assert metrics.get(f"warm_tf_{kind}_{turn}_n", 0.0) == n
+            decided = metrics[f"warm_tf_{kind}_{turn}_n"]
+            assert decided == round(n * (1 - metrics[f"warm_tf_{kind}_{turn}_other"]))
             assert 0.0 <= metrics.get(f"warm_tf_{kind}_{turn}", 0.0) <= 1.0
+        assert metrics[f"warm_tf_{kind}_result_other"] == 0.0  # no decision after a result
     first_row = read_jsonl(run / "metrics.jsonl")[0]
     assert all(first_row[k] == v for k, v in check["metrics"].items())
 

@@ -56,19 +56,19 @@ def test_greedy_from_the_teacher_s_context_is_compared_token_for_token() -> None
     replies = {
         (1, 2): [5, 6, 0],  # exact
         (1, 2, 5, 6, 0, 9): [7, 1, 0],  # the result miscopied
-        (1, 3): [5, 7, 0],  # exact
+        (1, 3): [5, 8, 0],  # the call's operand miscopied
         (1, 3, 5, 7, 0, 9): [8],  # truncated: not exact
-        (1, 4): [4, 0],  # exact
+        (1, 4): [5, 6, 0],  # a call where the teacher answered: another decision
     }
     policy = ScriptedPolicy(replies, [])
     kinds = {"h": "hard", "h2": "hard", "e": "easy"}
     checks = teacher_forced_checks(policy, RECORDS, kinds, max_new_tokens=24, batch=2)
     assert checks == [
-        TurnCheck("hard", "call", True),
-        TurnCheck("hard", "result", False),
-        TurnCheck("hard", "call", True),
-        TurnCheck("hard", "result", False),
-        TurnCheck("easy", "direct", True),
+        TurnCheck("hard", "call", True, True),
+        TurnCheck("hard", "result", False, True),
+        TurnCheck("hard", "call", False, True),
+        TurnCheck("hard", "result", False, True),
+        TurnCheck("easy", "direct", False, False),
     ]
     assert policy.calls == [(24, 0.0)] * 3  # batches of 2, 2, 1, greedy
 
@@ -83,14 +83,21 @@ def test_accuracy_per_kind_and_turn() -> None:
         TurnCheck("easy", "direct", True),
         TurnCheck("easy", "direct", True),
         TurnCheck("easy", "direct", False),
+        TurnCheck("easy", "direct", False, False),  # decided otherwise: apart
+        TurnCheck("easy", "call", False, False),
     ]
     assert teacher_forced_accuracy(checks) == {
+        "warm_tf_easy_call_n": 0.0,  # no accuracy without a turn decided as the teacher
+        "warm_tf_easy_call_other": 1.0,
         "warm_tf_easy_direct": 2 / 3,
         "warm_tf_easy_direct_n": 3.0,
+        "warm_tf_easy_direct_other": 0.25,
         "warm_tf_hard_call": 0.5,
         "warm_tf_hard_call_n": 4.0,
+        "warm_tf_hard_call_other": 0.0,
         "warm_tf_hard_result": 0.0,
         "warm_tf_hard_result_n": 1.0,
+        "warm_tf_hard_result_other": 0.0,
     }
 
 
@@ -132,6 +139,7 @@ def test_the_check_end_to_end_on_hand_built_records() -> None:
         ScriptedPolicy(replies, []), RECORDS, TASKS, {"eval_success_hard": 0.25}, max_new_tokens=8
     )
     assert metrics["warm_tf_hard_call"] == 0.0
+    assert metrics["warm_tf_hard_call_other"] == 0.0
     assert metrics["warm_tf_hard_result"] == 1.0
     assert metrics["warm_tf_easy_direct"] == 1.0
     assert lines == [

@@ -211,11 +211,6 @@ AGENTS_PARITY = Study(
             "seeds",
             "seeds",
             (*DEMO_METRICS, Metric("eval_tool_rate_easy", "tool rate (easy)")),
-            extra=(
-                Metric("warm_tf_hard_call", "warm start: hard calls exact", "first"),
-                Metric("warm_tf_hard_result", "warm start: hard results exact", "first"),
-                Metric("warm_tf_easy_call", "warm start: easy calls exact", "first"),
-            ),
         ),
     ),
     curve="eval_success",

@@ -7,7 +7,10 @@ and RL drifts (issue #25). This module checks a warm start before RL on the
 teacher's own demonstrations and names the failure:
 
 - **teacher-forced accuracy**: from the exact context of each teacher turn, does
-  greedy decoding reproduce the teacher's turn token for token? Per kind of
+  greedy decoding reproduce the teacher's turn token for token (exactly when every
+  token is the most likely one after the teacher's own prefix)? Turns whose
+  first token (at turn 0: the decision to call or answer) differs from the
+  teacher's are counted apart, as another decision. Per kind of
   problem (the task's first tag: ``easy``, ``hard``) and per turn:
   ``call`` (the first turn of a rollout that went on: the tool call, where
   operands are copied), ``result`` (a later turn: the answer after the tool's
@@ -40,11 +43,17 @@ TURN_FAILURES = {
 
 @dataclass(frozen=True)
 class TurnCheck:
-    """One teacher turn and whether greedy decoding from its context reproduced it."""
+    """One teacher turn and whether greedy decoding from its context reproduced it.
+
+    ``decided``: whether greedy decoding's first token is the teacher's. At turn 0
+    (``call``, ``direct``) the first token is the decision (a call or an answer) and
+    the per-draw mix demonstrates both from the same context, so a turn whose first
+    token differs is another decision, not a copy failure: it is counted apart."""
 
     kind: str
     turn: str
     exact: bool
+    decided: bool = True
 
 
 def turn_positions(records: Sequence[TurnRecord]) -> list[str]:
@@ -79,23 +88,31 @@ def teacher_forced_checks(
             contexts, max_new_tokens=max_new_tokens, temperature=0.0
         )
         for offset, (record, sample) in enumerate(zip(chunk, samples, strict=True)):
-            exact = list(sample.response_ids) == list(record.response_ids or ())
+            target = list(record.response_ids or ())
+            exact = list(sample.response_ids) == target
+            turn = positions[start + offset]
+            decided = turn == "result" or sample.response_ids[:1] == target[:1]
             kind = kind_by_task.get(record.task_id, "all")
-            checks.append(TurnCheck(kind, positions[start + offset], exact))
+            checks.append(TurnCheck(kind, turn, exact, decided))
     return checks
 
 
 def teacher_forced_accuracy(checks: Iterable[TurnCheck]) -> dict[str, float]:
-    """``warm_tf_{kind}_{turn}`` (share reproduced exactly) and ``warm_tf_{kind}_{turn}_n``."""
-    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    """Per kind and turn: ``warm_tf_{kind}_{turn}``, the share reproduced exactly among
+    the turns greedy decoding decided as the teacher did (absent when there are none),
+    ``..._n`` their number, and ``..._other`` the share of turns decided otherwise."""
+    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
     for check in checks:
         tally = counts[(check.kind, check.turn)]
-        tally[0] += int(check.exact)
-        tally[1] += 1
+        tally[0] += int(check.exact and check.decided)
+        tally[1] += int(check.decided)
+        tally[2] += 1
     out: dict[str, float] = {}
-    for (kind, turn), (exact, total) in sorted(counts.items()):
-        out[f"warm_tf_{kind}_{turn}"] = exact / total
-        out[f"warm_tf_{kind}_{turn}_n"] = float(total)
+    for (kind, turn), (exact, decided, total) in sorted(counts.items()):
+        if decided:
+            out[f"warm_tf_{kind}_{turn}"] = exact / decided
+        out[f"warm_tf_{kind}_{turn}_n"] = float(decided)
+        out[f"warm_tf_{kind}_{turn}_other"] = (total - decided) / total
     return out
 
 
