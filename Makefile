@@ -25,7 +25,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml requirements/vl
 STUDIES := demo-seeds tree-rollouts grouping-learning search-agent iterative-grpo agents-calc-openai
 STUDY_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 
-.PHONY: setup setup-integrations setup-vllm test-vllm browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-sampling bench-gateway bench-agents bench-distributed grouping grouping-gradient lookup-study studies $(addprefix study-,$(STUDIES)) clean
+.PHONY: setup setup-integrations setup-vllm test-vllm browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-sampling bench-gateway bench-agents bench-distributed grouping grouping-gradient grouping-adam lookup-study studies $(addprefix study-,$(STUDIES)) clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -164,6 +164,11 @@ bench-distributed: setup
 # first (it trains the shared warm start), then the confirming learning runs.
 grouping-gradient: setup
 	$(PY) examples/grouping/gradient.py --batches $(GROUPING_BATCHES)
+
+# The optimiser's actual AdamW updates on the tool opening, beside the SGD projection
+# (docs/grouping-experiment.md, "The optimiser's actual updates"; ~10 min on one core)
+grouping-adam: setup
+	$(PY) examples/grouping/adam.py --chains 24 --updates 3
 
 grouping: grouping-gradient
 	$(MAKE) --no-print-directory study-grouping-learning

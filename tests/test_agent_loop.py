@@ -29,6 +29,7 @@ from turnrl.train.agent.contract import AgentConfigError
 from turnrl.train.agent.loop import AgentRunError, AgentTrainer, refuse_untrainable, rollout_metrics
 from turnrl.train.agent.programs import make_program
 from turnrl.train.agent.runner import RolloutResult
+from turnrl.train.agent.tasks import load_tasks
 from turnrl.train.agent.teacher import load_teacher
 from turnrl.train.checkpoint import load_latest_checkpoint
 from turnrl.train.config import PPOConfig, RunConfig, load_config
@@ -355,18 +356,44 @@ def test_the_teacher_warm_start_trains_on_the_agent_s_own_calls(tmp_path: Path) 
     )
     run = AgentTrainer(config, quiet=True).run()
     demonstrations = read_jsonl(run / "rollouts" / "teacher.jsonl")
-    assert len({r["traj_id"] for r in demonstrations}) == 6
+    # per draw, tool on 40% of both kinds: every task once with the tool, once without
+    assert sorted({r["traj_id"] for r in demonstrations}) == [
+        f"w-{slot:04d}-v{variant}" for slot in range(6) for variant in (0, 1)
+    ]
+    called = {r["traj_id"] for r in demonstrations if r["tool_call"]}
+    assert called == {f"w-{slot:04d}-v0" for slot in range(6)}
     assert all(r["reward"] == 1.0 for r in demonstrations if r["done"])
     assert any(r["tool_call"] for r in demonstrations)
     assert len(json.loads((run / "warm_start_losses.json").read_text())) == 3
     assert (run / "warm_start" / "config.json").exists()
+    check = json.loads((run / "warm_start_check.json").read_text())
+    metrics = check["metrics"]
+    taught = load_tasks("calculator", n=8, seed=config.tasks.seed, kwargs=config.tasks.kwargs)[:6]
+    n_hard = sum("hard" in t.tags for t in taught)
+    # every teacher turn checked once: per task a call, its result, a direct answer
+    for kind, n in (("hard", n_hard), ("easy", 6 - n_hard)):
+        for turn in ("call", "result", "direct"):
+            decided = metrics[f"warm_tf_{kind}_{turn}_n"]
+            assert decided == round(n * (1 - metrics[f"warm_tf_{kind}_{turn}_other"]))
+            assert 0.0 <= metrics.get(f"warm_tf_{kind}_{turn}", 0.0) <= 1.0
+        assert metrics[f"warm_tf_{kind}_result_other"] == 0.0  # no decision after a result
+    first_row = read_jsonl(run / "metrics.jsonl")[0]
+    assert all(first_row[k] == v for k, v in check["metrics"].items())
+
+
+def test_per_draw_for_an_agent_needs_a_built_in_environment(tmp_path: Path) -> None:
+    teacher = f"warm_start.teacher={AGENTS / 'calc_teacher.py'}:teach"
+    config = agent_config(tmp_path, teacher, "warm_start.mix=per_draw")
+    with pytest.raises(ConfigError, match=r"warm_start\.mix: 'per_draw' for an agent needs "):
+        validate(config)
 
 
 @pytest.mark.parametrize(
     ("recipe", "estimator"),
     [
-        ("calc_openai.toml", "grpo"),
-        ("calc_x/calc_x.toml", "grpo"),
+        ("calc_openai.toml", "dr_grpo"),
+        ("calc_x/calc_x.toml", "dr_grpo"),
+        ("calc_agents_sdk.toml", "dr_grpo"),
         ("solver_checker.toml", "role_turn"),
     ],
 )
@@ -375,6 +402,8 @@ def test_the_example_agent_configs_load_their_agent_and_teacher(
 ) -> None:
     if recipe.startswith("calc_x") and importlib.util.find_spec("autogen_agentchat") is None:
         pytest.skip("needs the agents extra (autogen-agentchat, autogen-ext)")
+    if recipe.startswith("calc_agents") and importlib.util.find_spec("agents") is None:
+        pytest.skip("needs the agents extra (openai-agents)")
     monkeypatch.chdir(AGENTS.parents[1])  # the recipes name their files from the repo root
     config = load_config(RunConfig, AGENTS / recipe, [])
     validate(config)
@@ -382,3 +411,12 @@ def test_the_example_agent_configs_load_their_agent_and_teacher(
     assert config.warm_start.teacher is not None
     make_program(config.agent.entrypoint, None, config.agent.env)
     load_teacher(config.warm_start.teacher)
+    # what was measured to work (examples/calculator.toml, issue #25)
+    assert config.train.lr == 3e-4
+    assert config.warm_start.lr_schedule == "cosine"
+    assert config.tasks.kwargs["hard_operands"] == [317, 999]
+    if estimator == "role_turn":
+        assert config.credit.params == {"use_std": False}  # centred only, as dr_grpo
+    else:
+        assert (config.warm_start.mix, config.warm_start.tool_fraction) == ("per_draw", 0.4)
+        assert config.warm_start.easy_tool_fraction == 0.4

@@ -79,3 +79,47 @@ def test_overview_and_contrasts_on_constant_batches() -> None:
     contrasts = dict(gradient.contrast_values(rows, "0"))
     group = contrasts["group statistics: grpo_mixed - grpo, turn-0 rows (token-mean, all)"]
     assert group == pytest.approx(np.full(4, 0.002))
+
+
+adam = _load("adam")
+
+
+def test_adam_table_reports_each_quantity_and_the_sign_agreement() -> None:
+    """examples/grouping/adam.py's table on hand-built chains: the three quantities x 1000
+    per cost, arm and update, and how many chains' Adam update has the gradient's sign."""
+
+    def update(sgd: float, step: float, change: float) -> dict:
+        return {"sgd": sgd, "adam": step, "change": change, "rows": 100, "optimizer_steps": 2}
+
+    def chain(sign: float) -> dict:
+        cells = {
+            f"{cost:g}/{name}": [update(0.002, sign * 0.001, -0.0005), update(-0.004, -0.003, 0)]
+            for cost in adam.COSTS
+            for name, _, _ in adam.ARMS
+        }
+        return {"chain": 0, "updates": cells}
+
+    lines = adam.table([chain(1.0), chain(-1.0), chain(1.0)])
+    assert len(lines) == 2 + len(adam.COSTS) * len(adam.ARMS) * 2
+    first, second = lines[2], lines[3]
+    assert first.startswith("| 0 | grpo (std) | 1 | +2.0 [+2.0, +2.0] + | +0.3 [")
+    assert first.endswith("| -0.5 [-0.5, -0.5] - | 2/3 |")
+    assert second == (
+        "| 0 | grpo (std) | 2 | -4.0 [-4.0, -4.0] - | -3.0 [-3.0, -3.0] - "
+        "| +0.0 [+0.0, +0.0] 0 | 3/3 |"
+    )
+    assert lines[-1].startswith("| 0.4 | node (mean) | 2 |")
+
+
+def test_adam_economics_sums_the_shared_batches() -> None:
+    """Per opening: share of episodes, success, turns and the return at each cost."""
+    rows = [
+        {"stats": {"n_tool": 3, "success_tool": 3, "turns_tool": 6, "n_direct": 1}},
+        {"stats": {"n_tool": 1, "success_tool": 0, "turns_tool": 2, "n_direct": 3}},
+    ]
+    for row in rows:
+        row["stats"].update(success_direct=1, turns_direct=row["stats"]["n_direct"])
+    assert adam.economics(rows)[2:] == [
+        "| tool | 0.500 | 0.750 | 2.00 | +0.750 | -0.050 |",
+        "| direct | 0.500 | 0.500 | 1.00 | +0.500 | +0.100 |",
+    ]

@@ -4,9 +4,13 @@ Given a call's messages, the tools the agent offered and the task, it returns th
 assistant message an ideal agent would send: on half of the hard problems
 (3-digit multiplications; which half is fixed by the task id) it calls the
 agent's first tool with the expression, then answers with the number; otherwise
-it answers the number directly. The agent runs against it behind turnrl's
-gateway, so the demonstrations are the exact prompts and token ids the agent
-produces, with nothing written by hand here but the replies.
+it answers the number directly. Under ``warm_start.mix = "per_draw"`` the agent loop
+runs each task once per variant of the calculator's demonstrations (the tool on
+``warm_start.tool_fraction`` of hard problems and ``easy_tool_fraction`` of easy
+ones, weighted by those shares: :mod:`turnrl.train.agent.teacher_mix`) and the task
+carries the variant's ``demo`` options, which the teacher follows. The agent runs
+against it behind turnrl's gateway, so the demonstrations are the exact prompts and
+token ids the agent produces, with nothing written by hand here but the replies.
 """
 
 from __future__ import annotations
@@ -21,7 +25,11 @@ directly, so RL has something to learn: calling the tool where it pays)."""
 
 
 def uses_tool(task: dict[str, Any], share: float = TOOL_SHARE_HARD) -> bool:
-    """Whether the teacher calls the tool on ``task`` (hard tasks only; fixed per task id)."""
+    """Whether the teacher calls the tool on ``task``: as the per-draw variant it carries
+    says (``task["demo"]["use_tool"]``), else on a ``share`` of hard tasks fixed per task id."""
+    demo = task.get("demo")
+    if isinstance(demo, dict) and "use_tool" in demo:
+        return bool(demo["use_tool"])
     if "hard" not in task.get("tags", []):
         return False
     digest = hashlib.sha256(task["task_id"].encode()).digest()

@@ -16,8 +16,10 @@ weighted sum of ``D`` with the loss's own ``dL/dlogp`` (:func:`loss_logp_gradien
 which runs the trainer's :func:`~turnrl.train.loss.ppo_clip_loss`).
 
 This is a plain-gradient (SGD) direction at the current parameters: it ignores
-gradient clipping, Adam's per-parameter scaling and the PPO clip, which only act
-after the first step.
+gradient clipping, Adam's per-parameter scaling and the PPO clip. Adam acts from
+the first step (with fresh moments that step is close to ``lr * sign(g)`` per
+coordinate), so the trainer's update need not move the behaviour the gradient's
+way; ``examples/grouping/adam.py`` measures the actual updates' projection.
 
 Part of the grouping experiment (``gradient.py`` beside it, docs/grouping-experiment.md),
 not of the library: nothing in ``turnrl`` uses it.

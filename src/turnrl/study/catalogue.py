@@ -196,9 +196,37 @@ AGENTS_CALC_OPENAI = Study(
     regenerated="python examples/agents/study.py calc_openai",
 )
 
+AGENTS_PARITY = Study(
+    name="agents-parity",
+    title="The calc_openai agent with the measured recipe: one warm start per seed",
+    config="examples/agents/calc_openai.toml",
+    # the recipe as it is: each cell trains its own warm start (train.seed = the seed:
+    # teacher rollouts, SFT draws and initial weights), then 40 RL steps
+    arms=(Arm("dr_grpo", ("label=dr_grpo",)),),
+    seeds=(0, 1, 2, 3, 4),
+    overrides=("train.threads=1",),
+    doc="docs/agents.md",
+    tables=(
+        Table(
+            "seeds",
+            "seeds",
+            (*DEMO_METRICS, Metric("eval_tool_rate_easy", "tool rate (easy)")),
+        ),
+    ),
+    curve="eval_success",
+    minutes_per_cell=6.0,
+)
+
 STUDIES: dict[str, Study] = {
     s.name: s
-    for s in (DEMO_SEEDS, TREE_ROLLOUTS, GROUPING_LEARNING, SEARCH_AGENT, AGENTS_CALC_OPENAI)
+    for s in (
+        DEMO_SEEDS,
+        TREE_ROLLOUTS,
+        GROUPING_LEARNING,
+        SEARCH_AGENT,
+        AGENTS_CALC_OPENAI,
+        AGENTS_PARITY,
+    )
 }
 
 
@@ -223,6 +251,13 @@ MEASUREMENTS: dict[str, Measurement] = {
             "docs/grouping-experiment.md",
             ("warm-start", "projection", "contrasts"),
             60.0,
+        ),
+        Measurement(
+            "grouping-adam",
+            "python examples/grouping/adam.py --chains 24 --updates 3",
+            "docs/grouping-experiment.md",
+            ("updates",),
+            10.0,
         ),
         Measurement(
             "tree-rollouts-resources",

@@ -322,7 +322,7 @@ def _run(config: RunConfig, p: Problems) -> None:
     if not config.run_dir:
         p.add("run_dir", "must name a directory")
     if config.agent.enabled and config.warm_start.mix == "per_draw":
-        p.add("warm_start.mix", "is for built-in environments; an agent's teacher sets its mix")
+        _check_agent_mix(config, p)
     elif not config.agent.enabled:
         _check_mix(config.warm_start, config.env.name, p)
         _check_capabilities(config, p)
@@ -352,6 +352,24 @@ def _check_capabilities(config: RunConfig, p: Problems) -> None:
                 f"{what} needs an environment with {CAPABILITIES[capability]}; "
                 f"{config.env.name!r} ({spec.make_env.__name__}) has none",
             )
+
+
+def _check_agent_mix(config: RunConfig, p: Problems) -> None:
+    """An agent's ``mix = "per_draw"`` runs its teacher once per variant of
+    ``tasks.train``'s built-in environment (:mod:`turnrl.train.agent.teacher_mix`); without a
+    teacher (``warm_start.init_from``, or no warm start) there is nothing to mix."""
+    from turnrl.envs import ENVS
+
+    if config.warm_start.teacher is None:
+        return
+    spec = ENVS.get(config.tasks.train)
+    if spec is None or spec.demo_variants is None:
+        p.add(
+            "warm_start.mix",
+            f"'per_draw' for an agent needs tasks.train to be a built-in environment with "
+            f"demo_variants; {config.tasks.train!r} is not (use 'per_task': the teacher "
+            "sets its mix)",
+        )
 
 
 def _check_mix(warm: WarmStartConfig, env_name: str, p: Problems) -> None:

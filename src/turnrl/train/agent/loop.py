@@ -37,12 +37,14 @@ adds::
     rollouts/step-000003.jsonl   every training rollout's turn records, with advantages
     rollouts/eval-000003.jsonl   the evaluation rollouts' records
     rollouts/teacher.jsonl       the warm start's demonstrations
+    warm_start_check.json        the warm start's teacher-forced accuracy per kind, warnings
     agent_failures.jsonl         one line per failed rollout (where, ids, reason, file)
     agent_failures/step-000003/ROLLOUT.txt   traceback, or stderr and stdout, of each
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -73,6 +75,8 @@ from turnrl.train.agent.runner import (
 )
 from turnrl.train.agent.tasks import load_tasks
 from turnrl.train.agent.teacher import TeacherGateway, load_teacher, teacher_examples
+from turnrl.train.agent.teacher_mix import teacher_jobs, weighted_examples
+from turnrl.train.agent.warm_quality import check_warm_start
 from turnrl.train.config import RunConfig
 from turnrl.train.metrics import advantage_metrics, episode_metrics
 from turnrl.train.ppo import build_update_batch, ppo_update
@@ -81,6 +85,9 @@ from turnrl.train.validate import validate
 from turnrl.types import Task, TurnRecord
 
 logger = logging.getLogger("turnrl.agent")
+
+WARM_CHECK_FILE = "warm_start_check.json"
+"""The warm start's check before RL: teacher-forced accuracy per kind and warnings."""
 
 FAILURES_DIR = "agent_failures"
 FAILURES_LOG = "agent_failures.jsonl"
@@ -194,6 +201,7 @@ class AgentTrainer:
         self.program = make_program(agent.entrypoint, agent.command or None, agent.env)
         teacher = config.warm_start.teacher
         self.teacher = load_teacher(teacher) if teacher is not None else None
+        self.teacher_records: list[TurnRecord] = []  # the warm start's, for its check
         self.train_tasks = load_tasks(
             tasks.train, n=tasks.n_train, seed=tasks.seed, kwargs=tasks.kwargs
         )
@@ -375,8 +383,21 @@ class AgentTrainer:
         """The agent's calls on the training tasks answered by the teacher, as SFT rows."""
         assert self.teacher is not None
         cfg = self.config
-        count = cfg.warm_start.teacher_tasks or len(self.train_tasks)
-        jobs = plan_rollouts(self.train_tasks[:count], 1, "w-")
+        warm = cfg.warm_start
+        count = warm.teacher_tasks or len(self.train_tasks)
+        chosen = self.train_tasks[:count]
+        probability: dict[str, float] = {}
+        if warm.mix == "per_draw":  # one rollout per variant, weighted (teacher_mix)
+            mixed = teacher_jobs(
+                chosen,
+                cfg.tasks.train,
+                tool_fraction=warm.tool_fraction,
+                easy_tool_fraction=warm.easy_tool_fraction,
+            )
+            jobs = [(rid, task) for rid, task, _ in mixed]
+            probability = {rid: p for rid, _, p in mixed}
+        else:
+            jobs = plan_rollouts(chosen, 1, "w-")
         tasks_by_rollout = {rid: dict(task.payload) for rid, task in jobs}
         config = self.gateway_config(cfg.policy.temperature)
         with (
@@ -392,7 +413,9 @@ class AgentTrainer:
             f"warm start: {len(records)} teacher turns from {len(kept)} rollouts "
             f"(mean reward {np.mean([r.reward for r in kept]):.3f})"
         )
-        return teacher_examples(records)
+        self.teacher_records = records
+        examples = teacher_examples(records)
+        return weighted_examples(examples, records, probability) if probability else examples
 
     def setup(self) -> None:
         """A fresh warm start, or the state of the last checkpoint."""
@@ -405,6 +428,22 @@ class AgentTrainer:
             self.calls = int(checkpoint.extra["calls"])
         self.policy.model.eval()
         self.served = build_sampler(self.config.policy, self.policy)  # #26: the learner, or vLLM
+
+    def check_warm_start(self, greedy: dict[str, float]) -> dict[str, float]:
+        """Teacher-forced accuracy of the warm start per kind (its metrics), and a warning
+        line per kind that fails (:mod:`turnrl.train.agent.warm_quality`)."""
+        metrics, lines = check_warm_start(
+            self.policy,
+            self.teacher_records,
+            self.train_tasks,
+            greedy,
+            max_new_tokens=self.config.policy.max_new_tokens,
+        )
+        for line in lines:
+            self.run_directory.log(line)
+        report = {"metrics": metrics, "warnings": lines}
+        atomic_write_text(self.run_dir / WARM_CHECK_FILE, json.dumps(report, indent=1) + "\n")
+        return metrics
 
     def checkpoint(self) -> None:
         assert self.optimizer is not None
@@ -442,7 +481,8 @@ class AgentTrainer:
             runner = self.runner(gateway, server)
             eval_runner = self.runner(eval_gateway, eval_server)
             if self.step == 0:
-                run.append_metrics({"step": 0, **self.evaluate(eval_runner, eval_gateway)})
+                row = {"step": 0, **self.evaluate(eval_runner, eval_gateway)}
+                run.append_metrics({**row, **self.check_warm_start(row)})
             with run.progress() as bar:
                 task = bar.add_task("agent RL", total=cfg.train.steps, completed=self.step)
                 while self.step < cfg.train.steps:
