@@ -202,7 +202,7 @@ def _problems(run_dir: Path, *overrides: str) -> list[str]:
     return []
 
 
-def test_config_refuses_per_draw_without_variants_and_for_agents(tmp_path: Path) -> None:
+def test_config_refuses_per_draw_without_variants(tmp_path: Path) -> None:
     from turnrl.envs import ENVS, EnvSpec, register_env
 
     if "options-only" not in ENVS:
@@ -223,8 +223,15 @@ def test_config_refuses_per_draw_without_variants_and_for_agents(tmp_path: Path)
         "warm_start.lr_schedule: expected one of"
         in _problems(tmp_path, "warm_start.lr_schedule=linear")[0]
     )
-    agent = ("agent.entrypoint=examples.agents.calc_openai:run", "warm_start.mix=per_draw")
-    assert "warm_start.mix" in _problems(tmp_path, *agent)
+    # an agent's per_draw runs its teacher once per variant of tasks.train's environment
+    # (turnrl.train.agent.teacher_mix): refused where that environment lists none
+    agent = (
+        "agent.entrypoint=examples.agents.calc_openai:run",
+        "warm_start.teacher=examples/agents/calc_teacher.py:teach",
+        "warm_start.mix=per_draw",
+    )
+    assert "warm_start.mix" in _problems(tmp_path, *agent, "tasks.train=options-only")
+    assert "warm_start.mix" not in _problems(tmp_path, *agent, "tasks.train=calculator")
 
 
 def _sequence_logprob(policy: HFPolicy, context: list[int], ids: list[int]) -> float:

@@ -15,6 +15,7 @@ ignored.
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 from collections.abc import Iterator
@@ -66,6 +67,11 @@ def _raising_on_signals() -> Iterator[list[int]]:
         if fired:  # already stopping
             return
         fired.append(signum)
+        # Every agent process is about to be killed on purpose; asyncio's child watcher
+        # may then find one already reaped (by subprocess's own clean-up of the handles
+        # the interrupted loop dropped) and warn "Unknown child process pid ...": noise
+        # beside the one line the stop prints, so only asyncio's errors are shown now.
+        logging.getLogger("asyncio").setLevel(logging.ERROR)
         raise RunInterrupted(signum)
 
     previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
