@@ -45,7 +45,15 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
-from gradient import OPENING, SETTING, bootstrap, episode_stats, warm_start  # noqa: E402
+from gradient import (  # noqa: E402
+    OPENING,
+    SETTING,
+    bootstrap,
+    economics_header,
+    episode_stats,
+    opening_totals,
+    warm_start,
+)
 
 ARMS = (
     ("grpo", "grpo", "std"),
@@ -243,17 +251,8 @@ def table(rows: list[dict]) -> list[str]:
 def economics(rows: list[dict]) -> list[str]:
     """The warm start's shared first batches: share, success, turns and return at each
     cost per opening (the economics gradient.py reports for its batches)."""
-    total: dict[str, float] = {}
-    for row in rows:
-        for key, value in row["stats"].items():
-            total[key] = total.get(key, 0) + value
-    n = sum(total.get(f"n_{k}", 0) for k in ("tool", "direct", "other"))
-    lines = [
-        "| opening | share of episodes | success | turns | "
-        + " | ".join(f"return at cost {c:g}" for c in COSTS)
-        + " |",
-        "|---|---|---|---|" + "---|" * len(COSTS),
-    ]
+    total, n = opening_totals(rows)
+    lines = economics_header(COSTS)
     for kind in ("tool", "direct", "other"):
         count = total.get(f"n_{kind}", 0)
         if count:

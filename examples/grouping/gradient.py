@@ -259,19 +259,31 @@ def load(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "batches.jsonl").read_text().splitlines()]
 
 
-def economics(rows: list[dict]) -> list[str]:
-    """Expected return of opening with the tool vs answering directly, per cost."""
+def opening_totals(rows: list[dict]) -> tuple[dict[str, float], float]:
+    """The batches' episode statistics summed (``episode_stats`` keys), and how many
+    episodes they count."""
     total: dict[str, float] = {}
     for row in rows:
         for key, value in row["stats"].items():
             total[key] = total.get(key, 0) + value
-    n = sum(total.get(f"n_{k}", 0) for k in ("tool", "direct", "other"))
-    lines = [
+    return total, sum(total.get(f"n_{k}", 0) for k in ("tool", "direct", "other"))
+
+
+def economics_header(costs: tuple[float, ...]) -> list[str]:
+    """The header of an economics table: per opening, its share, success, turns and
+    return at each of ``costs``."""
+    return [
         "| opening | share of episodes | success | turns | "
-        + " | ".join(f"return at cost {c:g}" for c in COSTS)
+        + " | ".join(f"return at cost {c:g}" for c in costs)
         + " |",
-        "|---|---|---|---|" + "---|" * len(COSTS),
+        "|---|---|---|---|" + "---|" * len(costs),
     ]
+
+
+def economics(rows: list[dict]) -> list[str]:
+    """Expected return of opening with the tool vs answering directly, per cost."""
+    total, n = opening_totals(rows)
+    lines = economics_header(COSTS)
     returns = {}
     for kind in ("tool", "direct", "other"):
         count = total.get(f"n_{kind}", 0)
