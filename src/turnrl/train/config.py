@@ -1,45 +1,65 @@
-"""Typed run configuration: nested dataclasses, read from TOML, with CLI overrides.
+"""The run configuration of ``turnrl train``: its sections, each with its own checks.
 
-Every config class is a plain ``@dataclass`` whose fields each carry an *attribute
-docstring* (a string literal right below the field, cleanrl ``Args`` style). Those
-docstrings are read back from the source with ``ast``, so ``describe_config`` can list
-every option with its meaning and ``config_to_toml_text`` can write a self-documenting
-copy of the config into the run directory.
+A run is one of two modes (``RunConfig.mode``): a built-in (or ``module:factory``)
+environment, whose tasks come from ``[env]``, or a user agent program (``[agent]``
+with an ``entrypoint`` or a ``command``, see docs/agents.md), whose tasks come from
+``[tasks]`` (:mod:`turnrl.train.agent.config`). A section of the other mode is
+refused, in the file or an override (naming the file, line and field) and in code,
+and the saved ``config.toml`` holds only the run's own sections. The sections both
+modes share (``[policy]``, ``[warm_start]``, ``[rollout]``, ``[credit]``,
+``[train]``) are here.
 
-TOML layout: scalar fields of the top-level class are top-level keys; a field whose type
-is itself a config dataclass is a ``[section]`` table (nesting to any depth as
-``[a.b]``). Overrides are ``section.field=value`` strings; the value is parsed as a TOML
-value (``3``, ``0.5``, ``true``, ``[1, 2]``, ``{a = 1}``, ``"text"``) and then checked
-against the field's type; for ``str`` fields an unquoted value is taken verbatim, and
-``none``/``null`` sets an optional field to ``None``. A path may reach into a ``dict``
-field (``credit.params.beta=0.1``).
+Every field carries an attribute docstring (shown by ``describe_config`` and written
+into the saved config); every section checks its own values in a ``check(p)`` method
+beside its fields, and ``RunConfig.check`` what the sections need of each other
+(:mod:`turnrl.train.validate` walks them and reports every problem at once). Reading
+TOML, overrides and error locations is generic: :mod:`turnrl.config_toml`, whose
+names this module re-exports.
 
-TOML has no null: ``config_to_toml_text`` writes a ``None`` value as a comment, so a
-round trip is exact only when optional fields default to ``None`` (all here do).
+Over 500 lines because every field's docstring is the user documentation of that
+option; the code is about a third of it.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
-import inspect
-import itertools
-import json
-import math
-import re
-import textwrap
-import tomllib
-import types
-import typing
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal
 
+from turnrl.config_toml import (
+    config_origin,
+    config_to_dict,
+    config_to_toml_text,
+    describe_config,
+    field_docs,
+    load_config,
+)
+from turnrl.entrypoints import ENTRYPOINT_FORMAT
 from turnrl.errors import ConfigError
-from turnrl.options import TypeMismatch, Unsupported, coerce, type_name
+from turnrl.options import check_options
+from turnrl.train.agent.config import AgentConfig, TasksConfig
+from turnrl.train.validate import Problems
 
-T = TypeVar("T")
+__all__ = [
+    "AgentConfig",
+    "CreditConfig",
+    "EnvConfig",
+    "PPOConfig",
+    "PolicyConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "TasksConfig",
+    "TrainConfig",
+    "WarmStartConfig",
+    "config_origin",
+    "config_to_dict",
+    "config_to_toml_text",
+    "describe_config",
+    "field_docs",
+    "load_config",
+]
 
 # --------------------------------------------------------------------------- config sections
 
@@ -66,6 +86,32 @@ class EnvConfig:
     task_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the task generator, e.g. ``{hard_fraction = 0.5}`` for
     ``calculator``, ``{size = 4}`` for ``frozenlake``."""
+
+    def check(self, p: Problems) -> None:
+        """The environment is registered (or a ``module:factory`` that imports) and its
+        option tables fit its factory and task generator."""
+        from turnrl.entrypoints import ENTRYPOINT_FORMAT
+        from turnrl.envs import ENVS, get_env_spec
+
+        if not self.name and self.ALLOW_NO_ENV:
+            return
+        p.at_least("n_train_tasks", self.n_train_tasks, 1)
+        p.at_least("n_eval_tasks", self.n_eval_tasks, 1)
+        if self.name not in ENVS and ENTRYPOINT_FORMAT.match(self.name.strip()):
+            try:  # a user's environment, "module:factory": import it now, before any work
+                get_env_spec(self.name)
+            except ConfigError as err:
+                p.add("name", str(err).removeprefix(f"{p.key('name')}: "))
+                return
+        if p.one_of("name", self.name, sorted(ENVS)):
+            spec = ENVS[self.name]
+            p.options("env_kwargs", spec.make_env, self.env_kwargs)
+            if not check_options(spec.make_tasks, self.task_kwargs, skip=2):
+                try:  # values the generator refuses (a reversed range...), before any work
+                    spec.make_tasks(1, self.seed, **self.task_kwargs)
+                except ValueError as err:
+                    p.add("task_kwargs", str(err))
+            p.options("task_kwargs", spec.make_tasks, self.task_kwargs, skip=2)
 
 
 @dataclass
@@ -117,6 +163,42 @@ class PolicyConfig:
     aggregation are float32 whatever this is. ``float16`` has no loss scaling: serve with
     it, do not train."""
 
+    def check(self, p: Problems) -> None:
+        """The model exists locally, its shape is consistent, the backend is installed
+        and the device is one this machine has."""
+        from turnrl.policy.device import resolve_device
+        from turnrl.policy.pretrained import MODEL_SOURCES
+
+        named = ["tiny", *sorted(MODEL_SOURCES)]
+        if self.model not in named and not Path(self.model).expanduser().is_dir():
+            p.add(
+                "model",
+                f"{self.model!r} is neither a named model ({', '.join(named)}) nor a local "
+                "model directory (models are never downloaded)",
+            )
+        p.at_least("hidden", self.hidden, 1)
+        p.at_least("layers", self.layers, 1)
+        p.at_least("heads", self.heads, 1)
+        if self.model == "tiny" and self.heads >= 1 and self.hidden % self.heads:
+            p.add("heads", f"{self.heads} heads do not divide hidden = {self.hidden}")
+        if self.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+            p.add(
+                "backend",
+                "'vllm' needs the vllm package, which this Python lacks: `make setup-vllm`, "
+                "then run .venv-vllm/bin/turnrl",
+            )
+        p.above("temperature", self.temperature, 0)
+        p.at_least("max_new_tokens", self.max_new_tokens, 1)
+        p.at_least("lora_rank", self.lora_rank, 0)
+        if self.lora_rank > 0:
+            p.above("lora_alpha", self.lora_alpha, 0)
+            if not self.lora_targets:
+                p.add("lora_targets", "must name at least one layer when lora_rank > 0")
+        try:
+            resolve_device(self.device)
+        except ValueError as err:
+            p.add("device", str(err))
+
 
 @dataclass
 class WarmStartConfig:
@@ -153,6 +235,30 @@ class WarmStartConfig:
     """Agent loop only: how many training tasks the agent runs against the teacher (each
     once); 0: all of them."""
 
+    def check(self, p: Problems) -> None:
+        p.at_least("steps", self.steps, 0)
+        p.above("lr", self.lr, 0)
+        p.at_least("batch_size", self.batch_size, 1)
+        p.within("tool_fraction", self.tool_fraction, 0.0, 1.0)
+        p.within("easy_tool_fraction", self.easy_tool_fraction, 0.0, 1.0)
+        if self.init_from is not None and not Path(self.init_from).expanduser().is_dir():
+            p.add("init_from", f"{self.init_from!r} is not a saved policy directory")
+
+    def check_mix(self, env_name: str, p: Problems) -> None:
+        """``mix = "per_draw"`` needs an environment that lists its demonstration
+        variants (``p``: the top level's problems, the key is ``warm_start.mix``)."""
+        from turnrl.envs import ENVS
+
+        spec = ENVS.get(env_name)
+        if self.mix != "per_draw" or spec is None:
+            return
+        if spec.demo_options is not None and spec.demo_variants is None:
+            p.add(
+                "warm_start.mix",
+                f"'per_draw' needs the environment's demo_variants; {env_name!r} has none "
+                "(use 'per_task')",
+            )
+
 
 @dataclass
 class RolloutConfig:
@@ -180,6 +286,22 @@ class RolloutConfig:
     (docs/distributed.md). Off: one seed for the batch, as before. ``independent``
     strategy only."""
 
+    def check(self, p: Problems) -> None:
+        """The strategy is registered and its ``params`` fit it; workers and per-episode
+        seeds need ``independent``."""
+        from turnrl.rollout import get_strategy
+        from turnrl.rollout.strategies import list_strategies
+
+        p.at_least("group_size", self.group_size, 1)
+        p.at_least("tasks_per_step", self.tasks_per_step, 1)
+        p.at_least("workers", self.workers, 0)
+        if p.one_of("strategy", self.strategy, list_strategies()):
+            p.options("params", get_strategy(self.strategy), self.params, skip=3)
+            if self.workers > 0 and self.strategy != "independent":
+                p.add("workers", "rollout workers run only the 'independent' strategy")
+            if self.per_episode_seeds and self.strategy != "independent":
+                p.add("per_episode_seeds", "only the 'independent' strategy samples per episode")
+
 
 @dataclass
 class CreditConfig:
@@ -189,6 +311,13 @@ class CreditConfig:
     """Registered estimator name (see ``turnrl.credit``)."""
     params: dict[str, Any] = field(default_factory=dict)
     """Estimator parameters (e.g. ``group_key``, ``gamma``), passed through unchanged."""
+
+    def check(self, p: Problems) -> None:
+        """The estimator is registered and its ``params`` fit it."""
+        from turnrl.credit import get_estimator, list_estimators
+
+        if p.one_of("estimator", self.estimator, list_estimators(with_aliases=True)):
+            p.options("params", get_estimator(self.estimator).fn, self.params, skip=1)
 
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "rollout-mean"]
@@ -256,6 +385,18 @@ class PPOConfig:
     the PPO ratio against the learner's recomputation (implies the recomputation of
     ``log_mismatch``; verl's token-level rollout correction, e.g. 2.0). 0: off."""
 
+    def check(self, p: Problems) -> None:
+        p.at_least("tis_cap", self.tis_cap, 0.0)
+        p.above("lr", self.lr, 0)
+        p.at_least("minibatch_size", self.minibatch_size, 1)
+        p.at_least("epochs", self.epochs, 1)
+        p.at_least("clip_low", self.clip_low, 0)
+        p.at_least("clip_high", self.clip_high, 0)
+        p.at_least("kl_coef", self.kl_coef, 0)
+        p.finite("kl_coef", self.kl_coef)
+        p.at_least("max_grad_norm", self.max_grad_norm, 0)
+        p.at_least("max_tokens_per_batch", self.max_tokens_per_batch, 1)
+
 
 @dataclass
 class TrainConfig(PPOConfig):
@@ -282,77 +423,16 @@ class TrainConfig(PPOConfig):
     threads: int = 0
     """Torch intra-op threads; 0 keeps torch's default. 1 lets several runs share a machine."""
 
-
-@dataclass
-class AgentConfig:
-    """A user agent program, trained through the gateway (``turnrl train`` with ``[agent]``,
-    see docs/agents.md). Set exactly one of ``entrypoint`` and ``command``; tasks then
-    come from ``[tasks]`` and ``[env]`` is unused."""
-
-    entrypoint: str | None = None
-    """``"package.module:function"`` or ``"path/to/file.py:function"``: a function (sync or
-    ``async def``) of ``(task: dict, llm)`` returning the reward, or ``{"reward": x,
-    "info": {...}}``; run in this process, once per rollout."""
-    command: list[str] = field(default_factory=list)
-    """A program run once per rollout, e.g. ``["python", "my_agent.py"]``; its environment
-    has ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``OPENAI_MODEL``, ``TURNRL_TASK_FILE``
-    (a file holding the task as JSON) and, for tasks up to 64 KiB, ``TURNRL_TASK`` (the
-    JSON itself); it prints ``{"reward": x}`` as its last stdout line or POSTs it. Checked
-    before any work: it must exist, be executable, and name an existing ``#!``
-    interpreter."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Extra environment variables for ``command``."""
-    model: str = "agent"
-    """The model name the agent is handed (``llm.model``, ``OPENAI_MODEL``). The name a call
-    asks for becomes the turn's ``role``, so a program may use several (``"solver"``...)."""
-    concurrency: int = 16
-    """Rollouts running at once."""
-    timeout_s: float = 300.0
-    """Time limit of one rollout (the agent's whole run); past it the rollout is dropped
-    and counted as a failure."""
-    max_failure_fraction: float = 0.25
-    """The run stops when more than this share of a step's rollouts failed (raised, timed
-    out, no or a non-finite reward, non-zero exit, no call)."""
-    port: int = 0
-    """Loopback port of the in-process gateway; 0 takes any free port."""
-    tool_format: Literal["tags", "hermes"] = "tags"
-    """How the policy writes tool calls (see docs/gateway.md)."""
-    tools_in_prompt: bool = True
-    """Describe the request's tools in the system prompt."""
-    max_batch: int = 64
-    """Most concurrent calls the gateway samples in one batch."""
-    batch_window_ms: float = 50.0
-    """How long the gateway gathers concurrent calls into a batch. Longer than ``turnrl
-    serve``'s 5 ms: agents' calls arrive spread out (benchmarks/RESULTS.md, agent
-    throughput), and the loop wants throughput, not the latency of one call."""
-
-    @property
-    def enabled(self) -> bool:
-        """Whether the run trains a user agent program (``entrypoint`` or ``command`` set)."""
-        return self.entrypoint is not None or bool(self.command)
-
-
-@dataclass
-class TasksConfig:
-    """The tasks of the agent loop (with ``[agent]``): what each rollout's agent receives."""
-
-    train: str = "calculator"
-    """A JSONL file (one JSON object with a ``task_id`` per line, handed to the agent whole;
-    optional ``tags``) or a built-in task set by name (``calculator``)."""
-    eval: str | None = None
-    """Held-out tasks (a file or a built-in set); unset: a built-in ``train`` set drawn from
-    another seed. Required when ``train`` is a file: the loop always evaluates (after the
-    warm start, every ``train.eval_every`` steps, at the end), and a file's tasks are all
-    trained on, so nothing of it is held out."""
-    n_train: int = 512
-    """Tasks drawn from a built-in training set (a file is used whole)."""
-    n_eval: int = 64
-    """Tasks drawn from a built-in evaluation set."""
-    seed: int = 0
-    """Seed of the built-in sets (evaluation derives its own from it)."""
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of a built-in set, e.g. ``{hard_fraction = 0.5}`` for
-    ``calculator``."""
+    def check(self, p: Problems) -> None:
+        p.at_least("steps", self.steps, 0)
+        p.at_least("eval_every", self.eval_every, 0)
+        p.at_least("eval_temperature", self.eval_temperature, 0)
+        p.at_least("eval_samples", self.eval_samples, 1)
+        p.at_least("log_rollouts_every", self.log_rollouts_every, 0)
+        p.at_least("checkpoint_every", self.checkpoint_every, 0)
+        p.at_least("keep_checkpoints", self.keep_checkpoints, 1)
+        p.at_least("threads", self.threads, 0)
+        super().check(p)
 
 
 @dataclass
@@ -383,7 +463,8 @@ class RunConfig:
     """Name of this run in reports (runs sharing a label are seeds of one method);
     defaults to the run directory's name."""
     env: EnvConfig = field(default_factory=EnvConfig)
-    """Environment section."""
+    """The built-in (or ``module:factory``) environment to train on; environment runs
+    only (refused beside an ``[agent]`` program)."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Policy section."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
@@ -395,349 +476,148 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     """RL training section."""
     agent: AgentConfig = field(default_factory=AgentConfig)
-    """A user agent program to train instead of a built-in environment (agent loop)."""
+    """A user agent program to train instead of a built-in environment (agent loop);
+    setting its ``entrypoint`` or ``command`` makes the run an agent run."""
     tasks: TasksConfig = field(default_factory=TasksConfig)
-    """Tasks of the agent loop."""
+    """Tasks of the agent loop; agent runs only."""
 
+    @property
+    def mode(self) -> Literal["env", "agent"]:
+        """``"agent"`` when ``[agent]`` names a program (``entrypoint`` or ``command``),
+        else ``"env"``: the two kinds of run, each with its own sections."""
+        return "agent" if self.agent.enabled else "env"
 
-# --------------------------------------------------------------------------- docstrings
+    def inactive_sections(self) -> dict[str, str]:
+        """The sections this run's mode does not read, each with why: ``load_config``
+        refuses them in a file or an override, ``config_to_toml_text`` leaves them out,
+        ``check`` refuses values set in code (:mod:`turnrl.config_toml`)."""
+        if self.mode == "agent":
+            return {
+                "env": "[env] is for built-in environment runs; an [agent] program's "
+                "tasks come from [tasks] (remove the [env] section)"
+            }
+        why = (
+            "is for agent programs, and agent.entrypoint and agent.command are unset "
+            "(set one of them, or remove the [{name}] section: this run trains on [env])"
+        )
+        return {name: f"[{name}] {why.format(name=name)}" for name in ("agent", "tasks")}
 
-
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings of a dataclass (and its dataclass bases), by field name.
-
-    Read from the source with ``ast``: a string-literal statement directly after an
-    annotated assignment documents that field. Empty when the source is unavailable.
-    """
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        try:
-            source = textwrap.dedent(inspect.getsource(klass))
-        except (OSError, TypeError):
-            continue
-        class_def = ast.parse(source).body[0]
-        if not isinstance(class_def, ast.ClassDef):
-            continue
-        body = class_def.body
-        for stmt, nxt in itertools.pairwise(body):
-            if (
-                isinstance(stmt, ast.AnnAssign)
-                and isinstance(stmt.target, ast.Name)
-                and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)
-            ):
-                docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
-    return docs
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def describe_config(cls: type, prefix: str = "") -> str:
-    """Every field of ``cls`` (recursively), one block each: dotted name, type, default
-    and docstring. Meant for ``--help``-style listings."""
-    lines: list[str] = []
-    docs = field_docs(cls)
-    defaults = cls()
-    for f in dataclasses.fields(cls):
-        name = f"{prefix}{f.name}"
-        tp = _hints(cls)[f.name]
-        if _is_config_class(tp):
-            lines.append(f"[{name}]  {inspect.cleandoc(tp.__doc__ or '')}".rstrip())
-            lines.append(describe_config(tp, prefix=f"{name}."))
-            continue
-        default = getattr(defaults, f.name)
-        lines.append(f"{name}: {type_name(tp)} = {default!r}")
-        doc = docs.get(f.name, "")
-        if doc:
-            lines.extend("    " + line for line in doc.splitlines())
-    return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- type checking
-
-
-def _is_config_class(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _is_optional(tp: Any) -> bool:
-    return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in (
-        typing.get_args(tp)
-    )
-
-
-def _coerce(value: Any, tp: Any) -> Any:
-    """``value`` as field type ``tp`` (see :func:`turnrl.options.coerce`), or raise
-    ``TypeMismatch``; a field type the checker does not support is one too."""
-    try:
-        return coerce(value, tp)
-    except Unsupported as err:
-        raise TypeMismatch(str(err)) from None
-
-
-# --------------------------------------------------------------------------- TOML loading
-
-_HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
-
-
-def _key_line(text: str, path: tuple[str, ...]) -> int | None:
-    """Best-effort 1-based line of the dotted key ``path`` in TOML ``text`` (or of the
-    ``[path]`` table header); None when not found (e.g. inline tables)."""
-    table: tuple[str, ...] = ()
-    for number, raw in enumerate(text.splitlines(), start=1):
-        header = _HEADER.match(raw)
-        if header:
-            table = tuple(part.strip().strip("\"'") for part in header.group(1).split("."))
-            if table == path:
-                return number
-            continue
-        if "=" not in raw:
-            continue
-        key = raw.split("=", 1)[0].strip()
-        if not key or key.startswith("#"):
-            continue
-        full = table + tuple(part.strip().strip("\"'") for part in key.split("."))
-        if full == path or full[: len(path)] == path:
-            return number
-    return None
-
-
-class _Source:
-    """Where values come from, for error messages."""
-
-    def __init__(self, name: str, text: str | None = None) -> None:
-        self.name = name
-        self.text = text
-
-    def error(self, path: tuple[str, ...], message: str) -> ConfigError:
-        dotted = ".".join(path)
-        line = _key_line(self.text, path) if self.text is not None else None
-        where = f"{self.name}:{line}" if line is not None else self.name
-        return ConfigError(f"{where}: {dotted}: {message}")
-
-
-def _build(cls: type[T], data: dict[str, Any], path: tuple[str, ...], source: _Source) -> T:
-    """Instantiate ``cls`` from a (TOML) dict; missing keys keep their defaults."""
-    hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        key_path = (*path, key)
-        if key not in names:
-            raise source.error(
-                key_path,
-                f"unknown {'section' if isinstance(value, dict) else 'field'}"
-                f" (known in {'.'.join(path) or 'top level'}: {', '.join(sorted(names))})",
+    def check(self, p: Problems) -> None:
+        """What the sections need of each other, in either mode."""
+        if self.policy.backend != "hf" and self.rollout.workers:
+            p.add(
+                "policy.backend",
+                f"{self.policy.backend!r} samples in this process (the built-in "
+                "environments' rollouts and the agent loop's gateway); rollout.workers "
+                "sample with 'hf' only",
             )
-        tp = hints[key]
-        if _is_config_class(tp):
-            if not isinstance(value, dict):
-                raise source.error(key_path, f"is a section; expected a table, got {value!r}")
-            kwargs[key] = _build(tp, value, key_path, source)
-            continue
-        try:
-            kwargs[key] = _coerce(value, tp)
-        except TypeMismatch as err:
-            raise source.error(key_path, str(err)) from None
-    return cls(**kwargs)
+        if not self.run_dir:
+            p.add("run_dir", "must name a directory")
+        self._check_inactive(p)
+        if self.mode == "agent":
+            self._check_agent_run(p)
+        else:
+            self._check_env_run(p)
 
+    def _check_inactive(self, p: Problems) -> None:
+        """A section of the other mode still at its defaults (a config built in code;
+        ``load_config`` refuses one a file or an override sets)."""
+        for name, why in self.inactive_sections().items():
+            section, default = getattr(self, name), type(getattr(self, name))()
+            changed = [
+                f.name
+                for f in dataclasses.fields(section)
+                if f.name not in ("entrypoint", "command")
+                and getattr(section, f.name) != getattr(default, f.name)
+            ]
+            if changed:
+                p.add(f"{name}.{changed[0]}", why)
 
-def _parse_override_value(raw: str, tp: Any) -> Any:
-    """Parse the text after ``=`` of an override, guided by the field type."""
-    text = raw.strip()
-    if text.lower() in ("none", "null") and (_is_optional(tp) or tp is Any):
-        return None
-    plain_str = tp is str or (_is_optional(tp) and str in typing.get_args(tp))
-    if plain_str and not (len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'"):
-        return text
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text  # a bare word: let the type check decide (fine for str / Any)
-
-
-def _apply_override(config: Any, override: str) -> None:
-    if "=" not in override:
-        raise ConfigError(f"override {override!r}: expected section.field=value")
-    dotted, raw = override.split("=", 1)
-    path = tuple(part.strip() for part in dotted.strip().split("."))
-    source = _Source(f"override {override!r}")
-    target = config
-    for depth, name in enumerate(path):
-        here = path[: depth + 1]
-        last = depth == len(path) - 1
-        if isinstance(target, dict):  # inside a dict-typed field: free-form keys
-            if last:
-                target[name] = _parse_override_value(raw, Any)
-                return
-            target = target.setdefault(name, {})
-            if not isinstance(target, dict):
-                raise source.error(here, "is not a table")
-            continue
-        cls = type(target)
-        names = [f.name for f in dataclasses.fields(target)]
-        if name not in names:
-            raise source.error(
-                here, f"unknown field (known in {cls.__name__}: {', '.join(sorted(names))})"
+    def _check_env_run(self, p: Problems) -> None:
+        pool = self.env.n_train_tasks
+        if self.rollout.tasks_per_step > pool >= 1:
+            p.add(
+                "rollout.tasks_per_step",
+                f"{self.rollout.tasks_per_step} distinct tasks per step, but the task pool "
+                f"(env.n_train_tasks) holds {pool}",
             )
-        tp = _hints(cls)[name]
-        if last:
-            if _is_config_class(tp):
-                raise source.error(here, "is a section; override one of its fields")
-            try:
-                setattr(target, name, _coerce(_parse_override_value(raw, tp), tp))
-            except TypeMismatch as err:
-                raise source.error(here, str(err)) from None
+        self.warm_start.check_mix(self.env.name, p)
+        self._check_capabilities(p)
+        if self.warm_start.teacher is not None:
+            p.add("warm_start.teacher", "is for agent programs: set agent.entrypoint or command")
+
+    def _check_capabilities(self, p: Problems) -> None:
+        """The optional environment capabilities the run's strategy and estimator need
+        (:mod:`turnrl.types`), checked on the environment's class when it is one (a
+        factory function is checked when the run first needs the capability)."""
+        from turnrl.credit import get_estimator, list_estimators
+        from turnrl.envs import ENVS
+        from turnrl.types import CAPABILITIES, References, Snapshots
+
+        spec = ENVS.get(self.env.name)
+        if spec is None or not isinstance(spec.make_env, type):
             return
-        value = getattr(target, name)
-        if not (_is_config_class(tp) or isinstance(value, dict)):
-            raise source.error(here, f"is a {type_name(tp)} field, not a section")
-        target = value
+        needed = []
+        if self.rollout.strategy != "independent":
+            needed.append(("rollout.strategy", Snapshots, f"{self.rollout.strategy!r}"))
+        known = self.credit.estimator in list_estimators(with_aliases=True)
+        if known and "info_gain" in get_estimator(self.credit.estimator).needs:
+            needed.append(("credit.estimator", References, f"{self.credit.estimator!r}"))
+        for key, capability, what in needed:
+            if not issubclass(spec.make_env, capability):
+                p.add(
+                    key,
+                    f"{what} needs an environment with {CAPABILITIES[capability]}; "
+                    f"{self.env.name!r} ({spec.make_env.__name__}) has none",
+                )
 
+    def _check_agent_run(self, p: Problems) -> None:
+        """What an ``[agent]`` run needs of the other sections (and what only it may use)."""
+        from turnrl.credit import get_estimator
+        from turnrl.envs import ENVS
+        from turnrl.train.agent.tasks import check_task_spec, is_task_file
 
-def load_config(
-    cls: type[T],
-    toml_path: str | Path | None = None,
-    overrides: typing.Iterable[str] = (),
-) -> T:
-    """Build a ``cls`` config: defaults, then the TOML file (if any), then overrides.
-
-    Raises ``ValueError`` naming the file (or the override), the dotted key, the line
-    when it can be found, and what was wrong: unreadable file, unknown section/field,
-    wrong type (a ``Literal`` field names its allowed values), TOML syntax error.
-    """
-    if toml_path is None:
-        config = cls()
-    else:
-        path = Path(toml_path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-            raise ConfigError(f"{path}: cannot read the config file: {reason}") from None
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"{path}: invalid TOML: {err}") from None
-        config = _build(cls, data, (), _Source(str(path), text))
-    for override in overrides:
-        _apply_override(config, override)
-    return config
-
-
-def config_origin(
-    key: str, toml_path: str | Path | None, overrides: typing.Iterable[str] = ()
-) -> str | None:
-    """Where the value of dotted ``key`` came from, for error messages: the last
-    override that set it (or a table above it), else ``file:line`` in the TOML file,
-    else None (a default, or not found)."""
-    path = tuple(key.replace("[", ".").split("."))
-    for override in reversed(list(overrides)):
-        dotted = override.split("=", 1)[0].strip()
-        parts = tuple(part.strip() for part in dotted.split("."))
-        if path[: len(parts)] == parts:
-            return f"override {override!r}"
-    if toml_path is None:
-        return None
-    try:
-        text = Path(toml_path).read_text(encoding="utf-8")
-    except OSError:
-        return None
-    # Down to the field (a key inside a table field such as ``credit.params`` is found
-    # on the field's line), never to a bare section header.
-    for depth in range(len(path), min(2, len(path)) - 1, -1):
-        line = _key_line(text, path[:depth])
-        if line is not None:
-            return f"{toml_path}:{line}"
-    return None
-
-
-# --------------------------------------------------------------------------- saving
-
-
-def config_to_dict(config: Any) -> dict[str, Any]:
-    """Plain nested dict of a config (JSON-serialisable: paths become strings)."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, Path):
-            return str(value)
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        return value
-
-    return plain(dataclasses.asdict(config))
-
-
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def _toml_key(key: str) -> str:
-    return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, (str, Path)):
-        # JSON string escapes are a subset of TOML basic-string escapes.
-        return json.dumps(str(value), ensure_ascii=False)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        if not value:
-            return "{}"
-        items = ", ".join(f"{_toml_key(str(k))} = {_toml_value(v)}" for k, v in value.items())
-        return "{ " + items + " }"
-    raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as TOML")
-
-
-def _comment(text: str) -> list[str]:
-    return ["# " + line if line else "#" for line in text.splitlines()]
-
-
-def config_to_toml_text(config: Any) -> str:
-    """TOML text of ``config`` (field docstrings as comments) that ``load_config`` reads
-    back to an equal config. ``None`` values are written as comments (TOML has no null)."""
-    lines: list[str] = []
-
-    def emit(obj: Any, path: tuple[str, ...]) -> None:
-        cls = type(obj)
-        docs = field_docs(cls)
-        hints = _hints(cls)
-        sections = []
-        if path:
-            if lines:
-                lines.append("")
-            lines.append("[" + ".".join(_toml_key(p) for p in path) + "]")
-        for f in dataclasses.fields(obj):
-            if _is_config_class(hints[f.name]):
-                sections.append(f.name)
-                continue
-            lines.extend(_comment(docs.get(f.name, "")))
-            value = getattr(obj, f.name)
-            if value is None:
-                lines.append(f"# {_toml_key(f.name)} = (none)")
-            else:
-                lines.append(f"{_toml_key(f.name)} = {_toml_value(value)}")
-        for name in sections:
-            emit(getattr(obj, name), (*path, name))
-
-    emit(config, ())
-    return "\n".join(lines) + "\n"
+        warm, tasks = self.warm_start, self.tasks
+        if warm.mix == "per_draw" and warm.teacher is not None:
+            # the teacher runs once per variant of tasks.train's built-in environment
+            # (turnrl.train.agent.teacher_mix); without a teacher there is nothing to mix
+            spec = ENVS.get(tasks.train)
+            if spec is None or spec.demo_variants is None:
+                p.add(
+                    "warm_start.mix",
+                    f"'per_draw' for an agent needs tasks.train to be a built-in environment "
+                    f"with demo_variants; {tasks.train!r} is not (use 'per_task': the "
+                    "teacher sets its mix)",
+                )
+        for name in ("train", "eval"):
+            spec_text = getattr(tasks, name)
+            if spec_text is not None:
+                try:
+                    check_task_spec(spec_text, f"tasks.{name}")
+                except ValueError as err:
+                    p.add(f"tasks.{name}", str(err).split(": ", 1)[1])
+        if is_task_file(tasks.train) and tasks.eval is None:
+            p.add(
+                "tasks.eval", "needed when tasks.train is a file: the held-out tasks to evaluate on"
+            )
+        if not is_task_file(tasks.train) and self.rollout.tasks_per_step > tasks.n_train:
+            p.add(
+                "rollout.tasks_per_step",
+                f"{self.rollout.tasks_per_step} distinct tasks per step, but tasks.n_train "
+                f"is {tasks.n_train}",
+            )
+        if self.rollout.strategy != "independent":
+            p.add("rollout.strategy", "agent programs run independent rollouts only")
+        if self.rollout.workers > 0:
+            p.add("rollout.workers", "agent programs run in this process (use agent.concurrency)")
+        if "info_gain" in get_estimator(self.credit.estimator).needs:
+            p.add(
+                "credit.estimator",
+                f"{self.credit.estimator!r} needs information gain, which needs a reference "
+                "answer that agent tasks do not have",
+            )
+        if warm.teacher is not None and warm.init_from is not None:
+            p.add("warm_start.teacher", "set either warm_start.teacher or warm_start.init_from")
+        if warm.teacher is not None and not ENTRYPOINT_FORMAT.match(warm.teacher):
+            p.add("warm_start.teacher", f"expected 'module:function', got {warm.teacher!r}")
+        p.at_least("warm_start.teacher_tasks", warm.teacher_tasks, 0)

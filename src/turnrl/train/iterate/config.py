@@ -4,7 +4,8 @@ Sections reuse the online trainer's where they mean the same thing (``policy``);
 the environment and warm-start sections extend theirs with what batch-online
 training adds (no environment at all when training from logs only; the style of
 negotiation demonstrations). Every field carries a docstring, so
-``config_to_toml_text`` writes a self-documenting copy into the run directory.
+``config_to_toml_text`` writes a self-documenting copy into the run directory; every
+section checks its values in its ``check`` method (:mod:`turnrl.train.validate`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from turnrl.train.config import (
     PPOConfig,
     WarmStartConfig,
 )
+from turnrl.train.validate import Problems
 
 
 @dataclass
@@ -49,6 +51,19 @@ class IterateWarmStartConfig(WarmStartConfig):
     instruction. Teaches a tiny model to follow ``deploy.personas`` the way an
     instruction-tuned LLM follows a tone or strategy instruction."""
 
+    def check(self, p: Problems) -> None:
+        from turnrl.envs.negotiation import STYLES
+
+        if self.style is not None:
+            p.one_of("style", self.style, STYLES)
+        for instruction, style in self.persona_styles.items():
+            if style not in STYLES:
+                p.add(
+                    f"persona_styles[{instruction!r}]",
+                    f"unknown style {style!r}; allowed: {', '.join(STYLES)}",
+                )
+        super().check(p)
+
 
 @dataclass
 class DeployConfig:
@@ -67,6 +82,16 @@ class DeployConfig:
     Conversations are split evenly over every (temperature, persona) pair. The
     counterpart never sees the instruction and the logs hold the state without it
     (``turnrl.train.iterate.explore``)."""
+
+    def check(self, p: Problems) -> None:
+        p.at_least("tasks_per_iteration", self.tasks_per_iteration, 1)
+        p.at_least("conversations_per_task", self.conversations_per_task, 1)
+        if not self.temperatures:
+            p.add("temperatures", "must list at least one temperature")
+        for i, temperature in enumerate(self.temperatures):
+            p.at_least(f"temperatures[{i}]", temperature, 0)
+        if not self.personas:
+            p.add("personas", 'must list at least one entry ("" = no persona)')
 
 
 @dataclass
@@ -97,6 +122,17 @@ class QConfig:
     refit: bool = True
     """Start every iteration's Q from scratch (True, a fit of Q^pi for the new pi), or
     continue from the previous iteration's weights (False)."""
+
+    def check(self, p: Problems) -> None:
+        p.within("gamma", self.gamma, 0.0, 1.0)
+        p.at_least("hidden", self.hidden, 1)
+        p.at_least("layers", self.layers, 1)
+        p.at_least("steps", self.steps, 0)
+        p.above("lr", self.lr, 0)
+        p.at_least("batch_size", self.batch_size, 1)
+        if not 0 <= self.holdout_fraction < 1:
+            p.add("holdout_fraction", f"must be in [0, 1), got {self.holdout_fraction!r}")
+        p.at_least("calibration_bins", self.calibration_bins, 1)
 
 
 @dataclass
@@ -136,6 +172,16 @@ class ImproveConfig(PPOConfig):
     """Score of a rejected candidate; none: the lowest Monte Carlo return-to-go of any
     turn logged in the iteration (the worst outcome seen)."""
 
+    def check(self, p: Problems) -> None:
+        p.at_least("steps", self.steps, 1)
+        p.at_least("states_per_step", self.states_per_step, 1)
+        p.at_least("candidates", self.candidates, 1)
+        p.above("temperature", self.temperature, 0)
+        p.at_least("std_floor", self.std_floor, 0)
+        if self.malformed_score is not None:
+            p.finite("malformed_score", self.malformed_score)
+        super().check(p)
+
 
 @dataclass
 class IterateEvalConfig:
@@ -145,6 +191,10 @@ class IterateEvalConfig:
     """Sampling temperature of evaluation; 0 is greedy."""
     samples: int = 1
     """Conversations per held-out task."""
+
+    def check(self, p: Problems) -> None:
+        p.at_least("temperature", self.temperature, 0)
+        p.at_least("samples", self.samples, 1)
 
 
 @dataclass
@@ -191,3 +241,33 @@ class IterateConfig:
     """Policy-improvement section."""
     eval: IterateEvalConfig = field(default_factory=IterateEvalConfig)
     """Held-out evaluation section."""
+
+    def check(self, p: Problems) -> None:
+        """What the sections need of each other."""
+        from turnrl.envs.negotiation import SETTINGS
+
+        if self.policy.backend != "hf":
+            p.add("policy.backend", "Iterative GRPO samples with the 'hf' backend only")
+        p.at_least("iterations", self.iterations, 0)
+        p.at_least("threads", self.threads, 0)
+        if self.warm_start.teacher is not None:
+            p.add("warm_start.teacher", "is for agent programs (turnrl train with [agent])")
+        p.at_least("keep_checkpoints", self.keep_checkpoints, 1)
+        if not self.run_dir:
+            p.add("run_dir", "must name a directory")
+        if not self.env.name:
+            return
+        self.warm_start.check_mix(self.env.name, p)
+        pool = self.env.n_train_tasks
+        if self.deploy.tasks_per_iteration > pool >= 1:
+            p.add(
+                "deploy.tasks_per_iteration",
+                f"{self.deploy.tasks_per_iteration} distinct tasks per iteration, but the "
+                f"task pool (env.n_train_tasks) holds {pool}",
+            )
+        if self.warm_start.persona_styles and self.env.name not in SETTINGS:
+            p.add(
+                "warm_start.persona_styles",
+                f"needs a negotiation setting ({', '.join(sorted(SETTINGS))}), "
+                f"not env.name = {self.env.name!r}",
+            )
