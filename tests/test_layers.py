@@ -11,7 +11,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "turnrl"
 
 LAYERS: list[set[str]] = [
-    {"errors", "types", "io", "options", "entrypoints", "config_toml"},
+    {"errors", "types", "io", "strict_json", "options", "entrypoints", "config_toml"},
     {"records", "record_columns"},
     {"table"},
     {"credit"},
