@@ -86,7 +86,7 @@ def measure(policy, tasks, agents: int, max_batch: int, window_ms: float) -> dic
         started = time.perf_counter()
         results = runner.run([(f"b-{i}", task) for i, task in enumerate(tasks)])
         seconds = time.perf_counter() - started
-        batching = gateway.batch_stats
+        batching = gateway.served.batch_stats()
     failures = sum(r.failure is not None for r in results)
     if failures:
         raise RuntimeError(f"{failures} agent runs failed in the benchmark")

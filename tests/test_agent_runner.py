@@ -191,7 +191,7 @@ def test_bad_agents_are_dropped_with_details_saved(
     assert detail in saved
     # The failed rollout is closed: a late call on it is refused.
     with pytest.raises(GatewayError) as refused:
-        gateway.rollout("r0")
+        gateway.views.rollout("r0")
     assert refused.value.status == 409
 
 

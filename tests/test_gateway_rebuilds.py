@@ -49,16 +49,16 @@ def _second_turn(gateway: Gateway, rollout_id: str, edit) -> dict[str, Any]:
     sent_back = edit(reply)
     tool = {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "9"}
     _ask(gateway, rollout_id, [question, sent_back, tool])
-    return gateway.rollout(rollout_id)
+    return gateway.views.rollout(rollout_id)
 
 
 def test_the_reply_sent_back_unchanged_extends_the_context(gateway: Gateway) -> None:
-    before = gateway.context_rebuilds
+    before = gateway.registry.context_rebuilds
     rollout = _second_turn(gateway, "same", lambda reply: reply)
     first, second = rollout["records"]
     assert second["context_rebuilt"] is False
     assert rollout["context_rebuilds"] == 0
-    assert gateway.context_rebuilds == before
+    assert gateway.registry.context_rebuilds == before
     # The kept ids: turn 0's context and sampled response, then the tool message.
     observation = gateway.policy.encode_observation({"role": "tool", "content": "9"})
     assert second["prompt_ids"] == [*first["prompt_ids"], *first["response_ids"], *observation]
@@ -67,11 +67,11 @@ def test_the_reply_sent_back_unchanged_extends_the_context(gateway: Gateway) -> 
 @pytest.mark.parametrize("edit", [_edit_text, _edit_call], ids=["text", "tool_call"])
 def test_an_edited_assistant_reply_is_a_counted_rebuild(gateway: Gateway, edit) -> None:
     rollout_id = f"edited-{edit.__name__}"
-    before = gateway.context_rebuilds
+    before = gateway.registry.context_rebuilds
     rollout = _second_turn(gateway, rollout_id, edit)
     second = rollout["records"][1]
     assert second["context_rebuilt"] is True
     assert rollout["context_rebuilds"] == 1
-    assert gateway.context_rebuilds == before + 1
+    assert gateway.registry.context_rebuilds == before + 1
     # Rebuilt from the messages as sent, not from the tokens the policy sampled.
     assert second["prompt_ids"] == gateway.policy.encode_initial(second["prompt"])

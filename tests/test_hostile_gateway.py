@@ -131,7 +131,7 @@ def test_browser_requests_are_refused_even_with_the_key(
     )
     assert (answer.status, answer.param) == (403, param)
     assert answer.body["error"]["type"] == "permission_error"
-    assert gateway.rollouts() == [] and gateway.records() == []
+    assert gateway.views.rollouts() == [] and gateway.views.records() == []
 
 
 def test_the_key_is_required_on_every_route(
@@ -149,9 +149,9 @@ def test_the_key_is_required_on_every_route(
         chat, body=hostile.chat_json(), headers={"Authorization": server.api_key}
     )  # no "Bearer"
     assert bare.status == 401
-    assert gateway.rollouts() == []
+    assert gateway.views.rollouts() == []
     right = hostile.send(chat, body=hostile.chat_json(), key=server.api_key)
-    assert right.status == 200 and [r["rollout_id"] for r in gateway.rollouts()] == ["k-1"]
+    assert right.status == 200 and [r["rollout_id"] for r in gateway.views.rollouts()] == ["k-1"]
 
 
 def test_each_server_has_its_own_unguessable_key(tiny: HFPolicy) -> None:
@@ -214,8 +214,9 @@ def test_only_opened_rollouts_are_served_and_only_with_their_secret(
     ):
         answer = hostile.send(f"{server.url}{path}", body=hostile.chat_json(), key=key)
         assert (answer.status, answer.body["error"]["code"]) == (403, "wrong_rollout_secret")
-    assert gateway.rollout("s1-0000-0")["turns"] == 0
-    assert gateway.problems("s1-0000-0") == ([], [])  # a forger writes nothing in its report
+    assert gateway.views.rollout("s1-0000-0")["turns"] == 0
+    # a forger writes nothing in its report
+    assert gateway.registry.problems("s1-0000-0") == ([], [])
     listing = hostile.send(f"{server.url}/v1/rollouts", method="GET", key=key)
     assert listing.status == 404  # agents cannot list each other's ids
     peek = hostile.send(f"{server.url}/v1/rollouts/s1-0000-0", method="GET", key=key)
@@ -224,8 +225,8 @@ def test_only_opened_rollouts_are_served_and_only_with_their_secret(
         message = [{"role": "user", "content": text}]  # not a retry of the first
         ok = hostile.send(f"{base}/chat/completions", body=hostile.chat_json(message), key=key)
         assert ok.status == 200, ok.text
-    assert gateway.rollout("s1-0000-0")["turns"] == 2
-    assert gateway.rollout("s1-0000-1")["turns"] == 0
+    assert gateway.views.rollout("s1-0000-0")["turns"] == 2
+    assert gateway.views.rollout("s1-0000-1")["turns"] == 0
 
 
 def test_a_reward_url_works_only_for_its_own_rollout(
@@ -251,7 +252,7 @@ def test_a_reward_url_works_only_for_its_own_rollout(
         key=server.api_key,
     )
     assert event.status == 403
-    assert gateway.rollout("r1")["finished"] is False
+    assert gateway.views.rollout("r1")["finished"] is False
     # Its own URL works once; a second, different reward is refused and remembered.
     first = hostile.send(mine.reward_url, body=hostile.reward_json(1.0), key=server.api_key)
     assert first.status == 200 and first.body["reward"] == 1.0
@@ -259,8 +260,8 @@ def test_a_reward_url_works_only_for_its_own_rollout(
     assert again.status == 200
     second = hostile.send(mine.reward_url, body=hostile.reward_json(0.0), key=server.api_key)
     assert (second.status, second.body["error"]["code"]) == (409, "rollout_finished")
-    assert gateway.problems("r0") == ([], [0.0])
-    assert gateway.rollout("r0")["reward"] == 1.0
+    assert gateway.registry.problems("r0") == ([], [0.0])
+    assert gateway.views.rollout("r0")["reward"] == 1.0
 
 
 # ----------------------------------------------------------------------------- agents
@@ -334,7 +335,7 @@ def test_a_second_different_reward_is_a_failure_not_an_override(
             f"rollout: r0\ntask: t-0\nagent: entrypoint {HOSTILE}:{agent}\nfailure: {reason}\n"
         )
     )
-    assert gateway.stats["discarded"] == 1 and gateway.pop_finished_rollouts() == []
+    assert gateway.stats["discarded"] == 1 and gateway.views.pop_finished_rollouts() == []
 
 
 def test_a_refused_only_call_is_the_failure_reason(
@@ -437,7 +438,7 @@ def test_half_sent_headers_and_short_bodies_are_closed(
     )
     body, closed = hostile.short_body("127.0.0.1", server.port, server.api_key, limit_s=20)
     assert closed and body == b""
-    assert gateway.rollouts() == []  # nothing was started by either
+    assert gateway.views.rollouts() == []  # nothing was started by either
     status, _ = raw_http(server, "POST", f"/rollouts/after{CHAT}", chat_body())
     assert status == 200  # and the server still serves
 
@@ -468,15 +469,15 @@ def test_abandoned_rollouts_are_closed_when_idle(tiny: HFPolicy) -> None:
             gateway.complete(request, f"left-{i}")
         gateway.complete(request, "done")
         gateway.reward("done", 1.0)
-        assert gateway.close_expired(now=time.monotonic() + 30) == []
-        closed = gateway.close_expired(now=time.monotonic() + 61)
+        assert gateway.registry.close_expired(now=time.monotonic() + 30) == []
+        closed = gateway.registry.close_expired(now=time.monotonic() + 61)
         assert sorted((c.rollout_id, c.turns, c.reason) for c in closed) == [
             ("left-0", 1, "idle"),
             ("left-1", 1, "idle"),
             ("left-2", 1, "idle"),
         ]
         assert gateway.stats["idle_closed"] == 3 and gateway.stats["open"] == 0
-        assert [r.rollout_id for r in gateway.pop_finished_rollouts()] == ["done"]
+        assert [r.rollout_id for r in gateway.views.pop_finished_rollouts()] == ["done"]
         with pytest.raises(GatewayError) as late:
             gateway.complete(request, "left-0")
         assert (late.value.status, late.value.code) == (409, "rollout_closed")
@@ -512,12 +513,12 @@ def test_an_early_finisher_survives_a_step_longer_than_the_timeout(tiny: HFPolic
         gateway.complete(request, "early")
         gateway.reward("early", 1.0)
         gateway.complete(request, "straggler")
-        closed = gateway.close_expired(now=time.monotonic() + 60)
+        closed = gateway.registry.close_expired(now=time.monotonic() + 60)
         assert sorted((c.rollout_id, c.reason) for c in closed) == [
             ("late", "timeout"),
             ("straggler", "timeout"),
         ]
-        (early,) = gateway.pop_finished_rollouts()
+        (early,) = gateway.views.pop_finished_rollouts()
         assert (early.rollout_id, early.reward, len(early.records)) == ("early", 1.0, 1)
         assert gateway.stats["timed_out"] == 2 and gateway.stats["finished"] == 1
 
@@ -566,7 +567,7 @@ def test_malformed_roles_and_lone_surrogates_are_400s_naming_the_field(
     assert status == 400
     assert payload["error"]["param"] == param
     assert payload["error"]["message"] == message
-    assert gateway.rollouts() == []
+    assert gateway.views.rollouts() == []
 
 
 def test_a_surrogate_pair_is_text(served: tuple[Gateway, GatewayServer, Loader]) -> None:

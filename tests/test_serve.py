@@ -117,7 +117,7 @@ def test_tool_agent_records_exact_turns(served: tuple[Gateway, GatewayServer]) -
     assert second.choices[0].message.content == "<answer>156</answer>"
     assert second.choices[0].finish_reason == "stop"
     assert second.usage.prompt_tokens == len(
-        gateway.rollout("calc-run-1")["records"][1]["prompt_ids"]
+        gateway.views.rollout("calc-run-1")["records"][1]["prompt_ids"]
     )
     summary = post_reward(client, 1.0)
     assert summary == {
@@ -130,7 +130,7 @@ def test_tool_agent_records_exact_turns(served: tuple[Gateway, GatewayServer]) -
         "reward": 1.0,
     }
 
-    records = gateway.rollout("calc-run-1")["records"]
+    records = gateway.views.rollout("calc-run-1")["records"]
     zero, one = records
     policy = gateway.policy
     tool_ids = policy.encode_observation({"role": "tool", "content": "156"})
@@ -173,7 +173,7 @@ def test_headers_carry_ids_and_message_objects_echo(served: tuple[Gateway, Gatew
         {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "56"},
     ]
     client.chat.completions.create(model="m", messages=messages, tools=[CALCULATOR_TOOL])
-    rollout = gateway.rollout("hdr-1")
+    rollout = gateway.views.rollout("hdr-1")
     assert rollout["task_id"] == "task-hdr" and rollout["turns"] == 2
     assert rollout["records"][0]["prompt"][0] == {"role": "system", "content": TOOLS_LINE}
     assert_exact_prefixes(rollout["records"], gateway.policy.eos_token_id)
@@ -207,7 +207,7 @@ def test_real_tiny_policy_end_to_end(tiny: HFPolicy) -> None:
             else:
                 messages.append({"role": "user", "content": "Go on."})
         post_reward(client, -1.0)
-        records = [record_to_json(r) for r in gateway.finished_records()]  # as JSON lines
+        records = [record_to_json(r) for r in gateway.views.finished_records()]  # as JSON lines
         assert [r["turn"] for r in records] == [0, 1, 2]
         assert_exact_prefixes(records, tiny.eos_token_id)
         for record in records:
@@ -225,7 +225,7 @@ def test_concurrent_rollouts_are_kept_apart(served: tuple[Gateway, GatewayServer
     problems = {f"conc-{i}": f"{i + 11}*{i + 3}" for i in range(8)}
     rewards: dict[str, float] = {}
     errors: list[BaseException] = []
-    sampled_before = gateway.batch_stats["requests"]
+    sampled_before = gateway.served.batch_stats()["requests"]
 
     def run(rollout_id: str) -> None:
         try:
@@ -242,15 +242,15 @@ def test_concurrent_rollouts_are_kept_apart(served: tuple[Gateway, GatewayServer
         thread.join(60)
     assert not errors
     assert rewards == dict.fromkeys(problems, 1.0)
-    assert gateway.batch_stats["requests"] == sampled_before + 16
+    assert gateway.served.batch_stats()["requests"] == sampled_before + 16
     for rollout_id, expression in problems.items():
-        records = gateway.rollout(rollout_id)["records"]
+        records = gateway.views.rollout(rollout_id)["records"]
         assert len(records) == 2
         assert f"Compute {expression}." in records[0]["prompt"][-1]["content"]
         assert records[0]["response"] == f"Let me<call>{expression}</call>"
         assert records[1]["response"] == f"<answer>{calculate(expression)}</answer>"
         assert_exact_prefixes(records, gateway.policy.eos_token_id)
-    finished = [r for r in gateway.finished_records() if r.traj_id in problems]
+    finished = [r for r in gateway.views.finished_records() if r.traj_id in problems]
     table = TurnTable.from_records(finished)
     assert len(set(table.traj_code.tolist())) == 8
     assert table.reward.sum() == 8.0
@@ -262,7 +262,7 @@ def test_rewritten_history_is_rebuilt_and_counted(served: tuple[Gateway, Gateway
     messages: list[Any] = [{"role": "user", "content": "Compute 3*3."}]
     reply = client.chat.completions.create(model="m", messages=messages, tools=[CALCULATOR_TOOL])
     call = reply.choices[0].message.tool_calls[0]
-    before = gateway.context_rebuilds
+    before = gateway.registry.context_rebuilds
     # The agent edits its own earlier message: the conversation no longer extends turn 0.
     rewritten = [
         {"role": "user", "content": "Compute 3*3 please."},
@@ -271,8 +271,8 @@ def test_rewritten_history_is_rebuilt_and_counted(served: tuple[Gateway, Gateway
     ]
     again = client.chat.completions.create(model="m", messages=rewritten, tools=[CALCULATOR_TOOL])
     assert again.model_extra["turnrl"]["context_rebuilt"] is True
-    assert gateway.context_rebuilds == before + 1
-    record = gateway.rollout("rewrite-1")["records"][1]
+    assert gateway.registry.context_rebuilds == before + 1
+    record = gateway.views.rollout("rewrite-1")["records"][1]
     assert record["context_rebuilt"] is True
     # Rebuilt from text: the tool call is rendered back in the tags format.
     assert record["prompt"][1:] == [
@@ -281,7 +281,7 @@ def test_rewritten_history_is_rebuilt_and_counted(served: tuple[Gateway, Gateway
         {"role": "tool", "content": "9"},
     ]
     assert record["prompt_ids"] == gateway.policy.encode_initial(record["prompt"])
-    assert gateway.rollout("rewrite-1")["context_rebuilds"] == 1
+    assert gateway.views.rollout("rewrite-1")["context_rebuilds"] == 1
 
 
 def test_several_new_messages_keep_sampled_tokens(served: tuple[Gateway, GatewayServer]) -> None:
@@ -299,7 +299,7 @@ def test_several_new_messages_keep_sampled_tokens(served: tuple[Gateway, Gateway
         {"role": "user", "content": "Now answer."},
     ]
     client.chat.completions.create(model="m", messages=messages, tools=[CALCULATOR_TOOL])
-    records = gateway.rollout("multi-1")["records"]
+    records = gateway.views.rollout("multi-1")["records"]
     assert_exact_prefixes(records, gateway.policy.eos_token_id)
     assert records[1]["prompt_ids"] == gateway.policy.encode_initial(records[1]["prompt"])
 
@@ -333,7 +333,7 @@ def test_stream_sends_content_then_tool_calls_then_finish(
     assert (
         usage.choices == [] and usage.usage.completion_tokens == len("Let me<call>5*5</call>") + 1
     )
-    record = gateway.rollout("stream-1")["records"][0]
+    record = gateway.views.rollout("stream-1")["records"][0]
     assert finish.choices[0].model_extra["token_ids"] == record["response_ids"]
     assert finish.model_extra["prompt_token_ids"] == record["prompt_ids"]
 
@@ -362,7 +362,7 @@ def test_records_file_and_finished_rollouts(scripted: ScriptedPolicy, tmp_path: 
         )
         assert calculator_agent(client, "Compute 2*9.") == 1.0
         assert not path.exists()  # nothing is written before the reward
-        assert gateway.finished_records() == [] and len(gateway.records()) == 2
+        assert gateway.views.finished_records() == [] and len(gateway.views.records()) == 2
         post_reward(client, 1.0)
         table = TurnTable.from_jsonl(path)
         assert table.reward.tolist() == [0.0, 1.0] and table.task_names.tolist() == ["calc-2*9"]
@@ -372,7 +372,7 @@ def test_records_file_and_finished_rollouts(scripted: ScriptedPolicy, tmp_path: 
         with pytest.raises(openai.ConflictError):
             calculator_agent(client, "Compute 2*9.")
         assert len(TurnTable.from_jsonl(path).reward) == 2  # written once
-        assert len(gateway.pop_finished()) == 2 and gateway.records() == []
+        assert len(gateway.views.pop_finished()) == 2 and gateway.views.records() == []
         with pytest.raises(openai.ConflictError, match="closed"):
             calculator_agent(client, "Compute 2*9.")
     finally:
@@ -466,7 +466,7 @@ def test_bad_requests_get_openai_error_bodies(
     assert error["type"] in {"invalid_request_error", "not_found_error"}
     assert error["param"] == param
     assert "err-1" not in {
-        r["rollout_id"] for r in gateway.rollouts()
+        r["rollout_id"] for r in gateway.views.rollouts()
     }  # failed calls leave nothing
 
 
@@ -482,7 +482,7 @@ def test_context_too_long_is_a_400(tiny: HFPolicy) -> None:
             )
         assert caught.value.status_code == 400
         assert caught.value.code == "context_length_exceeded"
-        assert gateway.rollouts() == []
+        assert gateway.views.rollouts() == []
     finally:
         server.stop()
         gateway.close()
@@ -533,7 +533,7 @@ def test_a_busy_rollout_makes_other_calls_wait(tiny: HFPolicy, then: str) -> Non
         assert results["first"]["turnrl"]["turn"] == 0
         if then == "another call":
             assert results["second"]["turnrl"]["turn"] == 1
-            assert gateway.rollout("busy-1")["turns"] == 2
+            assert gateway.views.rollout("busy-1")["turns"] == 2
         else:
             assert (results["second"]["finished"], results["second"]["turns"]) == (True, 1)
         gateway.complete(first_request, "busy-2", "task-a")

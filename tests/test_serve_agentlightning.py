@@ -35,7 +35,7 @@ def test_agent_lightnings_tracer_reads_the_exact_tokens() -> None:
             client = openai.OpenAI(base_url=server.base_url("agl-trace"), api_key=server.api_key)
             messages = [{"role": "user", "content": "Compute 2*3."}]
             tracer.trace_run(lambda: client.chat.completions.create(model="m", messages=messages))
-            (record,) = gateway.rollout("agl-trace")["records"]
+            (record,) = gateway.views.rollout("agl-trace")["records"]
         spans = [s for s in tracer.get_last_trace() if "prompt_token_ids" in s.attributes]
     finally:
         tracer.teardown_worker(0)

@@ -66,7 +66,7 @@ def test_autogen_reflection_and_streamed_tool_calls(stream: bool) -> None:
         messages = asyncio.run(
             _run_agent(server.base_url("autogen-1"), server.api_key, stream=stream)
         )
-        records = gateway.rollout("autogen-1")["records"]
+        records = gateway.views.rollout("autogen-1")["records"]
     kinds = [type(m).__name__ for m in messages]
     assert "ToolCallExecutionEvent" in kinds  # the tool call reached autogen and ran
     assert getattr(messages[-1], "content", None) == "<answer>156</answer>"

@@ -229,7 +229,7 @@ def test_huge_integers_in_tool_call_arguments_stay_text(served: Any) -> None:
     body = json.dumps({"model": "m", "messages": messages}).encode()
     status, _ = raw_http(server, "POST", "/rollouts/args-1/v1/chat/completions", body)
     assert status == 200
-    assert HUGE in gateway.rollout("args-1")["records"][0]["prompt"][1]["content"]
+    assert HUGE in gateway.views.rollout("args-1")["records"][0]["prompt"][1]["content"]
     with pytest.raises(GatewayError, match="finite number"):
         gateway.reward("args-1", 10**400)
 

@@ -102,7 +102,7 @@ def test_open_rollout_gives_a_scoped_endpoint_and_a_finished_rollout(
     )
     summary = httpx.post(endpoint.reward_url, json={"reward": 1.0}, headers=auth(server)).json()
     assert summary["finished"] is True and summary["turns"] == 2
-    (finished,) = gateway.pop_finished_rollouts()
+    (finished,) = gateway.views.pop_finished_rollouts()
     assert isinstance(finished, FinishedRollout)
     assert (finished.rollout_id, finished.task_id, finished.reward) == ("run-1", "calc-2*3", 1.0)
     assert (finished.policy_versions, finished.mixed_versions) == ((0,), False)
@@ -110,7 +110,7 @@ def test_open_rollout_gives_a_scoped_endpoint_and_a_finished_rollout(
         (0, "agent", 0.0, False),
         (1, "agent", 1.0, True),
     ]
-    assert gateway.pop_finished_rollouts() == []
+    assert gateway.views.pop_finished_rollouts() == []
     with pytest.raises(openai.ConflictError, match="closed"):
         _ask(client, [{"role": "user", "content": "again"}])
 
@@ -120,16 +120,16 @@ def test_a_rollout_that_never_calls_still_times_out(tiny: HFPolicy) -> None:
     with Gateway(ScriptedPolicy(tiny, calculator_reply), config) as gateway:
         gateway.open_rollout("silent", "t")
         gateway.complete(parse_chat_request(as_json(chat_body())), "talker", "t")
-        assert gateway.close_expired() == []  # both still in time
-        closed = gateway.close_expired(now=time.monotonic() + 31.0)
+        assert gateway.registry.close_expired() == []  # both still in time
+        closed = gateway.registry.close_expired(now=time.monotonic() + 31.0)
         assert sorted((c.rollout_id, c.turns, c.reason) for c in closed) == [
             ("silent", 0, "timeout"),
             ("talker", 1, "timeout"),
         ]
-        assert gateway.rollouts() == [] and gateway.records() == []
+        assert gateway.views.rollouts() == [] and gateway.views.records() == []
         assert gateway.stats["timed_out"] == 2 and gateway.stats["open"] == 0
-        assert [c.rollout_id for c in gateway.pop_closed()] == ["silent", "talker"]
-        assert gateway.pop_closed() == []
+        assert [c.rollout_id for c in gateway.registry.pop_closed()] == ["silent", "talker"]
+        assert gateway.registry.pop_closed() == []
         with pytest.raises(GatewayError) as caught:
             gateway.reward("talker", 1.0)
         assert (caught.value.status, caught.value.code) == (409, "rollout_closed")
@@ -142,7 +142,7 @@ def test_requests_close_timed_out_rollouts_themselves(tiny: HFPolicy) -> None:
         gateway.complete(request, "old")
         time.sleep(0.1)
         gateway.complete(request, "new")  # sweeps first: "old" is past its time
-        assert [s["rollout_id"] for s in gateway.rollouts()] == ["new"]
+        assert [s["rollout_id"] for s in gateway.views.rollouts()] == ["new"]
         assert gateway.stats["timed_out"] == 1
 
 
@@ -162,7 +162,7 @@ def test_a_discarded_rollout_is_answered_but_not_recorded(tiny: HFPolicy) -> Non
         policy.release.set()
         thread.join(30)
         assert results["body"]["choices"][0]["message"]["content"] == "<answer>?</answer>"
-        assert gateway.records() == [] and gateway.stats["discarded"] == 1
+        assert gateway.views.records() == [] and gateway.stats["discarded"] == 1
         assert gateway.discard("doomed", "again") is None
 
 
@@ -188,14 +188,14 @@ def test_a_later_call_without_tools_stays_prefix_exact(tiny: HFPolicy) -> None:
         messages += [reflection.message, {"role": "user", "content": "Go on."}]
         none_choice = _ask(client, messages, tools=[CALCULATOR_TOOL], tool_choice="none")
         assert none_choice.choices[0].message.tool_calls is None
-        records = gateway.rollout("reflect-1")["records"]
+        records = gateway.views.rollout("reflect-1")["records"]
         assert [r["context_rebuilt"] for r in records] == [False, False, False]
         assert_exact_prefixes(records, always_calls.eos_token_id)
         # The policy saw the tool line on every turn, and its own call as it wrote it.
         assert all(r["prompt"][0]["content"] == f"Be brief.\n{TOOLS_LINE}" for r in records)
         assert records[1]["prompt"][2] == {"role": "assistant", "content": "Again<call>1+1</call>"}
         assert [r["tool_call"] for r in records] == [True, False, False]
-        assert gateway.context_rebuilds == 0
+        assert gateway.registry.context_rebuilds == 0
 
 
 def test_roles_keep_their_own_conversations(served: tuple[Gateway, GatewayServer]) -> None:
@@ -212,7 +212,7 @@ def test_roles_keep_their_own_conversations(served: tuple[Gateway, GatewayServer
     for conversation, role in ((solver, "solver"), (checker, "checker")):
         _ask(client, conversation, model=role, tools=[CALCULATOR_TOOL])
     client.post("/reward", body={"reward": 1.0}, cast_to=object)
-    records = gateway.rollout("duo-1")["records"]
+    records = gateway.views.rollout("duo-1")["records"]
     assert [(r["turn"], r["role"]) for r in records] == [
         (0, "solver"),
         (1, "checker"),
@@ -250,7 +250,7 @@ def test_a_retried_request_is_answered_once_and_recorded_once(tiny: HFPolicy) ->
         assert reply.choices[0].message.tool_calls is None  # no tools offered
         assert reply.choices[0].message.content == "Let me<call>6*7</call>"
         assert policy.batches == [1]  # sampled once
-        assert gateway.rollout("retry-1")["turns"] == 1
+        assert gateway.views.rollout("retry-1")["turns"] == 1
         # A retry after the answer arrived gets the same answer, also without sampling.
         again = _ask(client, [{"role": "user", "content": "Compute 6*7."}])
         assert again.id == reply.id and policy.batches == [1]
@@ -288,7 +288,7 @@ def test_a_weight_swap_changes_the_logprobs_and_the_version(tiny: HFPolicy) -> N
         gateway.complete(follow_up, "v0")
         for rollout_id in ("v0", "v1"):
             gateway.reward(rollout_id, 0.0)
-        spans = {r.rollout_id: r for r in gateway.pop_finished_rollouts()}
+        spans = {r.rollout_id: r for r in gateway.views.pop_finished_rollouts()}
         assert spans["v0"].policy_versions == (0, 1) and spans["v0"].mixed_versions
         assert spans["v1"].policy_versions == (1,) and not spans["v1"].mixed_versions
         assert gateway.stats["policy_version"] == 1
@@ -331,7 +331,7 @@ def test_greedy_turns_are_recorded_out_of_training(tiny: HFPolicy) -> None:
     request = parse_chat_request(as_json(chat_body(temperature=0, logprobs=True, max_tokens=5)))
     with Gateway(tiny) as gateway:
         body = gateway.complete(request, "greedy-1")
-        (record,) = gateway.records()
+        (record,) = gateway.views.records()
     assert record.temperature == 0.0 and record.train is False
     assert record.logprobs == (0.0,) * len(record.response_ids)
     # The HTTP answer reports the model's own (untempered) log-probs, as OpenAI does.
@@ -359,7 +359,7 @@ def test_agent_lightning_routes_finish_a_rollout(served: tuple[Gateway, GatewayS
     answer = httpx.post(env["AGL_EVENT_URL"], json=event, headers=headers)
     assert answer.status_code == 200, answer.text
     assert answer.json()["rollout"]["finished"] is True
-    (finished,) = gateway.pop_finished_rollouts()
+    (finished,) = gateway.views.pop_finished_rollouts()
     assert (finished.task_id, finished.reward, finished.records[0].role) == (
         "calc-5*5",
         1.0,
@@ -379,7 +379,7 @@ def test_the_reward_event_is_accepted_on_the_reward_routes(
     _ask(client, [{"role": "user", "content": "hi"}])
     event = {"event_type": "reward", "data": {"value": 0.5}}
     assert client.post("/reward", body=event, cast_to=object)["reward"] == 0.5
-    assert gateway.rollout("agl-2")["records"][-1]["reward"] == 0.5
+    assert gateway.views.rollout("agl-2")["records"][-1]["reward"] == 0.5
 
 
 # ----------------------------------------------------------------------------- lifecycle
@@ -392,7 +392,7 @@ def test_rewards_are_idempotent(served: tuple[Gateway, GatewayServer]) -> None:
     assert gateway.reward("idem-1", 1.0)["reward"] == 1.0  # a retried post
     with pytest.raises(GatewayError, match="already has reward"):
         gateway.reward("idem-1", 0.0)
-    gateway.pop_finished_rollouts()
+    gateway.views.pop_finished_rollouts()
     assert gateway.reward("idem-1", 1.0)["finished"] is True
     with pytest.raises(GatewayError) as caught:
         gateway.reward("idem-1", 0.0)

@@ -57,7 +57,7 @@ def _client(server: GatewayServer, rollout_id: str) -> openai.OpenAI:
 
 
 def _records(gateway: Gateway, rollout_id: str) -> list[dict[str, Any]]:
-    return gateway.rollout(rollout_id)["records"]
+    return gateway.views.rollout(rollout_id)["records"]
 
 
 def _ids(tiny: HFPolicy, text: str) -> list[int]:

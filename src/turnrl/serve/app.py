@@ -222,7 +222,7 @@ def create_app(
             )
         except GatewayError as exc:
             if rollout_id is not None and 400 <= exc.status < 500:
-                gateway.note_refusal(rollout_id, secret, exc)
+                gateway.registry.note_refusal(rollout_id, secret, exc)
             raise
         if chat.stream:
             return _sse(stream_chunks(result, include_usage=chat.include_usage))
@@ -248,7 +248,7 @@ def create_app(
         if not isinstance(body, dict) or not isinstance(body.get("event_type"), str):
             raise bad_request("an event is an object with a string event_type", "event_type")
         answer = {"event_type": body["event_type"], "rollout_id": rollout_id}
-        await in_thread(gateway.check_access, rollout_id, _secret_of(request))
+        await in_thread(gateway.registry.check_access, rollout_id, _secret_of(request))
         if body["event_type"] != "reward":
             return JSONResponse({**answer, "recorded": False})
         value, _ = reward_of(body)
@@ -281,10 +281,10 @@ def create_app(
 
     async def rollout(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
-        return JSONResponse(gateway.rollout(rollout_id, secret=_secret_of(request)))
+        return JSONResponse(gateway.views.rollout(rollout_id, secret=_secret_of(request)))
 
     async def rollouts(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": gateway.rollouts()})
+        return JSONResponse({"object": "list", "data": gateway.views.rollouts()})
 
     async def models(request: Request) -> Response:
         model = {"id": gateway.config.model_name, "object": "model", "created": 0}

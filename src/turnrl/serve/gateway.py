@@ -28,7 +28,7 @@ do not have new calls parsed. A different non-empty tool set replaces it (the
 prompt changes, so that turn is a rebuild).
 
 Rebuilt contexts are recorded as ``context_rebuilt: true`` and counted in
-:attr:`Gateway.context_rebuilds`.
+``Gateway.registry.context_rebuilds``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from typing import Any
 from turnrl.envs.tools import get_format
 from turnrl.serve.config import GatewayConfig
 from turnrl.serve.conversation import ContextBuilder, next_context, remember_turn
-from turnrl.serve.errors import GatewayError
 from turnrl.serve.limits import (
     BODY_SLACK_BYTES,
     CHARS_PER_TOKEN_BOUND,
@@ -58,12 +57,12 @@ from turnrl.serve.protocol import ChatRequest
 from turnrl.serve.recordsfile import RecordsFile
 from turnrl.serve.registry import RolloutRegistry, RolloutViews
 from turnrl.serve.responses import completion_body, tool_call_id
-from turnrl.serve.rollouts import ClosedRollout, Conversation, FinishedRollout, Rollout
+from turnrl.serve.rollouts import ClosedRollout, Conversation, Rollout
 from turnrl.serve.stops import cut_at_stop
 from turnrl.serve.toolcalls import parse_reply
 from turnrl.serve.turnrecords import build_record, finish_reason, response_logprobs
 from turnrl.serve.weights import ServedPolicy
-from turnrl.types import Policy, TurnRecord
+from turnrl.types import Policy
 
 __all__ = [
     "BODY_SLACK_BYTES",
@@ -81,9 +80,19 @@ __all__ = [
 class Gateway:
     """Serves a policy to agent programs and records their calls as turn records.
 
-    Over twenty methods on purpose: this is the API callers use (the HTTP app, the
-    agent loop, ``docs/gateway.md``); each method is a short delegation to one
-    part (module docstring), except :meth:`complete`, which strings them together.
+    The methods here are what takes a call through several parts (:meth:`complete`,
+    :meth:`reward`, :attr:`stats`) and the few a trainer calls every step (open a
+    rollout, discard one, swap weights). The rest is asked of the part that does it,
+    a public attribute:
+
+    * ``registry`` (:class:`~turnrl.serve.registry.RolloutRegistry`): refusals and
+      problems of a rollout, access checks, timeouts (``close_expired``,
+      ``pop_closed``), ``context_rebuilds``;
+    * ``views`` (:class:`~turnrl.serve.registry.RolloutViews`): what was recorded
+      (``rollout``, ``rollouts``, ``records``, ``finished_records``,
+      ``pop_finished_rollouts``, ``pop_finished``);
+    * ``served`` (:class:`~turnrl.serve.weights.ServedPolicy`): the policy being
+      served, its version, ``batch_stats()``.
     """
 
     def __init__(
@@ -93,20 +102,20 @@ class Gateway:
         get_format(self.config.tool_format)  # unknown formats fail here, not per request
         if not 1 <= self.config.default_max_tokens <= self.config.max_tokens_limit:
             raise ValueError("need 1 <= default_max_tokens <= max_tokens_limit")
-        self._registry = RolloutRegistry(self.config)
-        self._views = RolloutViews(self._registry.table)
+        self.registry = RolloutRegistry(self.config)
+        self.views = RolloutViews(self.registry.table)
         self._records_file = (
             RecordsFile(self.config.records_path) if self.config.records_path else None
         )
-        self._served = ServedPolicy(policy, self.config, policy_version)
-        self._contexts = ContextBuilder(self.config, self._served)
+        self.served = ServedPolicy(policy, self.config, policy_version)
+        self._contexts = ContextBuilder(self.config, self.served)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         """Stop the sampling worker (requests after this fail), wake waiting requests,
         and write what the records file still owes (see :class:`RecordsFile`)."""
-        self._registry.shut_down()
-        self._served.close()
+        self.registry.shut_down()
+        self.served.close()
         if self._records_file is not None:
             self._records_file.close()
 
@@ -117,55 +126,45 @@ class Gateway:
         self.close()
 
     @property
-    def context_rebuilds(self) -> int:
-        """Turns whose context had to be re-encoded from text (history rewritten)."""
-        return self._registry.context_rebuilds
-
-    @property
-    def batch_stats(self) -> dict[str, int]:
-        """How requests were batched: ``calls``, ``requests``, ``largest``."""
-        return self._served.batch_stats()
-
-    @property
     def stats(self) -> dict[str, Any]:
         """Counters for monitoring (``GET /health`` shows them)."""
-        counts, open_now = self._views.counts()
+        counts, open_now = self.views.counts()
         records = self._records_file
         return {
             "policy_version": self.policy_version,
             "open": open_now,
             **counts,
-            "context_rebuilds": self.context_rebuilds,
+            "context_rebuilds": self.registry.context_rebuilds,
             "unwritten_rollouts": records.pending if records is not None else 0,
             "records_error": records.last_error if records is not None else None,
-            "batching": self.batch_stats,
+            "batching": self.served.batch_stats(),
         }
 
     # -------------------------------------------------------------------- weights
     @property
     def policy(self) -> Policy:
         """The policy being served."""
-        return self._served.policy
+        return self.served.policy
 
     @property
     def policy_version(self) -> int:
         """Version of the weights being served (recorded on every turn)."""
-        return self._served.version
+        return self.served.version
 
     @contextmanager
     def updating(self, version: int) -> Iterator[Policy]:
         """Hold sampling while the caller changes the served policy in place (see
         :meth:`ServedPolicy.updating <turnrl.serve.weights.ServedPolicy.updating>`)."""
-        with self._served.updating(version) as policy:
+        with self.served.updating(version) as policy:
             yield policy
 
     def load_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Load ``state_dict`` into the served policy between two batches."""
-        self._served.load_weights(state_dict, version)
+        self.served.load_weights(state_dict, version)
 
     def swap_policy(self, policy: Policy, version: int) -> None:
         """Serve another policy object (one that tokenises the same) from the next batch on."""
-        self._served.swap_policy(policy, version)
+        self.served.swap_policy(policy, version)
 
     # ------------------------------------------------------------------ rollouts
     def open_rollout(self, rollout_id: str, task_id: str | None = None) -> str:
@@ -174,37 +173,12 @@ class Gateway:
         returns its secret (``secrets``-made): every HTTP call and reward naming the
         rollout must carry it (:class:`~turnrl.serve.server.RolloutEndpoint` puts it
         in the URLs), so no other agent or process can add turns or a reward to it."""
-        return self._registry.open(rollout_id, task_id)
-
-    def note_refusal(self, rollout_id: str, secret: str | None, error: GatewayError) -> None:
-        """Remember that a call on ``rollout_id`` was refused (kept for the rollout's
-        failure report; ignored for unknown rollouts and wrong secrets)."""
-        self._registry.note_refusal(rollout_id, secret, error)
-
-    def problems(self, rollout_id: str) -> tuple[list[str], list[float]]:
-        """The refused calls (the gateway's answers) and refused second rewards of an
-        open rollout, oldest first (the last few of each)."""
-        return self._registry.problems(rollout_id)
+        return self.registry.open(rollout_id, task_id)
 
     def discard(self, rollout_id: str, reason: str) -> ClosedRollout | None:
         """Drop a rollout (an agent that failed); counted as ``discarded``. ``None``
         if it is not open. A request still being answered is answered, not recorded."""
-        return self._registry.discard(rollout_id, reason)
-
-    def close_expired(self, now: float | None = None) -> list[ClosedRollout]:
-        """Close the rollouts without a reward ``rollout_timeout_s`` after they were
-        opened (counted as ``timed_out``) or idle for ``idle_timeout_s`` (counted as
-        ``idle_closed``); returns those closed now. Finished rollouts are kept."""
-        return self._registry.close_expired(now)
-
-    def pop_closed(self) -> list[ClosedRollout]:
-        """Rollouts closed without a reward (timeouts, discards) since the last call."""
-        return self._registry.pop_closed()
-
-    def check_access(self, rollout_id: str, secret: str | None) -> None:
-        """Raise what a call naming ``rollout_id`` with ``secret`` would get before any
-        work (subclasses that do work before :meth:`complete` call this first)."""
-        self._registry.check_access(rollout_id, secret)
+        return self.registry.discard(rollout_id, reason)
 
     # ---------------------------------------------------------------- completions
     @property
@@ -240,15 +214,15 @@ class Gateway:
         check_id(rollout_id, "rollout_id")
         if task_id is not None:
             check_id(task_id, "task_id")
-        self._registry.sweep()
-        claimed = self._registry.claim(request, rollout_id, task_id, secret)
+        self.registry.sweep()
+        claimed = self.registry.claim(request, rollout_id, task_id, secret)
         if isinstance(claimed, dict):
             return claimed  # a retry: the result of the call it repeats
         state, conversation = claimed
         try:
             return self._complete(state, conversation, request)
         finally:
-            self._registry.release(state)
+            self.registry.release(state)
 
     def _complete(self, state: Rollout, conv: Conversation, request: ChatRequest) -> dict[str, Any]:
         """Sample and record one claimed call: context, budget, sample, reply, record."""
@@ -256,11 +230,11 @@ class Gateway:
         parse_tools = tools if request.tools and request.tool_choice != "none" else ()
         prompt, prompt_ids, rebuilt = self._contexts.context(conv, request, tools)
         max_tokens, temperature = budget(request, prompt_ids, self.config, self.policy.max_context)
-        sampled = self._served.sample(
+        sampled = self.served.sample(
             prompt_ids, max_new_tokens=max_tokens, temperature=temperature, seed=request.seed
         )
         sampled, content = cut_at_stop(  # stop strings: see turnrl.serve.stops
-            sampled, request.stop, lambda ids: self._served.call(self.policy.decode, ids)
+            sampled, request.stop, lambda ids: self.served.call(self.policy.decode, ids)
         )
         sample = sampled.sample
         turn = len(state.records)
@@ -280,7 +254,7 @@ class Gateway:
             tool_call=bool(reply.tool_calls),
             rebuilt=rebuilt,
         )
-        logprobs = response_logprobs(sampled, self._served) if request.logprobs else None
+        logprobs = response_logprobs(sampled, self.served) if request.logprobs else None
         body = completion_body(
             rollout_id=state.rollout_id,
             task_id=state.task_id,
@@ -296,7 +270,7 @@ class Gateway:
         )
         context = next_context(prompt_ids, sample, self.policy.eos_token_id)
         reply_key = reply.as_chat_message().key()
-        self._registry.record_turn(
+        self.registry.record_turn(
             state,
             request.role,
             conv,
@@ -322,7 +296,7 @@ class Gateway:
         the one the HTTP request carried (``None``: in-process, trusted). Waits for a
         request still being answered. Posting the same reward again answers as
         the first time; a different one is a 409, and remembered
-        (:meth:`problems`: the agent loop fails such a rollout). The finished trajectory is
+        (``registry.problems``: the agent loop fails such a rollout). The finished trajectory is
         appended to ``records_path`` when configured (``records_written`` says
         whether it got there; if not it is kept and retried, see
         :class:`~turnrl.serve.recordsfile.RecordsFile`). Unknown rollouts are a
@@ -331,8 +305,8 @@ class Gateway:
         value = check_reward(reward)
         if task_id is not None:
             check_id(task_id, "task_id")
-        self._registry.sweep()
-        summary, finished = self._registry.finish(rollout_id, value, task_id, secret)
+        self.registry.sweep()
+        summary, finished = self.registry.finish(rollout_id, value, task_id, secret)
         if finished is not None and self._records_file is not None:
             summary["records_written"] = self._records_file.submit(finished)
         return summary
@@ -340,30 +314,3 @@ class Gateway:
     def flush_records(self) -> int:
         """Retry writing trajectories a failed append left behind; how many remain."""
         return self._records_file.flush() if self._records_file is not None else 0
-
-    # -------------------------------------------------------------------- queries
-    def rollout(self, rollout_id: str, *, secret: str | None = None) -> dict[str, Any]:
-        """Summary and records of one open rollout (404 if unknown, 409 if closed, 403
-        when ``secret`` is not its secret; ``None``: in-process, trusted)."""
-        return self._views.rollout(rollout_id, secret=secret)
-
-    def rollouts(self) -> list[dict[str, Any]]:
-        """Summaries of the open rollouts, in the order they were opened."""
-        return self._views.rollouts()
-
-    def records(self) -> list[TurnRecord]:
-        """All turn records so far (unfinished rollouts included)."""
-        return self._views.records()
-
-    def finished_records(self) -> list[TurnRecord]:
-        """The records of finished rollouts (ready for ``TurnTable.from_records``)."""
-        return self._views.finished_records()
-
-    def pop_finished_rollouts(self) -> list[FinishedRollout]:
-        """The finished rollouts, which are then forgotten (their ids stay used)."""
-        return self._views.pop_finished_rollouts()
-
-    def pop_finished(self) -> list[TurnRecord]:
-        """Records of finished rollouts, which are then forgotten (frees memory in
-        long runs); :meth:`pop_finished_rollouts` keeps them per rollout."""
-        return [r for rollout in self.pop_finished_rollouts() for r in rollout.records]

@@ -86,7 +86,8 @@ class RolloutRegistry:
             )
 
     def problems(self, rollout_id: str) -> tuple[list[str], list[float]]:
-        """The refused calls and refused second rewards of an open rollout, oldest first."""
+        """The refused calls (the gateway's answers) and refused second rewards of an
+        open rollout, oldest first (the last few of each)."""
         with self.table.cond:
             return self.table.problems(rollout_id)
 
@@ -101,7 +102,9 @@ class RolloutRegistry:
         return closed
 
     def close_expired(self, now: float | None = None) -> list[ClosedRollout]:
-        """Close the rollouts past their timeout or idle limit; returns those closed now."""
+        """Close the rollouts without a reward ``rollout_timeout_s`` after they were
+        opened (counted as ``timed_out``) or idle for ``idle_timeout_s`` (counted as
+        ``idle_closed``); returns those closed now. Finished rollouts are kept."""
         with self.table.cond:
             table = self.table
             expired = table.expired(table.clock() if now is None else now)
@@ -142,7 +145,9 @@ class RolloutRegistry:
 
     # ------------------------------------------------------------------- a call
     def check_access(self, rollout_id: str, secret: str | None) -> None:
-        """Raise what a call naming ``rollout_id`` with ``secret`` would get before any work."""
+        """Raise what a call naming ``rollout_id`` with ``secret`` would get before any
+        work (a gateway subclass that does work before ``complete`` calls this first,
+        and so does the HTTP app before it reads a reward)."""
         check_id(rollout_id, "rollout_id")
         with self.table.cond:
             if rollout_id in self.table.open or not self.config.auto_open:
@@ -327,3 +332,8 @@ class RolloutViews:
                 )
                 for s in done
             ]
+
+    def pop_finished(self) -> list[TurnRecord]:
+        """Records of finished rollouts, which are then forgotten (frees memory in
+        long runs); :meth:`pop_finished_rollouts` keeps them per rollout."""
+        return [r for rollout in self.pop_finished_rollouts() for r in rollout.records]

@@ -276,13 +276,13 @@ class GatewayLink:
         from turnrl.serve import GatewayError
 
         try:
-            state = self.gateway.rollout(rollout_id)
+            state = self.gateway.views.rollout(rollout_id)
         except GatewayError:  # closed (the gateway's own timeout)
             return None
         if not state["finished"] or not state["records"]:
             return None
         posted = float(state["records"][-1]["reward"])
-        _, refused = self.gateway.problems(rollout_id)
+        _, refused = self.gateway.registry.problems(rollout_id)
         if refused:
             raise AgentFailed(
                 f"the agent posted a second, different reward ({refused[0]:g} after "
@@ -300,7 +300,7 @@ class GatewayLink:
         except GatewayError as exc:
             raise AgentFailed(f"the gateway refused the reward: {exc}") from exc
         turns = int(summary.get("turns", 1))
-        refusals, _ = self.gateway.problems(rollout_id)
+        refusals, _ = self.gateway.registry.problems(rollout_id)
         if turns == 0 and refusals:
             raise AgentFailed(
                 f"the gateway refused the agent's calls ({len(refusals)}), last: {refusals[-1]}",
@@ -312,5 +312,6 @@ class GatewayLink:
         self.gateway.discard(rollout_id, reason)
 
     def collect(self) -> dict[str, tuple[TurnRecord, ...]]:
-        self.gateway.pop_closed()  # counted in the gateway's stats; the runner has its own list
-        return {r.rollout_id: r.records for r in self.gateway.pop_finished_rollouts()}
+        # counted in the gateway's stats; the runner has its own list
+        self.gateway.registry.pop_closed()
+        return {r.rollout_id: r.records for r in self.gateway.views.pop_finished_rollouts()}

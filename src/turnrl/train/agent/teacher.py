@@ -139,7 +139,7 @@ class TeacherGateway(Gateway):
         *,
         secret: str | None = None,
     ) -> dict[str, Any]:
-        self.check_access(rollout_id, secret)  # before the teacher sees the request
+        self.registry.check_access(rollout_id, secret)  # before the teacher sees the request
         with self._one_call:
             self.teacher_policy.reply = self.teacher_reply(request, rollout_id)
             try:
