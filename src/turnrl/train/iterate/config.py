@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from turnrl.train.config import (
+from turnrl.train.sections import (
     Aggregation,
     EnvConfig,
     PolicyConfig,
