@@ -272,6 +272,7 @@ def load_config(
     wrong type (a ``Literal`` field names its allowed values), TOML syntax error, a
     section the config's mode does not read (``inactive_sections``).
     """
+    given: list[tuple[dict[str, Any], _Source]] = []  # what set values, for the mode check
     if toml_path is None:
         config = cls()
     else:
@@ -285,14 +286,14 @@ def load_config(
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{path}: invalid TOML: {err}") from None
-        config = _build(cls, data, (), _Source(str(path), text))
-    overrides = list(overrides)
+        source = _Source(str(path), text)
+        config = _build(cls, data, (), source)
+        given.append((data, source))
     for override in overrides:
         _apply_override(config, override)
-    if toml_path is not None:
-        _refuse_inactive(config, data, _Source(str(toml_path), text))
-    for override in overrides:
-        _refuse_inactive(config, _override_table(override), _Source(f"override {override!r}"))
+        given.append((_override_table(override), _Source(f"override {override!r}")))
+    for data, source in given:  # the mode is known once every value is in
+        _refuse_inactive(config, data, source)
     return config
 
 
