@@ -49,7 +49,7 @@ def _ids(policy: HFPolicy, text: str) -> list[int]:
 def main(run_dirs: list[str]) -> None:
     for run_dir in run_dirs:
         path = Path(run_dir)
-        config = load_config(RunConfig, path / "config.toml")
+        config = load_config(RunConfig, path / "config.toml", saved_copy=True)
         policy = HFPolicy.from_pretrained(path / "warm_start")
         policy.model.eval()
         split = task_split(config.env)

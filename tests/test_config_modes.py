@@ -4,7 +4,9 @@ config holds only the run's own sections. Each section checks its own fields."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import tomllib
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from turnrl.train.config import (
     config_to_toml_text,
     load_config,
 )
+from turnrl.train.run import RunDirectory
 from turnrl.train.validate import Problems, validate
 
 ENTRYPOINT = 'entrypoint = "my_agents.calc:run"'
@@ -188,3 +191,35 @@ def test_a_section_checks_its_own_fields() -> None:
         ),
         ("agent.port", "must be in [0, 65535], got 70000"),
     ]
+
+
+def _every_section_text(config: RunConfig) -> str:
+    """A config copy as turnrl saved it before runs had one mode: every section."""
+    text = config_to_toml_text(config)
+    for name in ("agent", "tasks", "env"):
+        section = getattr(config, name)
+        if f"[{name}]" not in text:
+            text += f"\n[{name}]\n" + "".join(
+                f"{key} = {json.dumps(value)}\n"
+                for key, value in dataclasses.asdict(section).items()
+                if value is not None
+            )
+    return text
+
+
+def test_a_run_saved_with_every_section_still_resumes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    config = load_config(RunConfig, None, [f"run_dir={run_dir}", "train.steps=2"])
+    run_dir.mkdir()
+    saved = run_dir / "config.toml"
+    saved.write_text(_every_section_text(config), encoding="utf-8")
+    assert "[agent]" in saved.read_text() and "[tasks]" in saved.read_text()
+    with pytest.raises(ConfigError, match=r"config.toml:\d+: agent\.\w+: \[agent\] is for"):
+        load_config(RunConfig, saved)  # as a user's config: refused
+    assert load_config(RunConfig, saved, saved_copy=True) == config
+    assert RunDirectory.open(config, resume=True).resuming
+
+    # a saved copy whose other-mode section holds anything but its defaults: refused
+    saved.write_text(saved.read_text().replace("concurrency = 16", "concurrency = 4"))
+    with pytest.raises(ConfigError, match=r"config.toml:\d+: agent\.\w+: \[agent\] is for"):
+        load_config(RunConfig, saved, saved_copy=True)

@@ -23,7 +23,7 @@ from turnrl.train.run import load_policy
 
 
 def check(run: Path) -> tuple[dict[str, float], list[str]]:
-    config = load_config(RunConfig, run / "config.toml")
+    config = load_config(RunConfig, run / "config.toml", saved_copy=True)
     tasks = config.tasks
     train = load_tasks(tasks.train, n=tasks.n_train, seed=tasks.seed, kwargs=tasks.kwargs)
     path = run / "rollouts" / "teacher.jsonl"

@@ -264,8 +264,15 @@ def load_config(
     cls: type[T],
     toml_path: str | Path | None = None,
     overrides: typing.Iterable[str] = (),
+    *,
+    saved_copy: bool = False,
 ) -> T:
     """Build a ``cls`` config: defaults, then the TOML file (if any), then overrides.
+
+    ``saved_copy``: the file is a run directory's own ``config.toml``, written by
+    turnrl. Copies saved before runs had one mode hold every section, so there a
+    section of the other mode that holds exactly its defaults is passed over (one
+    with any other value is still refused): such a run still resumes.
 
     Raises ``ValueError`` naming the file (or the override), the dotted key, the line
     when it can be found, and what was wrong: unreadable file, unknown section/field,
@@ -293,7 +300,7 @@ def load_config(
         _apply_override(config, override)
         given.append((_override_table(override), _Source(f"override {override!r}")))
     for data, source in given:  # the mode is known once every value is in
-        _refuse_inactive(config, data, source)
+        _refuse_inactive(config, data, source, defaults_ok=saved_copy)
     return config
 
 
@@ -304,15 +311,22 @@ def inactive_sections(config: Any) -> dict[str, str]:
     return {} if hook is None else hook()
 
 
-def _refuse_inactive(config: Any, data: dict[str, Any], source: _Source) -> None:
+def _refuse_inactive(
+    config: Any, data: dict[str, Any], source: _Source, *, defaults_ok: bool = False
+) -> None:
     """Raise naming the first key of ``data`` (a TOML file's tables, or one override as a
-    table) that sets a section ``config``'s mode does not read."""
+    table) that sets a section ``config``'s mode does not read (``defaults_ok``: unless
+    the section holds exactly its defaults)."""
     inactive = inactive_sections(config)
     for name, value in data.items():
-        if name in inactive:
-            first = next(iter(value), None) if isinstance(value, dict) else None
-            path = (name,) if first is None else (name, first)
-            raise source.error(path, inactive[name])
+        if name not in inactive:
+            continue
+        section = getattr(config, name)
+        if defaults_ok and section == type(section)():
+            continue
+        first = next(iter(value), None) if isinstance(value, dict) else None
+        path = (name,) if first is None else (name, first)
+        raise source.error(path, inactive[name])
 
 
 def _override_table(override: str) -> dict[str, Any]:

@@ -595,7 +595,7 @@ def _check_resumable(path: Path, config: Any) -> None:
     """Refuse to resume the run in ``path`` with a config that changed where it may not."""
     cls = type(config)
     try:
-        saved = load_config(cls, path / CONFIG_FILE)
+        saved = load_config(cls, path / CONFIG_FILE, saved_copy=True)
     except (OSError, ValueError) as err:
         raise RunDirectoryError(f"cannot resume: {err}") from None
     allowed = tuple(getattr(cls, "MAY_CHANGE_ON_RESUME", ()))
