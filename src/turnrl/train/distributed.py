@@ -59,6 +59,16 @@ class RankLost(TurnrlError):
     from the last checkpoint."""
 
 
+class StoppedByRankZero(Exception):
+    """Rank 0 stopped the run and says why itself (one line, or its traceback): this
+    rank ends without a line of its own, with ``exit_status`` (2: bad input, as the
+    CLI's; 1: anything else)."""
+
+    def __init__(self, exit_status: int) -> None:
+        super().__init__(f"rank 0 stopped the run (exit status {exit_status})")
+        self.exit_status = exit_status
+
+
 @dataclass(frozen=True)
 class World:
     """This process's place among the ranks of a run (one process: rank 0 of 1)."""
@@ -255,6 +265,54 @@ def broadcast_tensors_(tensors: Iterable[torch.Tensor], world: World) -> None:
         _collective(world, "broadcast", lambda t=tensor: torch.distributed.broadcast(t, src=0))
 
 
+def scatter_objects(values: Sequence[Any] | None, world: World) -> Any:
+    """Rank 0's ``values[r]`` (picklable, on CPU) on rank ``r``; ``values`` is read on rank 0
+    only (one per rank there; other ranks pass ``None``)."""
+    if not world.split:
+        assert values is not None and len(values) == 1
+        return values[0]
+    if world.main and (values is None or len(values) != world.size):
+        raise ValueError(f"rank 0 scatters one value per rank ({world.size})")
+    out: list[Any] = [None]
+    given = list(values) if world.main and values is not None else None
+    _collective(world, "scatter", lambda: torch.distributed.scatter_object_list(out, given, src=0))
+    return out[0]
+
+
+def share_start_state(
+    world: World,
+    models: Sequence[torch.nn.Module],
+    optimizer: torch.optim.Optimizer,
+    extra: Any,
+) -> Any:
+    """Rank 0's starting state on every rank, by broadcast (no shared filesystem): the
+    tensors of ``models`` (the learner, and the frozen KL reference when there is one),
+    the optimiser state, the global RNG states and ``extra`` (counters, sampler states);
+    returns rank 0's ``extra``. Refuses models whose parameter names differ from rank 0's."""
+    from turnrl.train.checkpoint import capture_rng_state, restore_rng_state
+
+    if not world.split:
+        return extra
+    keys = [list(m.state_dict()) for m in models]
+    if broadcast_object(keys, world) != keys:
+        raise UsageError(
+            f"rank {world.rank}: the model's parameters differ from rank 0's; every "
+            "rank must build the same policy (same policy.model, warm_start.init_from)"
+        )
+    for model in models:
+        broadcast_tensors_(model.state_dict().values(), world)
+    state = {
+        "optimizer": cpu_state(optimizer.state_dict()),
+        "rng": capture_rng_state(),
+        "extra": extra,
+    }
+    state = broadcast_object(state if world.main else None, world)
+    if not world.main:
+        optimizer.load_state_dict(state["optimizer"])
+        restore_rng_state(state["rng"])
+    return state["extra"]
+
+
 def barrier(world: World) -> None:
     """Wait until every rank got here."""
     if world.split:
@@ -277,6 +335,21 @@ def on_main(fn: Callable[[], T], world: World) -> T | None:
         kind, message = failure
         raise kind(message)
     return result
+
+
+def all_agree(fn: Callable[[], Any], world: World) -> None:
+    """Run ``fn`` on every rank; if it raised a :class:`TurnrlError` on any rank, raise the
+    first such error (lowest rank) on every rank, so all stop together with one line
+    (e.g. each rank's checks before rank 0 writes anything)."""
+    failure: tuple[type, str] | None = None
+    try:
+        fn()
+    except TurnrlError as error:
+        failure = (type(error), str(error))
+    failures = [f for f in gather_objects(failure, world) if f is not None]
+    if failures:
+        kind, message = failures[0]
+        raise kind(message)
 
 
 def cpu_state(state: Mapping[str, Any]) -> Any:
