@@ -347,7 +347,7 @@ def test_unsupported_modes_are_refused_in_one_line(tmp_path: Path) -> None:
         "rollout.per_episode_seeds=false": "set rollout.per_episode_seeds = true",
         "rollout.tasks_per_step=3": "tasks_per_step = 3 is not a multiple of the 2",
         "rollout.workers=2": "cannot be combined with torchrun ranks",
-        'agent.entrypoint="agents/a.py:run"': r"the agent loop \(\[agent\]\) does not run",
+        'agent.entrypoint="agents/a.py:run"': r"\[agent\]\) runs over ranks as turnrl.train.agent",
     }
     for override, message in cases.items():
         with pytest.raises(UsageError, match=message):
