@@ -397,6 +397,17 @@ def _collectives_worker(rank: int, init_file: str, out_dir: str) -> None:
         tensor = torch.full((2,), float(rank))
         dist.broadcast_tensors_([tensor], world)
         seen["tensor"] = tensor
+        seen["scatter"] = dist.scatter_objects(["to 0", "to 1"] if rank == 0 else None, world)
+
+        def refuse_on_rank1() -> None:
+            if rank == 1:
+                raise UsageError("rank 1 refuses")
+
+        try:
+            dist.all_agree(refuse_on_rank1, world)
+            seen["all_agree"] = None
+        except UsageError as error:
+            seen["all_agree"] = str(error)
 
         def refuse() -> None:
             raise UsageError("rank 0 refuses")
@@ -425,6 +436,8 @@ def test_collectives_on_two_gloo_ranks(tmp_path: Path) -> None:
         assert seen["broadcast"] == "from 0"
         assert seen["tensor"].tolist() == [0.0, 0.0]
         assert seen["on_main"] == "rank 0 refuses"
+        assert seen["scatter"] == f"to {rank}"
+        assert seen["all_agree"] == "rank 1 refuses"  # raised on both ranks
 
 
 def test_one_process_trainers_refuse_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -439,3 +452,20 @@ def test_one_process_trainers_refuse_ranks(monkeypatch: pytest.MonkeyPatch, tmp_
         OnlineTrainer(config)
     assert RunDirectory.open(config, split_over_ranks=True).path == tmp_path / "run"
     assert not (tmp_path / "run").exists()
+
+
+def test_fsdp2_is_refused_naming_file_line_and_field(tmp_path: Path, capsys: Any) -> None:
+    """FSDP2 itself runs on CPU with gloo (torch 2.13), but not with ranks that sample
+    with the learner (docs/distributed.md): one line, file, line and field, exit 2."""
+    from turnrl.cli import main
+
+    config = tmp_path / "fsdp.toml"
+    config.write_text('[train]\nsteps = 2\nsharding = "fsdp2"\n')
+    code = main(["train", "--config", str(config), "--run-dir", str(tmp_path / "run")])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(f"turnrl train: error: config error: {config}:3: train.sharding: ")
+    assert "'fsdp2' is not supported yet" in err[0]
+    assert not (tmp_path / "run").exists()
+    assert load_config(RunConfig, None, []).train.sharding == "none"

@@ -281,6 +281,10 @@ class TrainConfig(PPOConfig):
     """How many of the most recent checkpoints to keep on disk."""
     threads: int = 0
     """Torch intra-op threads; 0 keeps torch's default. 1 lets several runs share a machine."""
+    sharding: Literal["none", "fsdp2"] = "none"
+    """How torchrun ranks hold the model (docs/distributed.md): ``none`` (each rank holds
+    all of it, gradients summed over ranks) is the one that runs; ``fsdp2``
+    (``torch.distributed.fsdp.fully_shard``) is refused with the reason."""
 
 
 @dataclass

@@ -292,6 +292,15 @@ def _ppo(ppo: PPOConfig, p: Problems) -> None:
     p.at_least("max_tokens_per_batch", ppo.max_tokens_per_batch, 1)
 
 
+FSDP2_REFUSED = (
+    "'fsdp2' is not supported yet: FSDP2 makes every forward a collective of all ranks, "
+    "but turnrl's ranks sample with the learner itself (different episodes and lengths "
+    "per rank; the agent loop's gateway on rank 0 alone), so they would wait for each "
+    "other forever; use 'none' (each rank holds the whole model; docs/distributed.md)"
+)
+"""Why ``train.sharding = "fsdp2"`` is refused (torch's FSDP2 itself runs on CPU with gloo)."""
+
+
 @register_check(TrainConfig)
 def _train(train: TrainConfig, p: Problems) -> None:
     p.at_least("steps", train.steps, 0)
@@ -302,6 +311,8 @@ def _train(train: TrainConfig, p: Problems) -> None:
     p.at_least("checkpoint_every", train.checkpoint_every, 0)
     p.at_least("keep_checkpoints", train.keep_checkpoints, 1)
     p.at_least("threads", train.threads, 0)
+    if train.sharding == "fsdp2":
+        p.add("sharding", FSDP2_REFUSED)
 
 
 @register_check(RunConfig)
