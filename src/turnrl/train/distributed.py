@@ -7,10 +7,13 @@ one process, and nothing here is used). This module is the only one that talks t
 ``torch.distributed``: the process group (gloo on CPU, NCCL on CUDA), which tasks of
 a step a rank owns, the gradient sum, the collectives the trainer needs, and turning
 a lost peer into one clear error. What the ranks do with it is
-:mod:`turnrl.train.online_distributed`; docs/distributed.md is the user's guide.
+:mod:`turnrl.train.online_distributed` (built-in environments) and
+:mod:`turnrl.train.agent.distributed` (the agent loop); docs/distributed.md is the
+user's guide.
 
-Gradients: an explicit all-reduce after the backward passes of a mini-batch, not
-``DistributedDataParallel``. DDP reduces inside autograd hooks, so every rank must run
+Gradients: ``torch.distributed.all_reduce`` on ``.grad`` after the backward passes of
+a mini-batch (torch.distributed's own collective), not ``DistributedDataParallel``
+(the choice is argued in docs/distributed.md). DDP reduces inside autograd hooks, so every rank must run
 the same number of backward passes per optimiser step through the DDP-wrapped
 module. turnrl's update does not fit that: a mini-batch is a set of whole task
 trees drawn over the global batch, a rank may hold none of them in a given step
@@ -23,11 +26,14 @@ of forwards per rank and for LoRA (only the trainable adapter tensors travel), a
 keeps one code path for one and N processes. The loss weights of every rank are
 already its slice of the global batch's (:data:`turnrl.train.loss.CountReducer`), so
 the gradients are **summed**, not averaged: the sum is the gradient one process
-computes on the global batch. A parameter no rank produced a gradient for keeps
+computes on the global batch (DDP would average, and would need dummy forwards
+to equalise the counts). A parameter no rank produced a gradient for keeps
 ``grad = None`` (AdamW then skips it, as in one process).
 
-Not here yet: FSDP2 sharding (``fully_shard``) for models that do not fit one
-device: every rank holds the whole model.
+Not here: FSDP2 sharding (``fully_shard``) for models that do not fit one device;
+``train.sharding = "fsdp2"`` is refused (FSDP2 runs on CPU with gloo, but makes every
+forward a collective, and the ranks sample with the learner: docs/distributed.md).
+Every rank holds the whole model.
 """
 
 from __future__ import annotations
