@@ -13,11 +13,11 @@ user's guide.
 
 Gradients: ``torch.distributed.all_reduce`` on ``.grad`` after the backward passes of
 a mini-batch (torch.distributed's own collective), not ``DistributedDataParallel``
-(the choice is argued in docs/distributed.md). DDP reduces inside autograd hooks, so every rank must run
-the same number of backward passes per optimiser step through the DDP-wrapped
-module. turnrl's update does not fit that: a mini-batch is a set of whole task
-trees drawn over the global batch, a rank may hold none of them in a given step
-(zero forwards) or several (the tree layout cuts forwards at
+(the choice is argued in docs/distributed.md). DDP reduces inside autograd hooks,
+so every rank must run the same number of backward passes per optimiser step
+through the DDP-wrapped module. turnrl's update does not fit that: a mini-batch is
+a set of whole task trees drawn over the global batch, a rank may hold none of them
+in a given step (zero forwards) or several (the tree layout cuts forwards at
 ``max_tokens_per_batch``, a number that differs between ranks), and the tree layout
 calls the inner model with its own attention masks through ``HFPolicy``, not
 through a wrapper. Summing ``.grad`` once per optimiser step, as cleanrl's
