@@ -79,7 +79,7 @@ def write_tasks(path: Path, n: int, prefix: str) -> str:
 
 
 def train(
-    root: Path, name: str, ranks: int, agent: str, *extra: str
+    root: Path, name: str, ranks: int, agent: str, *extra: str, resume: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """The CLI's agent loop on ``ranks`` torchrun ranks (0: a plain process)."""
     launcher = (
@@ -103,6 +103,7 @@ def train(
             "--run-dir",
             str(root / name),
             "--quiet",
+            *(["--resume"] if resume else []),
         ],
         env=environment(),
         capture_output=True,
@@ -127,12 +128,21 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- 2 ranks = 1
 
 
-def test_agent_loop_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
-    agent = f"{AGENT}:seeded_two_calls"
+SEEDED = f"{AGENT}:seeded_two_calls"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One process (``one``) and 2 ranks (``two``), the same config, made once."""
+    root = tmp_path_factory.mktemp("agent-ranks")
     for name, ranks in (("one", 0), ("two", 2)):
-        done = train(tmp_path, name, ranks, agent)
+        done = train(root, name, ranks, SEEDED)
         assert done.returncode == 0, done.stderr[-3000:]
-    one, two = tmp_path / "one", tmp_path / "two"
+    return root
+
+
+def test_agent_loop_on_two_ranks_equals_one_process(runs: Path) -> None:
+    one, two = runs / "one", runs / "two"
     assert records(one, 1) == records(two, 1)  # the same samples, to the bit
     for step in (1, 2):
         a, b = records(one, step), records(two, step)
@@ -154,6 +164,19 @@ def test_agent_loop_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
         kept, [{k: r[k] for k in k1} for r, k1 in zip(rows_two, kept, strict=True)]
     )
     assert (two / "report.html").is_file()
+
+
+def test_resumed_two_rank_agent_run_equals_uninterrupted(runs: Path, tmp_path: Path) -> None:
+    """Rank 0 reads the checkpoint and hands it to rank 1; the seeded agent makes the
+    resumed step sample what the uninterrupted run sampled."""
+    done = train(tmp_path, "cut", 2, SEEDED, "train.steps=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = train(tmp_path, "cut", 2, SEEDED, resume=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cut, whole = tmp_path / "cut", runs / "two"
+    assert max_difference(weights(cut, 2), weights(whole, 2)) == 0.0
+    assert records(cut, 2) == records(whole, 2)
+    assert metrics(cut)[-1] == metrics(whole)[-1]
 
 
 def test_a_failure_on_rank_zero_ends_every_rank_with_one_line(tmp_path: Path) -> None:
