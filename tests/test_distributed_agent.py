@@ -184,7 +184,11 @@ def test_a_failure_on_rank_zero_ends_every_rank_with_one_line(tmp_path: Path) ->
     assert done.returncode != 0
     ours = [line for line in done.stderr.splitlines() if line.startswith("turnrl train: error:")]
     assert len(ours) == 1, done.stderr[-3000:]
-    assert "boom on" in ours[0] or "failed" in ours[0], ours[0]
+    assert "agent rollouts failed in eval-000000" in ours[0] and "boom on" in ours[0]
+    # rank 1 ended quietly with status 0 when told: torchrun killed nobody, rank 0's
+    # status (2, bad input) is the run's
+    assert "(SIGTERM)" not in done.stderr, done.stderr[-3000:]
+    assert "exitcode  : 2" in done.stderr
 
 
 # --------------------------------------------------------------------------- the split

@@ -66,13 +66,10 @@ class RankLost(TurnrlError):
 
 
 class StoppedByRankZero(Exception):
-    """Rank 0 stopped the run and says why itself (one line, or its traceback): this
-    rank ends without a line of its own, with ``exit_status`` (2: bad input, as the
-    CLI's; 1: anything else)."""
-
-    def __init__(self, exit_status: int) -> None:
-        super().__init__(f"rank 0 stopped the run (exit status {exit_status})")
-        self.exit_status = exit_status
+    """Rank 0 stopped the run and says why itself (one line, or its traceback), and its
+    exit status is the run's: this rank ends without a line of its own and with status
+    0, so that torchrun waits for rank 0 (a failed rank makes torchrun stop the others
+    at once, and would name this rank as the cause)."""
 
 
 @dataclass(frozen=True)

@@ -337,8 +337,7 @@ def train_distributed(
         dist.ignore_sigterm()
         print(f"turnrl train: error: {error}", file=sys.stderr, flush=True)
         return EXIT_RANK_LOST
-    except dist.StoppedByRankZero as stopped:  # rank 0 printed why
-        dist.ignore_sigterm()
-        return stopped.exit_status
+    except dist.StoppedByRankZero:  # rank 0 prints why and exits with the run's status
+        return 0
     finally:
         dist.shutdown()

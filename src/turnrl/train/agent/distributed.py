@@ -26,9 +26,10 @@ gateway batches whatever calls arrive together; the one-process loop has the sam
 property).
 
 Messages from rank 0, one per step and one at the end (``scatter_object_list``):
-``("update", share)``, ``("stop",)`` or ``("error", exit status)``: rank 0 stopped
-(too many agent failures, any error) and prints why; the other ranks end quietly
-with the same status (2 for bad input), so the user reads one line.
+``("update", share)``, ``("stop",)`` or ``("error",)``: rank 0 stopped (too many
+agent failures, any error) and prints why, and its exit status is the run's; the
+other ranks end quietly with status 0 (:class:`~turnrl.train.distributed.StoppedByRankZero`),
+so the user reads one line and torchrun names rank 0 as the cause.
 Where the mismatch metrics (``train.log_mismatch``) are computed: on each rank's rows;
 the metrics row shows rank 0's.
 """
@@ -41,16 +42,12 @@ from typing import Any
 
 import torch
 
-from turnrl.errors import TurnrlError
 from turnrl.train import distributed as dist
 from turnrl.train.agent.loop import AgentTrainer
 from turnrl.train.config import RunConfig
 from turnrl.train.ppo import UpdateBatch, UpdateShard, ppo_update
 from turnrl.train.run import build_policy, derive_seed, initial_policy
 from turnrl.train.validate import validate
-
-EXIT_BAD_INPUT = 2
-"""The CLI's exit status for bad input (a :class:`~turnrl.errors.TurnrlError`)."""
 
 
 @dataclass(frozen=True)
@@ -183,11 +180,8 @@ class DistributedAgentTrainer(AgentTrainer):
             run_dir = super().run(stop_after=stop_after)
         except dist.RankLost:
             raise  # a peer is gone: nobody is left to tell
-        except TurnrlError:
-            self._tell(("error", EXIT_BAD_INPUT))
-            raise
-        except BaseException:
-            self._tell(("error", 1))
+        except BaseException:  # a TurnrlError (one line) or anything else (a traceback)
+            self._tell(("error",))
             raise
         self._tell(("stop",))
         return run_dir
@@ -234,7 +228,7 @@ class AgentUpdateRank:
             if message[0] == "stop":
                 return Path(cfg.run_dir)
             if message[0] == "error":
-                raise dist.StoppedByRankZero(message[1])
+                raise dist.StoppedByRankZero("rank 0 stopped the run")
             update_share(message[1], self.policy, self.optimizer, self.reference, cfg, self.world)
 
 
