@@ -54,6 +54,9 @@ T = TypeVar("T")
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 """What torchrun sets in every process it starts."""
 
+EXIT_RANK_LOST = 3
+"""Exit status of a rank whose run ended because another rank stopped."""
+
 DEFAULT_TIMEOUT_S = 1800.0
 """How long a collective waits for the other ranks (rank 0 alone evaluates and writes
 checkpoints meanwhile); overridden by ``TURNRL_DIST_TIMEOUT_S``."""
@@ -146,6 +149,29 @@ def shutdown() -> None:
     """Leave the process group (after the last collective; safe when never joined)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def run_as_rank(world: World, device: str, work: Callable[[], None], *, command: str) -> int:
+    """One rank's whole life under torchrun: join the group (``device`` picks the
+    backend), ``work()``, leave the group. Returns the exit status: 0;
+    :data:`EXIT_RANK_LOST` with one line on stderr (``"{command}: error: ..."``) when
+    another rank stopped; 0 when rank 0 stopped the run and reports why itself
+    (:class:`StoppedByRankZero`). Other errors propagate (the CLI reports them)."""
+    import sys
+
+    stop_on_sigterm(world)
+    try:
+        init_world(device, world)
+        work()
+        return 0
+    except RankLost as error:
+        ignore_sigterm()
+        print(f"{command}: error: {error}", file=sys.stderr, flush=True)
+        return EXIT_RANK_LOST
+    except StoppedByRankZero:  # rank 0 prints why and exits with the run's status
+        return 0
+    finally:
+        shutdown()
 
 
 def stop_on_sigterm(world: World) -> None:

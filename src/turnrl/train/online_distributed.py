@@ -55,7 +55,7 @@ from turnrl.train.ppo import UpdateBatch, UpdateShard, ppo_update, trainable_row
 from turnrl.train.run import RunDirectory, derive_seed, initial_policy
 from turnrl.types import Task, TurnRecord
 
-EXIT_RANK_LOST = 3
+EXIT_RANK_LOST = dist.EXIT_RANK_LOST
 """Exit status of a rank whose run ended because another rank stopped."""
 
 
@@ -310,15 +310,13 @@ def train_distributed(
     quiet: bool,
     report: Callable[[Path], None] | None = None,
 ) -> int:
-    """One rank of ``turnrl train`` under torchrun: join the group, train, rank 0 calls
-    ``report(run_dir)``; leave the group. Returns the exit status: 0, or
-    :data:`EXIT_RANK_LOST` (with one line on stderr) when another rank stopped."""
-    import sys
+    """One rank of ``turnrl train`` under torchrun: join the group, train (a built-in
+    environment here, the agent loop with ``[agent]``), rank 0 calls
+    ``report(run_dir)``; leave the group. Returns the exit status
+    (:func:`turnrl.train.distributed.run_as_rank`)."""
+    quiet = quiet or not world.main
 
-    dist.stop_on_sigterm(world)
-    try:
-        dist.init_world(config.policy.device, world)
-        quiet = quiet or not world.main
+    def work() -> None:
         if config.agent.enabled:  # rank 0: the gateway and the agents; the others update
             from turnrl.train.agent.distributed import agent_rank
 
@@ -332,12 +330,5 @@ def train_distributed(
         run_dir = trainer.run()
         if world.main and report is not None:
             report(run_dir)
-        return 0
-    except dist.RankLost as error:
-        dist.ignore_sigterm()
-        print(f"turnrl train: error: {error}", file=sys.stderr, flush=True)
-        return EXIT_RANK_LOST
-    except dist.StoppedByRankZero:  # rank 0 prints why and exits with the run's status
-        return 0
-    finally:
-        dist.shutdown()
+
+    return dist.run_as_rank(world, config.policy.device, work, command="turnrl train")
