@@ -25,8 +25,9 @@ metrics row is the global batch's.
 
 Not supported under torchrun yet (refused with one line): tree rollout strategies
 (RTPO learns once per turn position, a count that differs between ranks), Ray
-rollout workers and ``turnrl iterate``. The agent loop runs over ranks too
-(:mod:`turnrl.train.agent.distributed`); :func:`train_distributed` starts either.
+rollout workers. The agent loop runs over ranks too
+(:mod:`turnrl.train.agent.distributed`; :func:`train_distributed` starts either), and
+so does ``turnrl iterate`` (:mod:`turnrl.train.iterate.distributed`).
 """
 
 from __future__ import annotations

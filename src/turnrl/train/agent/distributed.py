@@ -102,7 +102,7 @@ class AgentUpdateRank:
         assert not world.main
         self.config = config
         self.world = world
-        dist.all_agree(lambda: self._build(), world)
+        dist.all_agree(self._build, world)
 
     def _build(self) -> None:
         cfg = self.config
