@@ -170,12 +170,29 @@ def _train_report(config: Any, run_dir: Any) -> None:
 
 
 def cmd_iterate(args: argparse.Namespace) -> int:
-    from turnrl.report import write_report
+    from turnrl.train.distributed import run_as_rank, world_from_env
     from turnrl.train.iterate.config import IterateConfig
     from turnrl.train.iterate.loop import IterativeGRPO
 
     config = _load_run_config(IterateConfig, args)
-    _refuse_ranks("turnrl iterate")
+    world = world_from_env()
+    if world.split:  # one rank of several under torchrun (docs/distributed.md)
+        from turnrl.train.iterate.distributed import iterate_rank
+
+        def ranks() -> None:
+            trainer = iterate_rank(
+                config,
+                world,
+                from_logs=args.from_logs,
+                quiet=args.quiet or not world.main,
+                resume=args.resume,
+                overwrite=args.overwrite,
+            )
+            run_dir = trainer.run()
+            if world.main:
+                _iterate_report(config, run_dir)
+
+        return run_as_rank(world, config.policy.device, ranks, command="turnrl iterate")
     trainer = IterativeGRPO(
         config,
         from_logs=args.from_logs,
@@ -183,23 +200,17 @@ def cmd_iterate(args: argparse.Namespace) -> int:
         resume=args.resume,
         overwrite=args.overwrite,
     )
-    run_dir = trainer.run()
-    report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
-    print(f"final policy: {run_dir / 'final_policy'}")
-    print(f"report: {report}")
+    _iterate_report(config, trainer.run())
     return 0
 
 
-def _refuse_ranks(command: str) -> None:
-    """Commands that do not split over torchrun ranks yet refuse to run as one of several."""
-    from turnrl.train.distributed import world_from_env
+def _iterate_report(config: Any, run_dir: Any) -> None:
+    """Write ``turnrl iterate``'s HTML report; print where it and the final policy are."""
+    from turnrl.report import write_report
 
-    world = world_from_env()
-    if world.split:
-        raise UsageError(
-            f"{command} does not run under torchrun with {world.size} ranks yet; launch it "
-            "as one process (docs/distributed.md)"
-        )
+    report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
+    print(f"final policy: {run_dir / 'final_policy'}")
+    print(f"report: {report}")
 
 
 def _add_run_options(p: argparse.ArgumentParser, resume_help: str) -> None:

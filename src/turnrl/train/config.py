@@ -133,6 +133,15 @@ class CreditConfig:
             p.options("params", get_estimator(self.estimator).fn, self.params, skip=1)
 
 
+FSDP2_REFUSED = (
+    "'fsdp2' is not supported yet: FSDP2 makes every forward a collective of all ranks, "
+    "but turnrl's ranks sample with the learner itself (different episodes and lengths "
+    "per rank; the agent loop's gateway on rank 0 alone), so they would wait for each "
+    "other forever; use 'none' (each rank holds the whole model; docs/distributed.md)"
+)
+"""Why ``train.sharding = "fsdp2"`` is refused (torch's FSDP2 itself runs on CPU with gloo)."""
+
+
 @dataclass
 class TrainConfig(PPOConfig):
     """The RL optimisation loop (and its PPO update)."""
@@ -157,6 +166,10 @@ class TrainConfig(PPOConfig):
     """How many of the most recent checkpoints to keep on disk."""
     threads: int = 0
     """Torch intra-op threads; 0 keeps torch's default. 1 lets several runs share a machine."""
+    sharding: Literal["none", "fsdp2"] = "none"
+    """How torchrun ranks hold the model (docs/distributed.md): ``none`` (each rank holds
+    all of it, gradients summed over ranks) is the one that runs; ``fsdp2``
+    (``torch.distributed.fsdp.fully_shard``) is refused with the reason."""
 
     def check(self, p: Problems) -> None:
         p.at_least("steps", self.steps, 0)
@@ -167,6 +180,8 @@ class TrainConfig(PPOConfig):
         p.at_least("checkpoint_every", self.checkpoint_every, 0)
         p.at_least("keep_checkpoints", self.keep_checkpoints, 1)
         p.at_least("threads", self.threads, 0)
+        if self.sharding == "fsdp2":
+            p.add("sharding", FSDP2_REFUSED)
         super().check(p)
 
 

@@ -7,14 +7,17 @@ one process, and nothing here is used). This module is the only one that talks t
 ``torch.distributed``: the process group (gloo on CPU, NCCL on CUDA), which tasks of
 a step a rank owns, the gradient sum, the collectives the trainer needs, and turning
 a lost peer into one clear error. What the ranks do with it is
-:mod:`turnrl.train.online_distributed`; docs/distributed.md is the user's guide.
+:mod:`turnrl.train.online_distributed` (built-in environments) and
+:mod:`turnrl.train.agent.distributed` (the agent loop); docs/distributed.md is the
+user's guide.
 
-Gradients: an explicit all-reduce after the backward passes of a mini-batch, not
-``DistributedDataParallel``. DDP reduces inside autograd hooks, so every rank must run
-the same number of backward passes per optimiser step through the DDP-wrapped
-module. turnrl's update does not fit that: a mini-batch is a set of whole task
-trees drawn over the global batch, a rank may hold none of them in a given step
-(zero forwards) or several (the tree layout cuts forwards at
+Gradients: ``torch.distributed.all_reduce`` on ``.grad`` after the backward passes of
+a mini-batch (torch.distributed's own collective), not ``DistributedDataParallel``
+(the choice is argued in docs/distributed.md). DDP reduces inside autograd hooks,
+so every rank must run the same number of backward passes per optimiser step
+through the DDP-wrapped module. turnrl's update does not fit that: a mini-batch is
+a set of whole task trees drawn over the global batch, a rank may hold none of them
+in a given step (zero forwards) or several (the tree layout cuts forwards at
 ``max_tokens_per_batch``, a number that differs between ranks), and the tree layout
 calls the inner model with its own attention masks through ``HFPolicy``, not
 through a wrapper. Summing ``.grad`` once per optimiser step, as cleanrl's
@@ -23,11 +26,14 @@ of forwards per rank and for LoRA (only the trainable adapter tensors travel), a
 keeps one code path for one and N processes. The loss weights of every rank are
 already its slice of the global batch's (:data:`turnrl.train.loss.CountReducer`), so
 the gradients are **summed**, not averaged: the sum is the gradient one process
-computes on the global batch. A parameter no rank produced a gradient for keeps
+computes on the global batch (DDP would average, and would need dummy forwards
+to equalise the counts). A parameter no rank produced a gradient for keeps
 ``grad = None`` (AdamW then skips it, as in one process).
 
-Not here yet: FSDP2 sharding (``fully_shard``) for models that do not fit one
-device: every rank holds the whole model.
+Not here: FSDP2 sharding (``fully_shard``) for models that do not fit one device;
+``train.sharding = "fsdp2"`` is refused (FSDP2 runs on CPU with gloo, but makes every
+forward a collective, and the ranks sample with the learner: docs/distributed.md).
+Every rank holds the whole model.
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ T = TypeVar("T")
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 """What torchrun sets in every process it starts."""
 
+EXIT_RANK_LOST = 3
+"""Exit status of a rank whose run ended because another rank stopped."""
+
 DEFAULT_TIMEOUT_S = 1800.0
 """How long a collective waits for the other ranks (rank 0 alone evaluates and writes
 checkpoints meanwhile); overridden by ``TURNRL_DIST_TIMEOUT_S``."""
@@ -57,6 +66,13 @@ class RankLost(TurnrlError):
     """Another rank stopped (killed, crashed, or its machine gone): the run ends here.
     Nothing is half-written (checkpoints and logs are atomic); ``--resume`` continues
     from the last checkpoint."""
+
+
+class StoppedByRankZero(Exception):
+    """Rank 0 stopped the run and says why itself (one line, or its traceback), and its
+    exit status is the run's: this rank ends without a line of its own and with status
+    0, so that torchrun waits for rank 0 (a failed rank makes torchrun stop the others
+    at once, and would name this rank as the cause)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +149,29 @@ def shutdown() -> None:
     """Leave the process group (after the last collective; safe when never joined)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def run_as_rank(world: World, device: str, work: Callable[[], None], *, command: str) -> int:
+    """One rank's whole life under torchrun: join the group (``device`` picks the
+    backend), ``work()``, leave the group. Returns the exit status: 0;
+    :data:`EXIT_RANK_LOST` with one line on stderr (``"{command}: error: ..."``) when
+    another rank stopped; 0 when rank 0 stopped the run and reports why itself
+    (:class:`StoppedByRankZero`). Other errors propagate (the CLI reports them)."""
+    import sys
+
+    stop_on_sigterm(world)
+    try:
+        init_world(device, world)
+        work()
+        return 0
+    except RankLost as error:
+        ignore_sigterm()
+        print(f"{command}: error: {error}", file=sys.stderr, flush=True)
+        return EXIT_RANK_LOST
+    except StoppedByRankZero:  # rank 0 prints why and exits with the run's status
+        return 0
+    finally:
+        shutdown()
 
 
 def stop_on_sigterm(world: World) -> None:
@@ -255,6 +294,54 @@ def broadcast_tensors_(tensors: Iterable[torch.Tensor], world: World) -> None:
         _collective(world, "broadcast", lambda t=tensor: torch.distributed.broadcast(t, src=0))
 
 
+def scatter_objects(values: Sequence[Any] | None, world: World) -> Any:
+    """Rank 0's ``values[r]`` (picklable, on CPU) on rank ``r``; ``values`` is read on rank 0
+    only (one per rank there; other ranks pass ``None``)."""
+    if not world.split:
+        assert values is not None and len(values) == 1
+        return values[0]
+    if world.main and (values is None or len(values) != world.size):
+        raise ValueError(f"rank 0 scatters one value per rank ({world.size})")
+    out: list[Any] = [None]
+    given = list(values) if world.main and values is not None else None
+    _collective(world, "scatter", lambda: torch.distributed.scatter_object_list(out, given, src=0))
+    return out[0]
+
+
+def share_start_state(
+    world: World,
+    models: Sequence[torch.nn.Module],
+    optimizer: torch.optim.Optimizer,
+    extra: Any,
+) -> Any:
+    """Rank 0's starting state on every rank, by broadcast (no shared filesystem): the
+    tensors of ``models`` (the learner, and the frozen KL reference when there is one),
+    the optimiser state, the global RNG states and ``extra`` (counters, sampler states);
+    returns rank 0's ``extra``. Refuses models whose parameter names differ from rank 0's."""
+    from turnrl.train.checkpoint import capture_rng_state, restore_rng_state
+
+    if not world.split:
+        return extra
+    keys = [list(m.state_dict()) for m in models]
+    if broadcast_object(keys, world) != keys:
+        raise UsageError(
+            f"rank {world.rank}: the model's parameters differ from rank 0's; every "
+            "rank must build the same policy (same policy.model, warm_start.init_from)"
+        )
+    for model in models:
+        broadcast_tensors_(model.state_dict().values(), world)
+    state = {
+        "optimizer": cpu_state(optimizer.state_dict()),
+        "rng": capture_rng_state(),
+        "extra": extra,
+    }
+    state = broadcast_object(state if world.main else None, world)
+    if not world.main:
+        optimizer.load_state_dict(state["optimizer"])
+        restore_rng_state(state["rng"])
+    return state["extra"]
+
+
 def barrier(world: World) -> None:
     """Wait until every rank got here."""
     if world.split:
@@ -277,6 +364,21 @@ def on_main(fn: Callable[[], T], world: World) -> T | None:
         kind, message = failure
         raise kind(message)
     return result
+
+
+def all_agree(fn: Callable[[], Any], world: World) -> None:
+    """Run ``fn`` on every rank; if it raised a :class:`TurnrlError` on any rank, raise the
+    first such error (lowest rank) on every rank, so all stop together with one line
+    (e.g. each rank's checks before rank 0 writes anything)."""
+    failure: tuple[type, str] | None = None
+    try:
+        fn()
+    except TurnrlError as error:
+        failure = (type(error), str(error))
+    failures = [f for f in gather_objects(failure, world) if f is not None]
+    if failures:
+        kind, message = failures[0]
+        raise kind(message)
 
 
 def cpu_state(state: Mapping[str, Any]) -> Any:

@@ -25,7 +25,9 @@ metrics row is the global batch's.
 
 Not supported under torchrun yet (refused with one line): tree rollout strategies
 (RTPO learns once per turn position, a count that differs between ranks), Ray
-rollout workers, the agent loop and ``turnrl iterate``.
+rollout workers. The agent loop runs over ranks too
+(:mod:`turnrl.train.agent.distributed`; :func:`train_distributed` starts either), and
+so does ``turnrl iterate`` (:mod:`turnrl.train.iterate.distributed`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from turnrl.errors import TurnrlError, UsageError
+from turnrl.errors import UsageError
 from turnrl.policy.factory import build_sampler
 from turnrl.rollout import RolloutBatch
 from turnrl.rollout.runner import plan_episodes, run_planned_episodes
@@ -54,7 +56,7 @@ from turnrl.train.ppo import UpdateBatch, UpdateShard, ppo_update, trainable_row
 from turnrl.train.run import RunDirectory, derive_seed, initial_policy
 from turnrl.types import Task, TurnRecord
 
-EXIT_RANK_LOST = 3
+EXIT_RANK_LOST = dist.EXIT_RANK_LOST
 """Exit status of a rank whose run ended because another rank stopped."""
 
 
@@ -62,7 +64,10 @@ def check_supported(config: RunConfig, world: dist.World) -> None:
     """Refuse, with one line, what N ranks do not run yet."""
     n = f"under torchrun with {world.size} ranks"
     if config.agent.enabled:
-        raise UsageError(f"the agent loop ([agent]) does not run {n} yet; launch one process")
+        raise UsageError(
+            "the agent loop ([agent]) runs over ranks as turnrl.train.agent.distributed, "
+            "not as this environment trainer"
+        )
     if config.rollout.workers > 0:
         raise UsageError(f"rollout.workers (Ray) cannot be combined with torchrun ranks yet ({n})")
     if config.rollout.strategy != "independent":
@@ -109,18 +114,14 @@ class DistributedOnlineTrainer(OnlineTrainer):
         quiet: bool = False,
     ) -> None:
         self.world = world
-        failure: tuple[type, str] | None = None
-        try:
+
+        def start() -> None:
             check_supported(config, world)
-            super().__init__(config, resume=resume, overwrite=overwrite, quiet=quiet)
-        except TurnrlError as error:
-            failure = (type(error), str(error))
+            OnlineTrainer.__init__(self, config, resume=resume, overwrite=overwrite, quiet=quiet)
+
         # Every rank checked the directory before rank 0 writes anything; any rank's
         # refusal stops all of them with the same line.
-        failures = [f for f in dist.gather_objects(failure, world) if f is not None]
-        if failures:
-            kind, message = failures[0]
-            raise kind(message)
+        dist.all_agree(start, world)
         if not world.main:
             d = self.run_directory
             self.run_directory = _RankRun(
@@ -152,31 +153,16 @@ class DistributedOnlineTrainer(OnlineTrainer):
             self._push_weights()
 
     def _share_state(self) -> None:
-        from turnrl.train.checkpoint import capture_rng_state, restore_rng_state
-
-        world = self.world
-        models = [self.policy.model] + ([] if self.reference is None else [self.reference.model])
-        keys = [list(m.state_dict()) for m in models]
-        if dist.broadcast_object(keys, world) != keys:
-            raise UsageError(
-                f"rank {world.rank}: the model's parameters differ from rank 0's; every "
-                "rank must build the same policy (same policy.model, warm_start.init_from)"
-            )
-        for model in models:
-            dist.broadcast_tensors_(model.state_dict().values(), world)
         assert self.optimizer is not None
-        state = {
-            "optimizer": dist.cpu_state(self.optimizer.state_dict()),
+        models = [self.policy.model] + ([] if self.reference is None else [self.reference.model])
+        counters = {
             "sampler": self.sampler.bit_generator.state,
             "counters": (self.step, self.env_steps, self.tokens, self.policy_version),
-            "rng": capture_rng_state(),
         }
-        state = dist.broadcast_object(state if world.main else None, world)
-        if not world.main:
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.sampler.bit_generator.state = state["sampler"]
-            self.step, self.env_steps, self.tokens, self.policy_version = state["counters"]
-            restore_rng_state(state["rng"])
+        counters = dist.share_start_state(self.world, models, self.optimizer, counters)
+        if not self.world.main:
+            self.sampler.bit_generator.state = counters["sampler"]
+            self.step, self.env_steps, self.tokens, self.policy_version = counters["counters"]
 
     # ------------------------------------------------------- the split step
     def _runner(self, tasks: list[Task]) -> Callable[..., RolloutBatch]:
@@ -325,24 +311,25 @@ def train_distributed(
     quiet: bool,
     report: Callable[[Path], None] | None = None,
 ) -> int:
-    """One rank of ``turnrl train`` under torchrun: join the group, train, rank 0 calls
-    ``report(run_dir)``; leave the group. Returns the exit status: 0, or
-    :data:`EXIT_RANK_LOST` (with one line on stderr) when another rank stopped."""
-    import sys
+    """One rank of ``turnrl train`` under torchrun: join the group, train (a built-in
+    environment here, the agent loop with ``[agent]``), rank 0 calls
+    ``report(run_dir)``; leave the group. Returns the exit status
+    (:func:`turnrl.train.distributed.run_as_rank`)."""
+    quiet = quiet or not world.main
 
-    dist.stop_on_sigterm(world)
-    try:
-        dist.init_world(config.policy.device, world)
-        trainer = DistributedOnlineTrainer(
-            config, world, resume=resume, overwrite=overwrite, quiet=quiet or not world.main
-        )
+    def work() -> None:
+        if config.agent.enabled:  # rank 0: the gateway and the agents; the others update
+            from turnrl.train.agent.distributed import agent_rank
+
+            trainer: Any = agent_rank(
+                config, world, resume=resume, overwrite=overwrite, quiet=quiet
+            )
+        else:
+            trainer = DistributedOnlineTrainer(
+                config, world, resume=resume, overwrite=overwrite, quiet=quiet
+            )
         run_dir = trainer.run()
         if world.main and report is not None:
             report(run_dir)
-        return 0
-    except dist.RankLost as error:
-        dist.ignore_sigterm()
-        print(f"turnrl train: error: {error}", file=sys.stderr, flush=True)
-        return EXIT_RANK_LOST
-    finally:
-        dist.shutdown()
+
+    return dist.run_as_rank(world, config.policy.device, work, command="turnrl train")

@@ -79,7 +79,7 @@ from turnrl.train.agent.teacher_mix import teacher_jobs, weighted_examples
 from turnrl.train.agent.warm_quality import check_warm_start
 from turnrl.train.config import RunConfig
 from turnrl.train.metrics import advantage_metrics, episode_metrics
-from turnrl.train.ppo import build_update_batch, ppo_update
+from turnrl.train.ppo import UpdateBatch, build_update_batch, ppo_update
 from turnrl.train.run import RunDirectory, build_policy, derive_seed, due
 from turnrl.train.validate import validate
 from turnrl.types import Task, TurnRecord
@@ -187,6 +187,9 @@ class AgentTrainer:
     files and the gateway's port (bound here), then the run directory.
     """
 
+    SPLITS_OVER_RANKS = False
+    """Whether this trainer is rank 0 of several (:mod:`turnrl.train.agent.distributed`)."""
+
     def __init__(
         self,
         config: RunConfig,
@@ -224,6 +227,7 @@ class AgentTrainer:
                 overwrite=overwrite,
                 keep_checkpoints=config.train.keep_checkpoints,
                 quiet=quiet,
+                split_over_ranks=self.SPLITS_OVER_RANKS,
             )
         except Exception:
             self.socket.close()
@@ -282,15 +286,7 @@ class AgentTrainer:
         )
         assert self.optimizer is not None
         with gateway.updating(version=self.step) as served:
-            losses = ppo_update(
-                self.policy,
-                self.optimizer,
-                batch,
-                cfg.train,
-                temperature=cfg.policy.temperature,
-                reference=self.reference,
-                seed=derive_seed(cfg.train.seed, "update", self.step),
-            )
+            losses = self.update(batch)
             push_weights(self.policy, served, self.step)  # #26: a vLLM engine gets them here
         seconds_update = time.perf_counter() - t0
         self.write_records(where, records, advantages=credit.advantages)
@@ -305,6 +301,20 @@ class AgentTrainer:
             "seconds_update": seconds_update,
             "seconds_step": time.perf_counter() - started,
         }
+
+    def update(self, batch: UpdateBatch) -> dict[str, float]:
+        """The PPO update of the step's batch (the gateway samples nothing meanwhile)."""
+        assert self.optimizer is not None
+        cfg = self.config
+        return ppo_update(
+            self.policy,
+            self.optimizer,
+            batch,
+            cfg.train,
+            temperature=cfg.policy.temperature,
+            reference=self.reference,
+            seed=derive_seed(cfg.train.seed, "update", self.step),
+        )
 
     def evaluate(self, runner: AgentRunner, gateway: Gateway) -> dict[str, float]:
         """The same agent on the held-out tasks (the eval gateway's temperature)."""

@@ -125,6 +125,7 @@ def improve_policy(
     seed: int,
     check: FormatCheck | None = None,
     malformed_score: float = 0.0,
+    update: Callable[..., dict[str, float]] = ppo_update,
 ) -> dict[str, float]:
     """Single-turn GRPO on logged states with ``score`` (Q) as the reward model.
 
@@ -150,6 +151,9 @@ def improve_policy(
     (``improve_q_spread``: how much they differ; the ``q`` estimator divides by
     it, or by ``cfg.std_floor`` if larger) and the share of candidates ``check``
     rejected (``improve_malformed``).
+
+    ``update`` runs each PPO update (``ppo_update``'s signature; over torchrun ranks,
+    :meth:`turnrl.train.rank_zero.Leader.update` spreads it).
     """
     if not states:
         raise ValueError("no logged states to improve on")
@@ -228,7 +232,7 @@ def improve_policy(
             credit = compute_credit(table, "q", use_std=cfg.use_std, std_floor=cfg.std_floor)
             batch = build_update_batch(records, table, credit.advantages, None, cfg.aggregation)
             stats.append(
-                ppo_update(
+                update(
                     policy,
                     optimizer,
                     batch,

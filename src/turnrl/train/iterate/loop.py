@@ -49,6 +49,7 @@ uninterrupted one would.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,7 @@ from turnrl.train.iterate.qmodel import (
 )
 from turnrl.train.iterate.qquality import q_quality
 from turnrl.train.metrics import episode_metrics
+from turnrl.train.ppo import ppo_update
 from turnrl.train.run import (
     Checkpoint,
     RunDirectory,
@@ -102,6 +104,9 @@ class IterativeGRPO:
     first iteration's deployed batch. ``resume``: continue from the run directory's
     last checkpoint (a fresh start when it has none).
     """
+
+    SPLITS_OVER_RANKS = False
+    """Whether this trainer is rank 0 of several (:mod:`turnrl.train.iterate.distributed`)."""
 
     def __init__(
         self,
@@ -128,6 +133,7 @@ class IterativeGRPO:
             overwrite=overwrite,
             keep_checkpoints=config.keep_checkpoints,
             quiet=quiet,
+            split_over_ranks=self.SPLITS_OVER_RANKS,
         )
         self.run_dir = self.run_directory.path
         self.train_tasks: list[Task] = []
@@ -339,7 +345,13 @@ class IterativeGRPO:
             seed=derive_seed(self.config.seed, "improve", iteration),
             check=self._format_check() if cfg.reject_malformed else None,
             malformed_score=malformed_score,
+            update=self._ppo_update(),
         )
+
+    def _ppo_update(self) -> Callable[..., dict[str, float]]:
+        """What runs the improvement step's PPO updates: ``ppo_update`` in one process
+        (:mod:`turnrl.train.iterate.distributed` spreads it over torchrun ranks)."""
+        return ppo_update
 
     def _optimizer(self) -> torch.optim.Optimizer:
         """The policy optimiser (one for the whole run, created on first use)."""
