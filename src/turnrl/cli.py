@@ -130,14 +130,12 @@ def _train(config: Any, args: argparse.Namespace) -> Any:
         from turnrl.train.agent.loop import AgentTrainer
 
         return Lifecycle(AgentTrainer(config, **options), report=report).run()
+    if config.rollout.workers > 0:
+        from turnrl.integrations.ray_workers import train_with_workers
+
+        return train_with_workers(config, report=report, **options)
     from turnrl.train.online import OnlineTrainer
 
-    if config.rollout.workers > 0:
-        from turnrl.integrations.ray_workers import pool_for_config
-
-        with pool_for_config(config) as pool:
-            trainer = OnlineTrainer(config, pool=pool, **options)
-            return Lifecycle(trainer, report=report).run()
     return Lifecycle(OnlineTrainer(config, **options), report=report).run()
 
 
