@@ -292,3 +292,46 @@ def test_a_real_trainer_is_a_trainer_and_runs_through_the_lifecycle(
     Lifecycle(trainer).run()
     assert [row["step"] for row in metrics(tmp_path)] == [0, 1, 2]
     assert "eval_success" in metrics(tmp_path)[-1] and "eval_success" not in metrics(tmp_path)[1]
+
+
+class SavedPolicy:
+    """Enough of a policy for ``RunDirectory.warm_start``: it saves one file."""
+
+    def save(self, directory: Path) -> None:
+        (Path(directory) / "weights.txt").write_text("w\n")
+
+
+@pytest.mark.parametrize(
+    ("section", "overrides", "budget"),
+    [
+        ("train", ["train.update=tree", "train.max_tokens_per_batch=96"], 96),
+        ("train", ["train.update=rows", "train.max_tokens_per_batch=96"], None),
+        ("improve", ["improve.update=tree", "improve.max_tokens_per_batch=64"], 64),
+    ],
+)
+def test_the_warm_start_batches_as_the_update_section_it_is_given(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    section: str,
+    overrides: list[str],
+    budget: int | None,
+) -> None:
+    from turnrl.train import sft
+    from turnrl.train.config import RunConfig, load_config
+    from turnrl.train.iterate.config import IterateConfig
+
+    seen: list[int | None] = []
+
+    def fake_warm_start(*args: Any, max_tokens_per_batch: int | None, **kwargs: Any) -> list:
+        seen.append(max_tokens_per_batch)
+        return [1.0]
+
+    monkeypatch.setattr(sft, "supervised_warm_start", fake_warm_start)
+    cls = RunConfig if section == "train" else IterateConfig
+    config = load_config(cls, None, [f"run_dir={tmp_path}", "warm_start.steps=2", *overrides])
+    run = RunDirectory.open(config, quiet=True)
+    run.start()
+    run.warm_start(SavedPolicy(), config.warm_start, list, seed=0, update=getattr(config, section))
+    run.close()
+    assert seen == [budget]
+    assert (tmp_path / "warm_start" / "weights.txt").read_text() == "w\n"
