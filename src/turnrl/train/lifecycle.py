@@ -35,12 +35,12 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from turnrl.train.run import Checkpoint, RunDirectory
 from turnrl.train.schedule import Schedule
 
-__all__ = ["Lifecycle", "Schedule", "Trainer", "seed_process", "stopping"]
+__all__ = ["Lifecycle", "LifecycleRun", "Schedule", "Trainer", "seed_process", "stopping"]
 
 
 @runtime_checkable
@@ -147,6 +147,27 @@ class Lifecycle:
                 else:
                     run.log(trainer.describe(row))
         return True
+
+
+class LifecycleRun:
+    """What the three trainers share around :class:`Lifecycle`: ``run()`` and the
+    phases most of them leave at their default (nothing to finish; closing releases
+    the run directory's lock). A trainer that holds more overrides :meth:`close`."""
+
+    run_directory: RunDirectory
+
+    def finish(self) -> None:
+        """Nothing beyond the last checkpoint."""
+
+    def close(self) -> None:
+        """Release the run directory's lock."""
+        self.run_directory.close()
+
+    def run(self, *, stop_after: int | None = None) -> Path:
+        """Train to the schedule's last step through :class:`Lifecycle`; the run
+        directory. ``stop_after`` returns after that many steps, as a killed run would
+        (tests of resume use it)."""
+        return Lifecycle(cast(Trainer, self)).run(stop_after=stop_after)
 
 
 def seed_process(seed: int, threads: int) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,7 +47,7 @@ from turnrl.rollout.tree import physical_env_steps
 from turnrl.table import TurnTable
 from turnrl.train.config import RunConfig
 from turnrl.train.info_gain import add_information_gain
-from turnrl.train.lifecycle import Lifecycle, Schedule, seed_process
+from turnrl.train.lifecycle import LifecycleRun, Schedule, seed_process
 from turnrl.train.loss import CountReducer
 from turnrl.train.metrics import advantage_metrics, episode_metrics
 from turnrl.train.policy_start import start_training
@@ -78,7 +77,7 @@ TIMING_KEYS = (
 """Metrics that depend on the machine's speed (excluded from resume-equality checks)."""
 
 
-class OnlineTrainer:
+class OnlineTrainer(LifecycleRun):
     """Runs one training job described by a ``RunConfig``.
 
     The config is validated and the run directory checked (``resume``: continue the
@@ -366,18 +365,6 @@ class OnlineTrainer:
             parts.append(f"tool(hard) {row['tool_rate_hard']:.2f}")
         parts.append(f"turns {row.get('turns', 0):.2f}")
         return "  ".join(parts)
-
-    def finish(self) -> None:
-        """Nothing beyond the last checkpoint."""
-
-    def close(self) -> None:
-        """Release the run directory's lock."""
-        self.run_directory.close()
-
-    def run(self, *, stop_after: int | None = None) -> Path:
-        """Train to ``train.steps`` through :class:`~turnrl.train.lifecycle.Lifecycle`;
-        ``stop_after`` ends early (used to test resume)."""
-        return Lifecycle(self).run(stop_after=stop_after)
 
 
 def rollout_log(

@@ -54,7 +54,6 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -82,7 +81,7 @@ from turnrl.train.agent.teacher import TeacherGateway, load_teacher, teacher_exa
 from turnrl.train.agent.teacher_mix import teacher_jobs, weighted_examples
 from turnrl.train.agent.warm_quality import check_warm_start
 from turnrl.train.config import RunConfig
-from turnrl.train.lifecycle import Lifecycle, Schedule, seed_process
+from turnrl.train.lifecycle import LifecycleRun, Schedule, seed_process
 from turnrl.train.metrics import advantage_metrics
 from turnrl.train.policy_start import start_training
 from turnrl.train.ppo import build_update_batch, ppo_update
@@ -122,7 +121,7 @@ class ServedAgents:
     runner: AgentRunner
 
 
-class AgentTrainer:
+class AgentTrainer(LifecycleRun):
     """One agent-loop training job (a ``RunConfig`` with ``[agent]``).
 
     Everything checkable is checked before any work: the config (``validate``), the
@@ -437,9 +436,6 @@ class AgentTrainer:
             parts.append(f"failures {row['agent_failures']:.0f}")
         return "  ".join(parts)
 
-    def finish(self) -> None:
-        """Nothing beyond the last checkpoint."""
-
     def close(self) -> None:
         """Stop the gateways and their servers, close the port bound at construction and
         release the run directory's lock."""
@@ -447,9 +443,4 @@ class AgentTrainer:
             self._servers.close()
         finally:
             self.socket.close()
-            self.run_directory.close()
-
-    def run(self, *, stop_after: int | None = None) -> Path:
-        """Train to ``train.steps`` through :class:`~turnrl.train.lifecycle.Lifecycle`
-        (``stop_after`` ends early: tests of resume)."""
-        return Lifecycle(self).run(stop_after=stop_after)
+            super().close()

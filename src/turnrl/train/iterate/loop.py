@@ -83,7 +83,7 @@ from turnrl.train.iterate.qmodel import (
 )
 from turnrl.train.iterate.qquality import q_quality
 from turnrl.train.iterate.warm_start import warm_start_examples
-from turnrl.train.lifecycle import Lifecycle, Schedule, seed_process
+from turnrl.train.lifecycle import LifecycleRun, Schedule, seed_process
 from turnrl.train.metrics import episode_metrics
 from turnrl.train.run import (
     Checkpoint,
@@ -97,7 +97,7 @@ from turnrl.train.validate import validate
 from turnrl.types import Env, ResponseChecks, Task, TurnRecord
 
 
-class IterativeGRPO:
+class IterativeGRPO(LifecycleRun):
     """Runs one ``turnrl iterate`` job described by an ``IterateConfig``.
 
     ``from_logs``: a chat-log JSONL file (:mod:`turnrl.train.iterate.chatlogs`) used as the
@@ -448,19 +448,6 @@ class IterativeGRPO:
             self.policy.save(directory)
         if not self.has_env and self.config.iterations > 1:
             self.run_directory.log("no environment configured: stopped after improving on the logs")
-
-    def close(self) -> None:
-        """Release the run directory's lock."""
-        self.run_directory.close()
-
-    def run(self, *, stop_after: int | None = None) -> Path:
-        """Warm start, then ``iterations`` rounds, through
-        :class:`~turnrl.train.lifecycle.Lifecycle`; returns the run directory.
-
-        ``stop_after``: return after that many finished iterations without saving
-        ``final_policy`` (simulates a killed run; used to test resuming).
-        """
-        return Lifecycle(self).run(stop_after=stop_after)
 
 
 def describe_row(row: Mapping[str, Any]) -> str:
