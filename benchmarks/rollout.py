@@ -32,6 +32,7 @@ from turnrl.envs import make_env, make_tasks  # noqa: E402
 from turnrl.policy import build_tiny_policy  # noqa: E402
 from turnrl.rollout import run_episodes  # noqa: E402
 from turnrl.train.config import RunConfig, load_config  # noqa: E402
+from turnrl.train.lifecycle import Lifecycle  # noqa: E402
 from turnrl.train.online import OnlineTrainer  # noqa: E402
 from turnrl.train.sft import demonstration_examples, supervised_warm_start  # noqa: E402
 
@@ -128,7 +129,7 @@ def main() -> None:
             ],
         )
         trainer = OnlineTrainer(config, quiet=True)
-        trainer._setup()
+        Lifecycle(trainer).start()
         trainer.policy.load_state_dict(policy.state_dict())
         steps = [trainer.train_step() for _ in range(config.train.steps)]
     keys = ("seconds_sampling", "seconds_env", "seconds_credit", "seconds_update")

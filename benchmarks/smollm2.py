@@ -68,11 +68,12 @@ def _config(work: Path, name: str, extra: list[str]):
 
 
 def child_warm(work: Path, steps: int) -> dict:
+    from turnrl.train.lifecycle import Lifecycle
     from turnrl.train.online import OnlineTrainer
 
     trainer = OnlineTrainer(_config(work, "warm", [f"warm_start.steps={steps}"]), quiet=True)
     started = time.perf_counter()
-    trainer._setup()  # warm start, saved to warm/warm_start (adapter only)
+    Lifecycle(trainer).start()  # warm start, saved to warm/warm_start (adapter only)
     seconds = time.perf_counter() - started
     merged = trainer.policy.clone_frozen()
     merged.model.requires_grad_(True)
@@ -81,13 +82,14 @@ def child_warm(work: Path, steps: int) -> dict:
 
 
 def child_train(work: Path, mode: str, steps: int) -> dict:
+    from turnrl.train.lifecycle import Lifecycle
     from turnrl.train.online import OnlineTrainer
 
     source = work / "warm" / "warm_start" if mode == "lora" else work / "warm_full"
     rank = [] if mode == "lora" else ["policy.lora_rank=0"]
     config = _config(work, mode, [f"warm_start.init_from={source}", *rank])
     trainer = OnlineTrainer(config, quiet=True)
-    trainer._setup()
+    Lifecycle(trainer).start()
     trainable = sum(p.numel() for p in trainer.policy.parameters())
     rows = [trainer.train_step() for _ in range(steps)]
     return {

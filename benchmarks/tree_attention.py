@@ -39,6 +39,7 @@ from update import SCENARIOS, collect_batches, config_for, warm_start
 
 from turnrl.policy.logprobs import target_logprobs
 from turnrl.policy.tree_layout import TreeLayout, split_rows, tree_logprobs
+from turnrl.train.lifecycle import Lifecycle
 from turnrl.train.online import OnlineTrainer
 
 TITLE = "Tree layout: attention mask against key/values in the graph"
@@ -174,7 +175,7 @@ def main() -> None:
             batches = collect_batches(scenario, work, warm, args.steps)
             config = config_for(scenario, work / "model", [f"warm_start.init_from={warm}"])
             trainer = OnlineTrainer(config, quiet=True)
-            trainer._setup()
+            Lifecycle(trainer).start()
             model = trainer.policy.model.train()
             for budget in map(int, args.budgets.split(",")):
                 r = measure(model, batches, budget)

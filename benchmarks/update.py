@@ -65,6 +65,7 @@ from results_file import RESULTS, write_section  # noqa: E402
 from turnrl.credit import compute_credit  # noqa: E402
 from turnrl.table import TurnTable  # noqa: E402
 from turnrl.train.config import RunConfig, load_config  # noqa: E402
+from turnrl.train.lifecycle import Lifecycle  # noqa: E402
 from turnrl.train.online import OnlineTrainer  # noqa: E402
 from turnrl.train.ppo import UpdateBatch, build_update_batch, ppo_update  # noqa: E402
 
@@ -144,7 +145,7 @@ def config_for(scenario: Scenario, run_dir: Path, extra: list[str]) -> RunConfig
 def warm_start(scenario: Scenario, work: Path) -> Path:
     """Run the scenario's warm start once; returns its saved policy directory."""
     trainer = OnlineTrainer(config_for(scenario, work / "warm", []), quiet=True)
-    trainer._setup()
+    Lifecycle(trainer).start()
     return work / "warm" / "warm_start"
 
 
@@ -152,7 +153,7 @@ def collect_batches(scenario: Scenario, work: Path, warm: Path, steps: int) -> l
     """``steps`` training steps' update batches, collected without learning."""
     config = config_for(scenario, work / "collect", [f"warm_start.init_from={warm}"])
     trainer = OnlineTrainer(config, quiet=True)
-    trainer._setup()
+    Lifecycle(trainer).start()
     batches: list[UpdateBatch] = []
 
     def capture(records: list[dict[str, Any]]) -> dict[str, float]:
@@ -178,7 +179,7 @@ def time_updates(
     """Each batch updated on with rows and with tree from the same weights."""
     config = config_for(scenario, work / "updates", [f"warm_start.init_from={warm}"])
     trainer = OnlineTrainer(config, quiet=True)
-    trainer._setup()
+    Lifecycle(trainer).start()
     policy = trainer.policy
     start = {k: v.detach().clone() for k, v in policy.state_dict().items()}
     totals: dict[str, dict[str, float]] = {"rows": {}, "tree": {}}
@@ -221,7 +222,7 @@ def time_steps(
             [f"warm_start.init_from={warm}", f"train.update={update}"],
         )
         trainers[update] = OnlineTrainer(config, quiet=True)
-        trainers[update]._setup()
+        Lifecycle(trainers[update]).start()
     samples: dict[str, list[dict[str, float]]] = {"rows": [], "tree": []}
     for step in range(steps + 1):
         for update in ("rows", "tree") if step % 2 == 0 else ("tree", "rows"):
@@ -304,7 +305,7 @@ def turnrl_trl_setup(work: Path, warm: Path, turns: int, steps: int) -> dict[str
         ],
     )
     trainer = OnlineTrainer(config, quiet=True)
-    trainer._setup()
+    Lifecycle(trainer).start()
     times = []
     for step in range(steps + 1):
         with timed() as seconds:

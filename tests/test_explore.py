@@ -84,6 +84,7 @@ def test_persona_styles_add_instructed_demonstrations(tmp_path) -> None:
     from turnrl.train.config import load_config
     from turnrl.train.iterate.config import IterateConfig
     from turnrl.train.iterate.loop import IterativeGRPO
+    from turnrl.train.iterate.warm_start import warm_start_examples
 
     overrides = [
         "env.name=haggle",
@@ -101,8 +102,8 @@ def test_persona_styles_add_instructed_demonstrations(tmp_path) -> None:
         ),
         quiet=True,
     )
-    base = plain._warm_start_examples(None)
-    both = styled._warm_start_examples(None)
+    base = warm_start_examples(plain.policy, plain.config, plain.train_tasks, None)
+    both = warm_start_examples(styled.policy, styled.config, styled.train_tasks, None)
     extra = both[len(base) :]
     assert [e.context for e in both[: len(base)]] == [e.context for e in base]
     strong = [

@@ -3,12 +3,12 @@
 ``gradient.py`` projects the loss *gradient* on the tool-opening direction: the
 first-order change of ``b = mean_c log pi("<call>" | c)`` under a small plain
 (SGD) step. The trainer does not take that step: it takes AdamW steps (lr, betas
-and epsilon of ``turnrl.train.run``, the gradient norm clipped at
+and epsilon of ``turnrl.train.policy_start``, the gradient norm clipped at
 ``train.max_grad_norm``, PPO-clip mini-batches of ``train.minibatch_size`` rows).
 Adam's first step is close to ``lr * sign(g)`` per coordinate, so its effect on
 ``b`` need not have the gradient's sign. This script runs the trainer's own update
 (:func:`turnrl.train.ppo.ppo_update` with a fresh ``torch.optim.AdamW`` as
-``RunDirectory.start_training`` builds it) from the frozen warm start of
+``turnrl.train.policy_start.start_training`` builds it) from the frozen warm start of
 ``gradient.py``, and for each update ``k`` of ``--updates`` on-policy updates
 records, per arm and per-turn cost:
 

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from turnrl.errors import TurnrlError, UsageError
@@ -91,8 +92,8 @@ def _load_run_config(cls: type, args: argparse.Namespace) -> Any:
 def cmd_train(args: argparse.Namespace) -> int:
     from turnrl.train.config import RunConfig
     from turnrl.train.distributed import world_from_env
+    from turnrl.train.lifecycle import stopping
     from turnrl.train.run import RunDirectory
-    from turnrl.train.stop_signals import stopping_on_signals
 
     config = _load_run_config(RunConfig, args)
     world = world_from_env()
@@ -111,50 +112,31 @@ def cmd_train(args: argparse.Namespace) -> int:
     # holds the run directory's lock until the command ends.
     guard = RunDirectory.open(config, resume=args.resume, overwrite=args.overwrite)
     try:
-        with stopping_on_signals():
-            run_dir = _train(config, args)
-    except RunInterrupted as stopped:
-        stopped.add_note(_resume_hint(config.run_dir))
-        raise
+        with stopping(config.run_dir):
+            _train(config, args)
     finally:
         guard.close()
-    _train_report(config, run_dir)
     return 0
 
 
-def _resume_hint(run_dir: str) -> str:
-    """Where an interrupted run can be continued from."""
-    from turnrl.train.checkpoint import list_checkpoints
-
-    saved = list_checkpoints(run_dir)
-    if not saved:
-        return f"no checkpoint in {run_dir} yet: --resume starts it again"
-    return f"last checkpoint: step {saved[-1][0]}; continue with --resume --run-dir {run_dir}"
-
-
 def _train(config: Any, args: argparse.Namespace) -> Any:
-    """Run ``turnrl train``'s trainer for ``config``; the run directory."""
+    """Build ``turnrl train``'s trainer for ``config`` and run it through its lifecycle
+    (which writes the report at the end); the run directory."""
+    from turnrl.train.lifecycle import Lifecycle
+
+    options = {"resume": args.resume, "overwrite": args.overwrite, "quiet": args.quiet}
+    report = partial(_train_report, config)
     if config.agent.enabled:
         from turnrl.train.agent.loop import AgentTrainer
 
-        agents = AgentTrainer(
-            config, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet
-        )
-        run_dir = agents.run()
-    elif config.rollout.workers > 0:
+        return Lifecycle(AgentTrainer(config, **options), report=report).run()
+    if config.rollout.workers > 0:
         from turnrl.integrations.ray_workers import train_with_workers
 
-        run_dir = train_with_workers(
-            config, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet
-        )
-    else:
-        from turnrl.train.online import OnlineTrainer
+        return train_with_workers(config, report=report, **options)
+    from turnrl.train.online import OnlineTrainer
 
-        trainer = OnlineTrainer(
-            config, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet
-        )
-        run_dir = trainer.run()
-    return run_dir
+    return Lifecycle(OnlineTrainer(config, **options), report=report).run()
 
 
 def _train_report(config: Any, run_dir: Any) -> None:
@@ -173,6 +155,7 @@ def cmd_iterate(args: argparse.Namespace) -> int:
     from turnrl.train.distributed import run_as_rank, world_from_env
     from turnrl.train.iterate.config import IterateConfig
     from turnrl.train.iterate.loop import IterativeGRPO
+    from turnrl.train.lifecycle import Lifecycle, stopping
 
     config = _load_run_config(IterateConfig, args)
     world = world_from_env()
@@ -193,14 +176,15 @@ def cmd_iterate(args: argparse.Namespace) -> int:
                 _iterate_report(config, run_dir)
 
         return run_as_rank(world, config.policy.device, ranks, command="turnrl iterate")
-    trainer = IterativeGRPO(
-        config,
-        from_logs=args.from_logs,
-        quiet=args.quiet,
-        resume=args.resume,
-        overwrite=args.overwrite,
-    )
-    _iterate_report(config, trainer.run())
+    with stopping(config.run_dir):
+        trainer = IterativeGRPO(
+            config,
+            from_logs=args.from_logs,
+            quiet=args.quiet,
+            resume=args.resume,
+            overwrite=args.overwrite,
+        )
+        Lifecycle(trainer, report=partial(_iterate_report, config)).run()
     return 0
 
 

@@ -459,9 +459,18 @@ def pool_for_config(
 
 
 def train_with_workers(
-    config: RunConfig, *, resume: bool = False, overwrite: bool = False, quiet: bool = False
+    config: RunConfig,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    quiet: bool = False,
+    report: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Run ``OnlineTrainer`` with Ray rollout workers; returns the run directory."""
+    """Run ``OnlineTrainer`` with Ray rollout workers through its
+    :class:`~turnrl.train.lifecycle.Lifecycle` (``report``: called with the run directory
+    once the run is done); returns the run directory."""
+    from turnrl.train.lifecycle import Lifecycle
+
     with pool_for_config(config) as pool:
         trainer = OnlineTrainer(config, resume=resume, overwrite=overwrite, quiet=quiet, pool=pool)
-        return trainer.run()
+        return Lifecycle(trainer, report=report).run()

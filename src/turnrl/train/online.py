@@ -6,8 +6,10 @@ environment and call :meth:`OnlineTrainer.learn` (information gain if the estima
 needs it, credit with any ``turnrl.credit`` estimator, the PPO update of
 :mod:`turnrl.train.ppo`), and logs the step. Evaluation is the same episodes,
 greedy by default, on the held-out tasks. The run directory, config copy, warm
-start, metrics, checkpoints and seeds are the shared run lifecycle
-(:mod:`turnrl.train.run`); this trainer adds::
+start, metrics and checkpoints are the shared run directory's
+(:mod:`turnrl.train.run`), and the order of a run (start or resume, steps,
+evaluations, checkpoints) is :class:`~turnrl.train.lifecycle.Lifecycle`'s, whose
+:class:`~turnrl.train.lifecycle.Trainer` this class implements; this trainer adds::
 
     rollouts/          turn records of some steps (``log_rollouts_every``), with advantages
 
@@ -24,9 +26,8 @@ nothing (docs/distributed.md).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,10 +47,13 @@ from turnrl.rollout.tree import physical_env_steps
 from turnrl.table import TurnTable
 from turnrl.train.config import RunConfig
 from turnrl.train.info_gain import add_information_gain
+from turnrl.train.lifecycle import LifecycleRun, Schedule, seed_process
 from turnrl.train.loss import CountReducer
 from turnrl.train.metrics import advantage_metrics, episode_metrics
+from turnrl.train.policy_start import start_training
 from turnrl.train.ppo import UpdateBatch, build_update_batch, ppo_update
 from turnrl.train.run import (
+    Checkpoint,
     RunDirectory,
     build_policy,
     derive_seed,
@@ -73,7 +77,7 @@ TIMING_KEYS = (
 """Metrics that depend on the machine's speed (excluded from resume-equality checks)."""
 
 
-class OnlineTrainer:
+class OnlineTrainer(LifecycleRun):
     """Runs one training job described by a ``RunConfig``.
 
     The config is validated and the run directory checked (``resume``: continue the
@@ -117,9 +121,7 @@ class OnlineTrainer:
         self.eval_unseen = tasks.eval_unseen
         self.tasks_by_id = {t.task_id: t for t in self.train_tasks}
         self._reference_env = make_env(env.name, **env.env_kwargs)
-        if config.train.threads > 0:
-            torch.set_num_threads(config.train.threads)
-        torch.manual_seed(config.train.seed)
+        seed_process(config.train.seed, config.train.threads)
         self.policy = build_policy(config.policy, config.train.seed)
         self.reference: HFPolicy | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -136,7 +138,7 @@ class OnlineTrainer:
         """Updates applied so far: the version of the weights pushed to ``pool``."""
         self.rollout_policy: Any = None
         """What rollouts sample with (``policy.backend``): the learner itself, or a vLLM
-        engine that gets the learner's weights after every update (set up in ``_setup``)."""
+        engine that gets the learner's weights after every update (set up in ``setup``)."""
         self.learned: dict[tuple[str, int], tuple[TurnRecord, float]] = {}
         """This step's rows that credit was computed on, by ``(traj_id, turn)``: the record
         credit saw (with ``info_gain`` when computed) and its advantage, for the log."""
@@ -163,13 +165,22 @@ class OnlineTrainer:
             mix=cfg.warm_start.mix,
         )
 
-    def _setup(self) -> None:
-        """Start the run: a fresh warm start, or the state of the last checkpoint."""
-        start = self.run_directory.start_training(
-            self.policy, self.config, self._demonstrations, self.sampler
+    @property
+    def schedule(self) -> Schedule:
+        cfg = self.config.train
+        return Schedule(cfg.steps, cfg.eval_every, cfg.checkpoint_every, label="RL")
+
+    def setup(self, checkpoint: Checkpoint | None) -> int:
+        """Start the run: a fresh warm start, or the state of ``checkpoint``."""
+        start = start_training(
+            self.run_directory,
+            checkpoint,
+            self.policy,
+            self.config,
+            self._demonstrations,
+            self.sampler,
         )
         self.policy, self.reference, self.optimizer = start.policy, start.reference, start.optimizer
-        checkpoint = start.checkpoint
         if checkpoint is not None:
             self.step = checkpoint.step
             self.env_steps = int(checkpoint.extra["env_steps"])
@@ -177,6 +188,7 @@ class OnlineTrainer:
             self.policy_version = int(checkpoint.extra.get("policy_version", self.step))
         self.rollout_policy = build_sampler(self.config.policy, self.policy)
         self._push_weights()
+        return self.step
 
     def _push_weights(self) -> None:
         """The learner's weights, as ``policy_version``, to every sampler that is not it."""
@@ -184,7 +196,8 @@ class OnlineTrainer:
         if self.pool is not None:
             push_weights(self.policy, self.pool, self.policy_version)
 
-    def _checkpoint(self) -> None:
+    def checkpoint(self) -> None:
+        """The weights, optimiser, task sampler and counters after the last step."""
         assert self.optimizer is not None
         self.run_directory.save_checkpoint(
             self.step,
@@ -266,11 +279,16 @@ class OnlineTrainer:
             "seconds_update": time.perf_counter() - t0,
         }
 
-    def train_step(self) -> dict[str, Any]:
-        """Draw tasks, let the rollout strategy collect and learn, return the step's metrics."""
+    def start_metrics(self) -> dict[str, Any]:
+        """The warm start's evaluation (the step-0 row)."""
+        return self.evaluate()
+
+    def train_step(self, step: int | None = None) -> dict[str, Any]:
+        """Run step ``step`` (default: the one after the last): draw tasks, let the rollout
+        strategy collect and learn, return the step's metrics."""
         cfg = self.config
         started = time.perf_counter()
-        self.step += 1
+        self.step = self.step + 1 if step is None else step
         self.learned = {}
         picks = self.sampler.choice(
             len(self.train_tasks), cfg.rollout.tasks_per_step, replace=False
@@ -340,26 +358,13 @@ class OnlineTrainer:
         atomic_write_text(path, rollout_log(records, self.learned))
 
     # -------------------------------------------------------------------- run
-    def run(self, *, stop_after: int | None = None) -> Path:
-        """Train to ``train.steps``; ``stop_after`` ends early (used to test resume)."""
-        self._setup()
-        cfg = self.config.train
-        run = self.run_directory
-        if self.step == 0:
-            run.append_metrics({"step": 0, **self.evaluate()})
-        with run.progress() as bar:
-            task = bar.add_task("RL", total=cfg.steps, completed=self.step)
-            while self.step < cfg.steps:
-                if stop_after is not None and self.step >= stop_after:
-                    return self.run_dir
-                row = self.train_step()
-                if due(self.step, cfg.eval_every) or self.step == cfg.steps:
-                    row.update(self.evaluate())
-                run.append_metrics(row)
-                if due(self.step, cfg.checkpoint_every) or self.step == cfg.steps:
-                    self._checkpoint()
-                bar.update(task, advance=1, description=_describe(row))
-        return self.run_dir
+    def describe(self, row: Mapping[str, Any]) -> str:
+        """The progress bar's line for a step."""
+        parts = [f"RL step {row['step']}", f"success {row.get('success', 0):.2f}"]
+        if "tool_rate_hard" in row:
+            parts.append(f"tool(hard) {row['tool_rate_hard']:.2f}")
+        parts.append(f"turns {row.get('turns', 0):.2f}")
+        return "  ".join(parts)
 
 
 def rollout_log(
@@ -392,11 +397,3 @@ def _mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
         else:
             out[key] = float(np.mean(values))
     return out
-
-
-def _describe(row: dict[str, Any]) -> str:
-    parts = [f"RL step {row['step']}", f"success {row.get('success', 0):.2f}"]
-    if "tool_rate_hard" in row:
-        parts.append(f"tool(hard) {row['tool_rate_hard']:.2f}")
-    parts.append(f"turns {row.get('turns', 0):.2f}")
-    return "  ".join(parts)

@@ -49,11 +49,12 @@ from turnrl.rollout.tokens import token_metrics
 from turnrl.table import TurnTable
 from turnrl.train import distributed as dist
 from turnrl.train.config import RunConfig
+from turnrl.train.lifecycle import Lifecycle
 from turnrl.train.loss import CountReducer
 from turnrl.train.metrics import advantage_metrics
 from turnrl.train.online import OnlineTrainer
 from turnrl.train.ppo import UpdateBatch, UpdateShard, ppo_update, trainable_rows
-from turnrl.train.run import RunDirectory, derive_seed, initial_policy
+from turnrl.train.run import Checkpoint, RunDirectory, derive_seed, initial_policy
 from turnrl.types import Task, TurnRecord
 
 EXIT_RANK_LOST = dist.EXIT_RANK_LOST
@@ -85,6 +86,9 @@ def check_supported(config: RunConfig, world: dist.World) -> None:
 
 class _RankRun(RunDirectory):
     """The run directory as a rank other than 0 sees it: it writes nothing."""
+
+    def start(self) -> None:
+        return None  # rank 0 starts the directory and broadcasts the state it resumes
 
     def append_metrics(self, row: Any) -> None:
         return None
@@ -136,11 +140,11 @@ class DistributedOnlineTrainer(OnlineTrainer):
         self._episode_index: dict[str, int] = {}
 
     # ------------------------------------------------------------------ set-up
-    def _setup(self) -> None:
+    def setup(self, checkpoint: Checkpoint | None) -> int:
         """Rank 0 starts or resumes the run; every rank then takes its state."""
         cfg = self.config
         if self.world.main:
-            super()._setup()
+            super().setup(checkpoint)
         else:
             self.policy = initial_policy(self.policy, cfg.warm_start, cfg.policy)
             self.reference = self.policy.clone_frozen() if cfg.train.kl_coef > 0 else None
@@ -151,6 +155,7 @@ class DistributedOnlineTrainer(OnlineTrainer):
         if not self.world.main:  # rank 0's sampler was built by the one-process set-up
             self.rollout_policy = build_sampler(cfg.policy, self.policy)
             self._push_weights()
+        return self.step
 
     def _share_state(self) -> None:
         assert self.optimizer is not None
@@ -324,12 +329,13 @@ def train_distributed(
             trainer: Any = agent_rank(
                 config, world, resume=resume, overwrite=overwrite, quiet=quiet
             )
-        else:
-            trainer = DistributedOnlineTrainer(
-                config, world, resume=resume, overwrite=overwrite, quiet=quiet
-            )
-        run_dir = trainer.run()
-        if world.main and report is not None:
-            report(run_dir)
+            run_dir = trainer.run()
+            if world.main and report is not None:
+                report(run_dir)
+            return
+        online = DistributedOnlineTrainer(
+            config, world, resume=resume, overwrite=overwrite, quiet=quiet
+        )
+        Lifecycle(online, report=report if world.main else None).run()
 
     return dist.run_as_rank(world, config.policy.device, work, command="turnrl train")

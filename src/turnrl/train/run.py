@@ -1,24 +1,8 @@
-"""One run's lifecycle, shared by every trainer (``turnrl train``, ``turnrl iterate``,
-the agent loop): the run directory and everything a trainer does with it that is not
-its own algorithm.
-
-A trainer uses it in this order::
-
-    validate(config)                                  # turnrl.train.validate: no work yet
-    run = RunDirectory.open(config, resume=..., overwrite=...)   # the guard: reads only
-    tasks = task_split(config.env)                    # train / eval tasks
-    torch.manual_seed(config.seed); policy = build_policy(config.policy, seed)
-    checkpoint = run.start()                          # first write: config.toml
-    if checkpoint is None:                            # a fresh run
-        policy = initial_policy(policy, config.warm_start, config.policy)
-        policy = run.warm_start(policy, config.warm_start, examples, seed=seed)
-        run.append_metrics({"step": 0, **evaluate()})
-    else:                                             # resuming after checkpoint.step
-        policy = run.load_warm_start()
-        policy.load_state_dict(checkpoint.model); optimizer.load_state_dict(...)
-        checkpoint.restore_rng()                      # last: building models draws from it
-    with run.progress() as bar:
-        ... one step ... run.append_metrics(row); run.save_checkpoint(step, ...)
+"""One run's directory, shared by every trainer (``turnrl train``, ``turnrl iterate``,
+the agent loop): the guard, the lock, ``config.toml``, metrics, checkpoints and the
+warm start, i.e. everything a trainer writes that is not its own algorithm. The
+order a run goes through (start or resume, steps, evaluations, checkpoints, close)
+is :class:`turnrl.train.lifecycle.Lifecycle`'s.
 
 The guard is the data-loss rule: a directory that holds a run (it has a
 ``config.toml``) is never written by another run. ``RunDirectory.open`` refuses it
@@ -26,7 +10,8 @@ unless ``resume`` (and then only if the config differs from the run's
 ``config.toml`` in nothing but the fields the config class lists in
 ``MAY_CHANGE_ON_RESUME``) or ``overwrite`` (the directory is emptied when the run
 starts). A non-empty directory that holds no run is refused always: it is not ours
-to empty. Nothing is written before :meth:`RunDirectory.start` but the lock.
+to empty. Nothing is written before :meth:`RunDirectory.start` but the lock. The
+rules themselves are :mod:`turnrl.train.run_guard`'s.
 
 One process at a time: an existing run directory is locked
 (:mod:`turnrl.train.run_lock`, ``.turnrl.lock``) by :meth:`RunDirectory.open`, a new
@@ -45,15 +30,15 @@ Files of a run directory (written here; trainers add their own)::
     checkpoints/       model + optimiser + RNG + the trainer's extra state, atomically
 
 Seeds: every random stream of a run derives from the config's seed through
-:func:`derive_seed`, by stream name, so no two trainers invent their own arithmetic.
+:func:`turnrl.train.seeds.derive_seed`, by stream name. The task split
+(:mod:`turnrl.train.task_split`), the seeds and the guard's names are importable from
+here too, as before they had modules of their own.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
-import tempfile
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
@@ -61,11 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from turnrl.errors import OutputError, UsageError
 from turnrl.io import (
-    WRITE_FAILURES,
     append_jsonl,
     atomic_write_json,
     atomic_write_text,
@@ -74,124 +55,50 @@ from turnrl.io import (
     truncate_jsonl_steps,
 )
 from turnrl.train.config import (
-    EnvConfig,
     PolicyConfig,
     PPOConfig,
     WarmStartConfig,
-    config_to_dict,
     config_to_toml_text,
-    load_config,
 )
-from turnrl.train.run_lock import LOCK_FILE, RunLock
+from turnrl.train.run_guard import (
+    CONFIG_FILE,
+    RunDirectoryError,
+    check_creatable,
+    check_not_inside,
+    check_resumable,
+    config_changes,
+    holds_run,
+    run_entries,
+)
+from turnrl.train.run_lock import RunLock
 from turnrl.train.run_lock import acquire as acquire_lock
-from turnrl.types import Task
+from turnrl.train.schedule import due
+from turnrl.train.seeds import SEED_STREAMS, derive_seed
+from turnrl.train.task_split import TaskSplit, task_split
 
-CONFIG_FILE = "config.toml"
+__all__ = [
+    "CONFIG_FILE",
+    "METRICS_FILE",
+    "SEED_STREAMS",
+    "WARM_START_DIR",
+    "Checkpoint",
+    "RunDirectory",
+    "RunDirectoryError",
+    "TaskSplit",
+    "build_policy",
+    "config_changes",
+    "derive_seed",
+    "due",
+    "holds_run",
+    "initial_policy",
+    "load_policy",
+    "task_split",
+    "tree_budget",
+    "with_lora",
+]
+
 METRICS_FILE = "metrics.jsonl"
 WARM_START_DIR = "warm_start"
-
-# --------------------------------------------------------------------------- seeds
-
-SEED_STREAMS: dict[str, tuple[int, int]] = {
-    "rollout": (1_000_003, 0),
-    "update": (100_003, 0),
-    "eval_tasks": (1, 7919),
-    "deploy_arm": (31, 0),
-    "q_fit": (1009, 0),
-    "improve": (1_000_033, 0),
-    "improve_sample": (7919, 0),
-    "improve_probe": (1, -1),
-}
-"""Random streams of a run: ``name -> (multiplier, offset)``; see :func:`derive_seed`.
-
-``rollout``: a training step's sampling (index: the step or iteration); ``update``:
-the mini-batch order of an update (index: the step); ``eval_tasks``: the held-out
-task set (from ``env.seed``); ``deploy_arm``: one (temperature, persona) arm of an
-Iterative GRPO deployment; ``q_fit``: Q's initialisation and split; ``improve``:
-an improvement step's task draws, ``improve_sample`` its candidate sampling and
-``improve_probe`` its probe set. A new stream is a new entry here, whose
-``(multiplier, offset)`` no other stream has."""
-
-
-def derive_seed(base: int, stream: str, index: int = 0) -> int:
-    """The seed of ``stream`` at ``index`` (a step, an iteration, an arm) for a run
-    seeded ``base``: ``base * multiplier + offset + index``.
-
-    Multipliers are distinct primes (or small constants kept from the first
-    trainers, so their numbers never changed), which keeps streams of one run apart
-    for any realistic number of steps.
-    """
-    try:
-        multiplier, offset = SEED_STREAMS[stream]
-    except KeyError:
-        raise ValueError(
-            f"unknown seed stream {stream!r}; known: {', '.join(sorted(SEED_STREAMS))}"
-        ) from None
-    return base * multiplier + offset + index
-
-
-# --------------------------------------------------------------------------- guard
-
-
-class RunDirectoryError(UsageError):
-    """A run directory may not be used as asked (it holds another run, the config of a
-    resumed run changed, ...). Raised before anything is written."""
-
-
-def holds_run(path: Path) -> bool:
-    """Whether ``path`` holds a run: every trainer writes ``config.toml`` first."""
-    return (path / CONFIG_FILE).is_file()
-
-
-def run_entries(path: Path) -> list[Path]:
-    """What a directory holds, but the run lock file (which is no content)."""
-    return [entry for entry in path.iterdir() if entry.name != LOCK_FILE]
-
-
-def check_creatable(path: Path) -> None:
-    """Refuse, before any work, a missing run directory that cannot be created: its
-    nearest existing ancestor must take a new entry (tried with an empty temporary
-    file, removed at once: ``os.access`` approves a read-only file system for root)."""
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise OutputError(f"run_dir {path}: cannot create it: {parent} is not a directory")
-    try:
-        fd, probe = tempfile.mkstemp(dir=parent, prefix=".turnrl-probe-")
-    except OSError as err:
-        why = WRITE_FAILURES.get(err.errno or 0, err.strerror)
-        raise OutputError(f"run_dir {path}: cannot create it in {parent} ({why})") from None
-    os.close(fd)
-    os.unlink(probe)
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted keys of a nested dict (``{"train": {"seed": 0}}`` -> ``{"train.seed": 0}``)."""
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(_flatten(item, f"{prefix}{key}."))
-        if not value and prefix:
-            out[prefix[:-1]] = {}
-        return out
-    return {prefix[:-1]: value}
-
-
-def config_changes(old: Any, new: Any, may_change: tuple[str, ...]) -> list[str]:
-    """``key (old -> new)`` for every dotted key where two configs of one class differ,
-    except keys in (or under) ``may_change``."""
-    before, after = _flatten(config_to_dict(old)), _flatten(config_to_dict(new))
-    changes = []
-    missing = object()
-    for key in sorted(set(before) | set(after)):
-        if any(key == allowed or key.startswith(allowed + ".") for allowed in may_change):
-            continue
-        a, b = before.get(key, missing), after.get(key, missing)
-        if a != b or type(a) is not type(b):
-            shown = ["(unset)" if v is missing else repr(v) for v in (a, b)]
-            changes.append(f"{key} ({shown[0]} -> {shown[1]})")
-    return changes
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -214,18 +121,6 @@ class Checkpoint:
         from turnrl.train.checkpoint import restore_rng_state
 
         restore_rng_state(self.rng)
-
-
-@dataclass(frozen=True)
-class TrainingStart:
-    """What :meth:`RunDirectory.start_training` hands a trainer."""
-
-    policy: Any
-    reference: Any | None
-    """Frozen warm start for the KL penalty (``None`` when ``train.kl_coef`` is 0)."""
-    optimizer: Any
-    checkpoint: Checkpoint | None
-    """The checkpoint resumed from (``None``: a fresh run)."""
 
 
 # --------------------------------------------------------------------------- the run
@@ -351,7 +246,7 @@ class RunDirectory:
                     "refusing to write into it: choose another run_dir"
                 )
             if resume:
-                _check_resumable(path, config)
+                check_resumable(path, config)
                 resuming = True
             elif not overwrite:
                 raise RunDirectoryError(
@@ -359,7 +254,7 @@ class RunDirectory:
                     "it, --overwrite to replace it, or another run_dir"
                 )
             else:
-                _check_not_inside(path, getattr(config, "warm_start", None))
+                check_not_inside(path, getattr(config, "warm_start", None))
         return cls(
             path,
             config,
@@ -486,12 +381,15 @@ class RunDirectory:
         examples: Callable[[], list[Any]],
         *,
         seed: int,
+        update: PPOConfig | None = None,
         progress: bool = False,
     ) -> Any:
         """SFT ``policy`` on ``examples()`` for ``cfg.steps`` (unless ``cfg.init_from``
         gave it already, see :func:`initial_policy`, or ``steps`` is 0), save the
         losses and the policy as ``warm_start/``; returns the policy.
 
+        The warm start lays out its batches as the run's PPO ``update`` does (packed into
+        trees of ``max_tokens_per_batch`` when it is ``"tree"``, else per row).
         ``progress`` shows a bar (unless ``quiet``)."""
         from turnrl.train.sft import supervised_warm_start
 
@@ -507,7 +405,7 @@ class RunDirectory:
                     batch_size=cfg.batch_size,
                     seed=seed,
                     progress=(bar, task) if progress else None,
-                    max_tokens_per_batch=self._tree_budget(),
+                    max_tokens_per_batch=tree_budget(update),
                     lr_schedule=cfg.lr_schedule,
                 )
             atomic_write_json(self.path / "warm_start_losses.json", losses)
@@ -515,50 +413,6 @@ class RunDirectory:
         with replace_directory(self.warm_start_dir) as directory:
             policy.save(directory)
         return policy
-
-    def _tree_budget(self) -> int | None:
-        """The warm start lays out its batches as the run's update does: the PPO section's
-        ``max_tokens_per_batch`` when its ``update`` is ``"tree"``, else per row."""
-        for value in vars(self.config).values() if dataclasses.is_dataclass(self.config) else ():
-            if isinstance(value, PPOConfig):
-                return value.max_tokens_per_batch if value.update == "tree" else None
-        return None
-
-    def start_training(
-        self,
-        policy: Any,
-        config: Any,
-        demonstrations: Callable[[], list[Any]],
-        sampler: np.random.Generator,
-    ) -> TrainingStart:
-        """Start or resume an RL run from a ``RunConfig``-shaped ``config``.
-
-        A fresh run warm-starts ``policy`` (:func:`initial_policy`, then
-        :meth:`warm_start` on ``demonstrations()``); a resumed one reloads the saved
-        warm start and then the last checkpoint's weights, optimiser state, ``sampler``
-        state and global RNGs. The frozen KL reference (the warm start, when
-        ``train.kl_coef > 0``) and the AdamW optimiser are built the same way in both
-        cases. The checkpoint's other ``extra`` counters are the caller's to read.
-        """
-        import torch
-
-        checkpoint = self.start()
-        if checkpoint is None:
-            policy = initial_policy(policy, config.warm_start, config.policy)
-            policy = self.warm_start(
-                policy, config.warm_start, demonstrations, seed=config.train.seed, progress=True
-            )
-        else:
-            policy = self.load_warm_start()
-        reference = self.load_warm_start().clone_frozen() if config.train.kl_coef > 0 else None
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=config.train.lr, weight_decay=0.0)
-        if checkpoint is not None:
-            policy.load_state_dict(checkpoint.model)
-            assert checkpoint.optimizer is not None  # RL checkpoints always carry one
-            optimizer.load_state_dict(checkpoint.optimizer)
-            sampler.bit_generator.state = checkpoint.extra["sampler"]
-            checkpoint.restore_rng()  # after building models, which draw from it
-        return TrainingStart(policy, reference, optimizer, checkpoint)
 
     def load_warm_start(self) -> Any:
         """The saved warm-start policy (to resume, or as a frozen reference), on the
@@ -589,33 +443,6 @@ class RunDirectory:
         """One line on stdout, unless ``quiet``."""
         if not self.quiet:
             print(message, flush=True)
-
-
-def _check_resumable(path: Path, config: Any) -> None:
-    """Refuse to resume the run in ``path`` with a config that changed where it may not."""
-    cls = type(config)
-    try:
-        saved = load_config(cls, path / CONFIG_FILE, saved_copy=True)
-    except (OSError, ValueError) as err:
-        raise RunDirectoryError(f"cannot resume: {err}") from None
-    allowed = tuple(getattr(cls, "MAY_CHANGE_ON_RESUME", ()))
-    changes = config_changes(saved, config, allowed)
-    if changes:
-        raise RunDirectoryError(
-            f"cannot resume {path}: the config differs from its {CONFIG_FILE} in "
-            f"{'; '.join(changes)}. Only {', '.join(allowed) or 'nothing'} may change on "
-            "resume; use another run_dir, or --overwrite to replace the run"
-        )
-
-
-def _check_not_inside(path: Path, warm: WarmStartConfig | None) -> None:
-    """Refuse to empty a run directory that holds the policy the new run starts from."""
-    source = None if warm is None else warm.init_from
-    if source is not None and Path(source).resolve().is_relative_to(path.resolve()):
-        raise RunDirectoryError(
-            f"--overwrite would delete warm_start.init_from = {source!r}, which lies inside "
-            f"run_dir {path}; copy it elsewhere first or use another run_dir"
-        )
 
 
 # --------------------------------------------------------------------------- models, tasks
@@ -656,34 +483,9 @@ def initial_policy(policy: Any, warm: WarmStartConfig, config: PolicyConfig) -> 
     return factory.initial_policy(policy, warm.init_from, config)
 
 
-@dataclass(frozen=True)
-class TaskSplit:
-    """A run's fixed training task pool and its held-out evaluation tasks."""
-
-    train: list[Task]
-    eval: list[Task]
-
-    @property
-    def eval_unseen(self) -> float:
-        """Share of evaluation tasks not in the training pool (small pools overlap)."""
-        train_ids = {t.task_id for t in self.train}
-        return float(np.mean([t.task_id not in train_ids for t in self.eval]))
-
-
-def task_split(env: EnvConfig) -> TaskSplit:
-    """Training tasks from ``env.seed``, evaluation tasks from a derived seed. Small
-    pools (the calculator's easy problems) overlap: ``TaskSplit.eval_unseen`` says
-    how much."""
-    from turnrl.envs import make_tasks
-
-    return TaskSplit(
-        train=make_tasks(env.name, env.n_train_tasks, env.seed, **env.task_kwargs),
-        eval=make_tasks(
-            env.name, env.n_eval_tasks, derive_seed(env.seed, "eval_tasks"), **env.task_kwargs
-        ),
-    )
-
-
-def due(step: int, every: int) -> bool:
-    """Whether a periodic action (``every`` steps; 0 = never) falls on ``step``."""
-    return every > 0 and step % every == 0
+def tree_budget(update: PPOConfig | None) -> int | None:
+    """The token budget of one packed batch when ``update`` lays rows out as trees
+    (``update = "tree"``), else None (one row per sequence; also without a PPO config)."""
+    if update is None or update.update != "tree":
+        return None
+    return update.max_tokens_per_batch

@@ -32,7 +32,7 @@ from turnrl.train.agent.loop import AgentTrainer
 from turnrl.train.config import RunConfig
 from turnrl.train.ppo import UpdateBatch
 from turnrl.train.rank_zero import Leader, follow
-from turnrl.train.run import build_policy, derive_seed, initial_policy
+from turnrl.train.run import Checkpoint, build_policy, derive_seed, initial_policy
 from turnrl.train.validate import validate
 
 
@@ -61,11 +61,14 @@ class DistributedAgentTrainer(AgentTrainer):
             world,
         )
 
-    def setup(self) -> None:
-        dist.on_main(super().setup, self.world)
-        assert self.optimizer is not None
+    def setup(self, checkpoint: Checkpoint | None) -> int:
+        """Rank 0's warm start or resume (any refusal stops every rank with its line),
+        then every rank takes its state."""
+        done = dist.on_main(lambda: AgentTrainer.setup(self, checkpoint), self.world)
+        assert self.optimizer is not None and done is not None
         dist.share_start_state(self.world, _models(self), self.optimizer, None)
         self.leader.started()
+        return done
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:
         """The step's update, its rows spread over the ranks by tree."""

@@ -31,8 +31,11 @@ roles). Which calls share a batch depends on timing, so a resumed run is not
 bit-identical to an uninterrupted one (each step still starts from the
 checkpointed weights, optimiser and task sampler).
 
-The run directory is the shared lifecycle's (:mod:`turnrl.train.run`); this loop
-adds::
+The order of a run (start or resume, steps, evaluations, checkpoints, close) is
+:class:`~turnrl.train.lifecycle.Lifecycle`'s, whose
+:class:`~turnrl.train.lifecycle.Trainer` this class implements: :meth:`setup` starts the
+two gateways and their servers, :meth:`close` stops them. The run directory is the
+shared one (:mod:`turnrl.train.run`); this loop adds::
 
     rollouts/step-000003.jsonl   every training rollout's turn records, with advantages
     rollouts/eval-000003.jsonl   the evaluation rollouts' records
@@ -44,13 +47,13 @@ adds::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import math
+import socket
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -66,8 +69,8 @@ from turnrl.serve import Gateway, GatewayConfig, GatewayServer, bind_socket
 from turnrl.table import TurnTable
 from turnrl.train.agent.command import KILL_GRACE_S
 from turnrl.train.agent.programs import make_program
+from turnrl.train.agent.rollouts import plan_rollouts, refuse_untrainable, rollout_metrics
 from turnrl.train.agent.runner import (
-    AgentFailure,
     AgentRunner,
     GatewayLink,
     RolloutResult,
@@ -78,11 +81,21 @@ from turnrl.train.agent.teacher import TeacherGateway, load_teacher, teacher_exa
 from turnrl.train.agent.teacher_mix import teacher_jobs, weighted_examples
 from turnrl.train.agent.warm_quality import check_warm_start
 from turnrl.train.config import RunConfig
-from turnrl.train.metrics import advantage_metrics, episode_metrics
+from turnrl.train.lifecycle import LifecycleRun, Schedule, seed_process
+from turnrl.train.metrics import advantage_metrics
+from turnrl.train.policy_start import start_training
 from turnrl.train.ppo import UpdateBatch, build_update_batch, ppo_update
-from turnrl.train.run import RunDirectory, build_policy, derive_seed, due
+from turnrl.train.run import Checkpoint, RunDirectory, build_policy, derive_seed
 from turnrl.train.validate import validate
 from turnrl.types import Task, TurnRecord
+
+__all__ = [
+    "AgentRunError",
+    "AgentTrainer",
+    "plan_rollouts",
+    "refuse_untrainable",
+    "rollout_metrics",
+]
 
 logger = logging.getLogger("turnrl.agent")
 
@@ -100,86 +113,15 @@ class AgentRunError(TurnrlError, ValueError):
     one line (exit code 2), not as a traceback."""
 
 
-def plan_rollouts(tasks: list[Task], group_size: int, prefix: str) -> list[tuple[str, Task]]:
-    """``(rollout_id, task)`` of ``group_size`` rollouts per task; ids are unique in a run
-    (``prefix`` names the step) and safe in a URL path."""
-    return [
-        (f"{prefix}{slot:04d}-{g}", task)
-        for slot, task in enumerate(tasks)
-        for g in range(group_size)
-    ]
+@dataclass(frozen=True)
+class ServedAgents:
+    """One gateway serving the policy and the runner of agents against it."""
+
+    gateway: Gateway
+    runner: AgentRunner
 
 
-@dataclass
-class RolloutSummary:
-    """What the metrics read of one finished rollout (the fields of an environment episode)."""
-
-    task: Task
-    outcome: float
-    correct: bool
-    turn: int
-    tool_calls: int
-    opened_with_tool: bool
-    truncated_responses: int
-    malformed: int = 0
-    roles: dict[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, result: RolloutResult) -> RolloutSummary:
-        records = result.records
-        success = result.info.get("success")
-        roles: dict[str, int] = {}
-        for record in records:
-            roles[record.role] = roles.get(record.role, 0) + 1
-        return cls(
-            task=result.task,
-            outcome=result.reward,
-            correct=bool(success) if success is not None else result.reward > 0,
-            turn=len(records),
-            tool_calls=sum(bool(r.tool_call) for r in records),
-            opened_with_tool=bool(records and records[0].tool_call),
-            truncated_responses=sum(r.stop_reason == "length" for r in records),
-            roles=roles,
-        )
-
-
-def rollout_metrics(results: list[RolloutResult], prefix: str = "") -> dict[str, float]:
-    """Success, tool-call rate, calls and return per rollout, overall and per task tag;
-    calls per role when there are several; failed rollouts."""
-    kept = [RolloutSummary.of(r) for r in results if r.failure is None]
-    out = episode_metrics(kept, prefix=prefix) if kept else {}
-    out.pop(f"{prefix}malformed_rate", None)  # the gateway cannot tell a malformed reply
-    roles = sorted({role for s in kept for role in s.roles})
-    if len(roles) > 1:
-        for role in roles:
-            out[f"{prefix}turns_{role}"] = float(np.mean([s.roles.get(role, 0) for s in kept]))
-    out[f"{prefix}agent_failures"] = float(sum(r.failure is not None for r in results))
-    return out
-
-
-def refuse_untrainable(results: list[RolloutResult], temperature: float) -> None:
-    """Turn rollouts that must not be trained on into failures: sampled by two policy
-    versions (impossible in this synchronous loop, so a bug), or at a temperature other
-    than the one the update recomputes log-probs at."""
-    for result in results:
-        if result.failure is not None:
-            continue
-        versions = sorted({r.policy_version for r in result.records})
-        temperatures = sorted({r.temperature for r in result.records})
-        reason = None
-        if len(versions) > 1:
-            reason = f"its turns were sampled by policy versions {versions}"
-        elif any(not math.isclose(t, temperature) for t in temperatures):
-            reason = (
-                f"the agent asked for temperature {temperatures}, but training samples at "
-                f"policy.temperature={temperature} (drop the agent's temperature argument)"
-            )
-        if reason is not None:
-            result.failure = AgentFailure(result.rollout_id, result.task.task_id, reason, None)
-            result.records = []
-
-
-class AgentTrainer:
+class AgentTrainer(LifecycleRun):
     """One agent-loop training job (a ``RunConfig`` with ``[agent]``).
 
     Everything checkable is checked before any work: the config (``validate``), the
@@ -233,9 +175,7 @@ class AgentTrainer:
             self.socket.close()
             raise
         self.run_dir = self.run_directory.path
-        if config.train.threads > 0:
-            torch.set_num_threads(config.train.threads)
-        torch.manual_seed(config.train.seed)
+        seed_process(config.train.seed, config.train.threads)
         self.policy = build_policy(config.policy, config.train.seed)
         self.reference: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -243,13 +183,19 @@ class AgentTrainer:
         self.step = 0
         self.calls = 0
         """Cumulative chat calls trained on (the agent loop's ``env_steps``)."""
+        self._servers = contextlib.ExitStack()
+        """The gateways and servers :meth:`setup` starts (closed by :meth:`close`)."""
+        self._train_side: ServedAgents
+        self._eval_side: ServedAgents
 
     # ------------------------------------------------------------------ one step
-    def train_step(self, runner: AgentRunner, gateway: Gateway) -> dict[str, Any]:
-        """Draw tasks, run the agents, credit their turns, update; the step's metrics."""
+    def train_step(self, step: int) -> dict[str, Any]:
+        """Step ``step``: draw tasks, run the agents, credit their turns, update; the
+        step's metrics."""
         cfg = self.config
+        runner, gateway = self._train_side.runner, self._train_side.gateway
         started = time.perf_counter()
-        self.step += 1
+        self.step = step
         where = f"step-{self.step:06d}"
         # 1. tasks
         picks = self.sampler.choice(
@@ -316,8 +262,9 @@ class AgentTrainer:
             seed=derive_seed(cfg.train.seed, "update", self.step),
         )
 
-    def evaluate(self, runner: AgentRunner, gateway: Gateway) -> dict[str, float]:
+    def evaluate(self) -> dict[str, float]:
         """The same agent on the held-out tasks (the eval gateway's temperature)."""
+        runner, gateway = self._eval_side.runner, self._eval_side.gateway
         gateway.swap_policy(self.served, version=self.step)  # same weights, version stamped
         where = f"eval-{self.step:06d}"
         jobs = plan_rollouts(self.eval_tasks, self.config.train.eval_samples, f"e{self.step}-")
@@ -427,17 +374,42 @@ class AgentTrainer:
         examples = teacher_examples(records)
         return weighted_examples(examples, records, probability) if probability else examples
 
-    def setup(self) -> None:
-        """A fresh warm start, or the state of the last checkpoint."""
+    @property
+    def schedule(self) -> Schedule:
+        cfg = self.config.train
+        return Schedule(cfg.steps, cfg.eval_every, cfg.checkpoint_every, label="agent RL")
+
+    def setup(self, checkpoint: Checkpoint | None) -> int:
+        """A fresh warm start, or the state of ``checkpoint``; then the training and the
+        evaluation gateways start serving the policy."""
         examples = self.demonstrations if self.teacher is not None else list
-        start = self.run_directory.start_training(self.policy, self.config, examples, self.sampler)
+        start = start_training(
+            self.run_directory, checkpoint, self.policy, self.config, examples, self.sampler
+        )
         self.policy, self.reference, self.optimizer = start.policy, start.reference, start.optimizer
-        checkpoint = start.checkpoint
         if checkpoint is not None:
             self.step = checkpoint.step
             self.calls = int(checkpoint.extra["calls"])
         self.policy.model.eval()
         self.served = build_sampler(self.config.policy, self.policy)  # #26: the learner, or vLLM
+        cfg = self.config
+        self._train_side = self._serve(cfg.policy.temperature, self.socket)
+        self._eval_side = self._serve(cfg.train.eval_temperature, bind_socket(HOST, 0))
+        return self.step
+
+    def _serve(self, temperature: float, sock: socket.socket) -> ServedAgents:
+        """A gateway over the served policy at ``temperature``, its server on ``sock`` and
+        the runner of agents against it; stopped by :meth:`close`."""
+        gateway = self._servers.enter_context(
+            Gateway(self.served, self.gateway_config(temperature), policy_version=self.step)
+        )
+        server = self._servers.enter_context(GatewayServer(gateway, sock=sock, list_rollouts=False))
+        return ServedAgents(gateway, self.runner(gateway, server))
+
+    def start_metrics(self) -> dict[str, Any]:
+        """The warm start's evaluation and its teacher-forced check (the step-0 row)."""
+        evaluation = self.evaluate()
+        return {**evaluation, **self.check_warm_start({"step": 0, **evaluation})}
 
     def check_warm_start(self, greedy: dict[str, float]) -> dict[str, float]:
         """Teacher-forced accuracy of the warm start per kind (its metrics), and a warning
@@ -456,6 +428,7 @@ class AgentTrainer:
         return metrics
 
     def checkpoint(self) -> None:
+        """The weights, optimiser, task sampler and call count after the last step."""
         assert self.optimizer is not None
         self.run_directory.save_checkpoint(
             self.step,
@@ -465,53 +438,19 @@ class AgentTrainer:
         )
 
     # ----------------------------------------------------------------------- run
-    def run(self, *, stop_after: int | None = None) -> Path:
-        """Train to ``train.steps`` (``stop_after`` ends early: tests of resume)."""
-        cfg = self.config
+    def describe(self, row: Mapping[str, Any]) -> str:
+        """The progress bar's line for a step."""
+        parts = [f"agent RL step {row['step']}", f"success {row.get('success', 0):.2f}"]
+        parts.append(f"tools {row.get('tool_rate', 0):.2f}")
+        if row.get("agent_failures"):
+            parts.append(f"failures {row['agent_failures']:.0f}")
+        return "  ".join(parts)
+
+    def close(self) -> None:
+        """Stop the gateways and their servers, close the port bound at construction and
+        release the run directory's lock."""
         try:
-            self.setup()
-        except BaseException:
+            self._servers.close()
+        finally:
             self.socket.close()
-            raise
-        run = self.run_directory
-        with (
-            Gateway(
-                self.served, self.gateway_config(cfg.policy.temperature), policy_version=self.step
-            ) as gateway,
-            Gateway(
-                self.served,
-                self.gateway_config(cfg.train.eval_temperature),
-                policy_version=self.step,
-            ) as eval_gateway,
-            GatewayServer(gateway, sock=self.socket, list_rollouts=False) as server,
-            GatewayServer(
-                eval_gateway, sock=bind_socket(HOST, 0), list_rollouts=False
-            ) as eval_server,
-        ):
-            runner = self.runner(gateway, server)
-            eval_runner = self.runner(eval_gateway, eval_server)
-            if self.step == 0:
-                row = {"step": 0, **self.evaluate(eval_runner, eval_gateway)}
-                run.append_metrics({**row, **self.check_warm_start(row)})
-            with run.progress() as bar:
-                task = bar.add_task("agent RL", total=cfg.train.steps, completed=self.step)
-                while self.step < cfg.train.steps:
-                    if stop_after is not None and self.step >= stop_after:
-                        break
-                    row = self.train_step(runner, gateway)
-                    if due(self.step, cfg.train.eval_every) or self.step == cfg.train.steps:
-                        row.update(self.evaluate(eval_runner, eval_gateway))
-                    run.append_metrics(row)
-                    if due(self.step, cfg.train.checkpoint_every) or self.step == cfg.train.steps:
-                        self.checkpoint()
-                    bar.update(task, advance=1, description=describe(row))
-        return self.run_dir
-
-
-def describe(row: dict[str, Any]) -> str:
-    """The progress bar's line for a step."""
-    parts = [f"agent RL step {row['step']}", f"success {row.get('success', 0):.2f}"]
-    parts.append(f"tools {row.get('tool_rate', 0):.2f}")
-    if row.get("agent_failures"):
-        parts.append(f"failures {row['agent_failures']:.0f}")
-    return "  ".join(parts)
+            super().close()

@@ -30,7 +30,7 @@ from turnrl.train.iterate.improve import trainable
 from turnrl.train.iterate.loop import IterativeGRPO
 from turnrl.train.iterate.qmodel import QFunction
 from turnrl.train.rank_zero import Leader, follow
-from turnrl.train.run import build_policy, initial_policy
+from turnrl.train.run import Checkpoint, build_policy, initial_policy
 from turnrl.train.validate import validate
 from turnrl.types import TurnRecord
 
@@ -61,14 +61,13 @@ class DistributedIterativeGRPO(IterativeGRPO):
             world,
         )
 
-    def _start(self) -> tuple[list[TurnRecord], dict[str, float]] | None:
-        started = dist.on_main(super()._start, self.world)
+    def setup(self, checkpoint: Checkpoint | None) -> int:
+        """Rank 0's warm start or resume (any refusal stops every rank with its line),
+        then the other ranks take its state."""
+        done = dist.on_main(lambda: IterativeGRPO.setup(self, checkpoint), self.world)
+        assert done is not None
         self._share()
-        return started
-
-    def _restore(self, checkpoint: Any) -> None:
-        dist.on_main(lambda: super(DistributedIterativeGRPO, self)._restore(checkpoint), self.world)
-        self._share()
+        return done
 
     def _share(self) -> None:
         """Hand the other ranks the policy and its optimiser state; they then follow."""

@@ -39,24 +39,25 @@ Run directory::
                          finished iteration (:mod:`turnrl.train.checkpoint`)
     final_policy/        the last improved policy
 
-A killed run continues with ``resume=True`` (``turnrl iterate --resume``) from the
-last finished iteration: metrics rows of unfinished iterations are dropped and the
-iteration is redone. Every random stream is derived from (seed, iteration) or
-restored from the checkpoint, so the resumed run produces the numbers an
-uninterrupted one would.
+The order of a run is :class:`~turnrl.train.lifecycle.Lifecycle`'s (an iteration is
+a step; every one evaluates and checkpoints). A killed run continues with
+``resume=True`` (``turnrl iterate --resume``) from the last finished iteration:
+metrics rows of unfinished iterations are dropped and the iteration is redone. Every
+random stream is derived from (seed, iteration) or restored from the checkpoint, so
+the resumed run produces the numbers an uninterrupted one would.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from turnrl.envs import demonstration, make_env
+from turnrl.envs import make_env
 from turnrl.errors import ConfigError
 from turnrl.io import atomic_write_json, atomic_write_text, replace_directory
 from turnrl.records import dumps_record
@@ -64,7 +65,6 @@ from turnrl.rollout import run_episodes
 from turnrl.train.iterate.chatlogs import read_chat_logs, tokenise_conversations
 from turnrl.train.iterate.config import IterateConfig
 from turnrl.train.iterate.deploy import deploy
-from turnrl.train.iterate.explore import with_instruction
 from turnrl.train.iterate.improve import (
     FormatCheck,
     LoggedState,
@@ -82,6 +82,8 @@ from turnrl.train.iterate.qmodel import (
     q_examples,
 )
 from turnrl.train.iterate.qquality import q_quality
+from turnrl.train.iterate.warm_start import warm_start_examples
+from turnrl.train.lifecycle import LifecycleRun, Schedule, seed_process
 from turnrl.train.metrics import episode_metrics
 from turnrl.train.ppo import ppo_update
 from turnrl.train.run import (
@@ -92,12 +94,11 @@ from turnrl.train.run import (
     initial_policy,
     task_split,
 )
-from turnrl.train.sft import TurnExample, conversation_examples, demonstration_examples
 from turnrl.train.validate import validate
 from turnrl.types import Env, ResponseChecks, Task, TurnRecord
 
 
-class IterativeGRPO:
+class IterativeGRPO(LifecycleRun):
     """Runs one ``turnrl iterate`` job described by an ``IterateConfig``.
 
     ``from_logs``: a chat-log JSONL file (:mod:`turnrl.train.iterate.chatlogs`) used as the
@@ -141,9 +142,7 @@ class IterativeGRPO:
         if self.has_env:
             tasks = task_split(env)
             self.train_tasks, self.eval_tasks = tasks.train, tasks.eval
-        if config.threads > 0:
-            torch.set_num_threads(config.threads)
-        torch.manual_seed(config.seed)
+        seed_process(config.seed, config.threads)
         self.policy = build_policy(config.policy, config.seed)
         self.logged: list[TurnRecord] | None = None
         """The imported conversations as turn records (``--from-logs``)."""
@@ -164,53 +163,12 @@ class IterativeGRPO:
         self.previous_q: QFunction | None = None
         self.conversations_deployed = 0
         self.iteration = 0
+        self._imported: tuple[list[TurnRecord], dict[str, float]] | None = None
+        """The imported logs as iteration 1's batch and its metrics (a fresh run)."""
 
     # ------------------------------------------------------------------ set-up
     def _make_env(self) -> Env:
         return make_env(self.config.env.name, **self.config.env.env_kwargs)
-
-    def _demonstration_kwargs(self) -> dict[str, Any]:
-        from turnrl.envs.negotiation import SETTINGS
-
-        kwargs = dict(self.config.env.env_kwargs)
-        style = self.config.warm_start.style
-        if style is not None and self.config.env.name in SETTINGS:
-            kwargs["style"] = style
-        return kwargs
-
-    def _warm_start_examples(self, log_records: list[TurnRecord] | None) -> list[TurnExample]:
-        cfg = self.config
-        if self.has_env:
-            return (
-                demonstration_examples(
-                    self.policy,
-                    cfg.env.name,
-                    self.train_tasks,
-                    seed=cfg.seed,
-                    tool_fraction=cfg.warm_start.tool_fraction,
-                    easy_tool_fraction=cfg.warm_start.easy_tool_fraction,
-                    env_kwargs=self._demonstration_kwargs(),
-                    mix=cfg.warm_start.mix,
-                )
-                + self._persona_examples()
-            )
-        assert log_records is not None
-        return [
-            TurnExample(list(r.prompt_ids or ()), list(r.response_ids or ())) for r in log_records
-        ]
-
-    def _persona_examples(self) -> list[TurnExample]:
-        """Demonstrations of ``warm_start.persona_styles``, instruction in the system message."""
-        name = self.config.env.name
-        examples: list[TurnExample] = []
-        for instruction, style in self.config.warm_start.persona_styles.items():
-            kwargs = {**self.config.env.env_kwargs, "style": style}
-            for task in self.train_tasks:
-                messages = demonstration(name, task, **kwargs)
-                examples += conversation_examples(
-                    self.policy, with_instruction(messages, instruction)
-                )
-        return examples
 
     def _warm_start(self, log_records: list[TurnRecord] | None) -> None:
         """SFT on demonstrations (or on the logs when there is no env), unless
@@ -218,12 +176,15 @@ class IterativeGRPO:
         self.policy = self.run_directory.warm_start(
             self.policy,
             self.config.warm_start,
-            lambda: self._warm_start_examples(log_records),
+            lambda: warm_start_examples(
+                self.policy, self.config, self.train_tasks if self.has_env else None, log_records
+            ),
             seed=self.config.seed,
+            update=self.config.improve,
         )
 
     # --------------------------------------------------------------- the steps
-    def evaluate(self) -> dict[str, float]:
+    def evaluate_policy(self) -> dict[str, float]:
         """Deal rate / value (success / return) on the held-out tasks; {} without an env."""
         if not self.has_env:
             return {}
@@ -407,7 +368,7 @@ class IterativeGRPO:
             with replace_directory(out / "policy") as directory:
                 self.policy.save(directory)
 
-    def _checkpoint(self) -> None:
+    def checkpoint(self) -> None:
         """Everything the next iteration needs, written atomically (Q is in iter-NNN/q)."""
         self.run_directory.save_checkpoint(
             self.iteration,
@@ -433,72 +394,74 @@ class IterativeGRPO:
         checkpoint.restore_rng()
         self.run_directory.log(f"resumed after iteration {self.iteration}")
 
-    def _start(self) -> tuple[list[TurnRecord], dict[str, float]] | None:
-        """Fresh start: warm start and the step-0 evaluation; returns imported logs."""
+    # ----------------------------------------------------- the Trainer phases
+    @property
+    def schedule(self) -> Schedule:
+        """Every iteration evaluates and checkpoints; one log line each, no bar."""
+        steps = self.config.iterations if self.has_env else 1
+        return Schedule(steps, 1, 1, label="iterate", progress_bar=False)
+
+    def setup(self, checkpoint: Checkpoint | None) -> int:
+        """A fresh start (the warm start; imported logs become iteration 1's batch) or the
+        state after the iteration ``checkpoint`` finished; the iterations done."""
+        if checkpoint is not None:
+            self._restore(checkpoint)
+            return self.iteration
         cfg = self.config
-        log_records = None
         if self.conversations is None:
             self.policy = initial_policy(self.policy, cfg.warm_start, cfg.policy)
         else:  # the constructor loaded the initial policy to tokenise the logs
-            log_records = self.import_logs()
-        self._warm_start(log_records[0] if log_records else None)
-        self.run_directory.append_metrics({"step": 0, "conversations": 0.0, **self.evaluate()})
-        return log_records
+            self._imported = self.import_logs()
+        self._warm_start(self._imported[0] if self._imported else None)
+        return 0
 
-    def run(self, *, stop_after: int | None = None) -> Path:
-        """Warm start, then ``iterations`` rounds; returns the run directory.
+    def start_metrics(self) -> dict[str, Any]:
+        """The step-0 row: no conversation deployed yet, the warm start's evaluation."""
+        return {"conversations": 0.0, **self.evaluate_policy()}
 
-        ``stop_after``: return after that many finished iterations without saving
-        ``final_policy`` (simulates a killed run; used to test resuming).
-        """
-        cfg = self.config
-        run = self.run_directory
-        checkpoint = run.start()
-        log_records = None
-        if checkpoint is None:
-            log_records = self._start()
+    def train_step(self, step: int) -> dict[str, Any]:
+        """Iteration ``step``: deploy (or take the imported logs), fit Q, improve; its
+        outputs under ``iter-NNN/``; the row without the evaluation."""
+        started = time.perf_counter()
+        if step == 1 and self._imported is not None:
+            records, row = self._imported
         else:
-            self._restore(checkpoint)
-        iterations = cfg.iterations if self.has_env else 1
-        while self.iteration < iterations:
-            if stop_after is not None and self.iteration >= stop_after:
-                return self.run_dir
-            iteration = self.iteration + 1
-            started = time.perf_counter()
-            if iteration == 1 and log_records is not None:
-                records, row = log_records
-            else:
-                records, row = self.collect(iteration)
-            t_deploy = time.perf_counter()
-            fit, q_metrics = self.fit_q(records, iteration)
-            t_q = time.perf_counter()
-            improved = self.improve(records, fit.q, iteration)
-            t_improve = time.perf_counter()
-            evaluation = self.evaluate()
-            row = {
-                "step": iteration,
-                **row,
-                **q_metrics,
-                **improved,
-                **evaluation,
-                "seconds_deploy": t_deploy - started,
-                "seconds_q": t_q - t_deploy,
-                "seconds_improve": t_improve - t_q,
-                "seconds_eval": time.perf_counter() - t_improve,
-            }
-            run.append_metrics(row)
-            self._write_iteration(iteration, records, fit)
-            self.iteration = iteration
-            self._checkpoint()
-            run.log(describe_row(row))
+            records, row = self.collect(step)
+        t_deploy = time.perf_counter()
+        fit, q_metrics = self.fit_q(records, step)
+        t_q = time.perf_counter()
+        improved = self.improve(records, fit.q, step)
+        t_improve = time.perf_counter()
+        self._write_iteration(step, records, fit)
+        self.iteration = step
+        return {
+            "step": step,
+            **row,
+            **q_metrics,
+            **improved,
+            "seconds_deploy": t_deploy - started,
+            "seconds_q": t_q - t_deploy,
+            "seconds_improve": t_improve - t_q,
+        }
+
+    def evaluate(self) -> dict[str, float]:
+        """The iteration's held-out evaluation (:meth:`evaluate_policy`) and its seconds."""
+        started = time.perf_counter()
+        return {**self.evaluate_policy(), "seconds_eval": time.perf_counter() - started}
+
+    def describe(self, row: Mapping[str, Any]) -> str:
+        """One progress line per iteration."""
+        return describe_row(row)
+
+    def finish(self) -> None:
+        """Save the last improved policy as ``final_policy/``."""
         with replace_directory(self.run_dir / "final_policy") as directory:
             self.policy.save(directory)
-        if not self.has_env and cfg.iterations > 1:
-            run.log("no environment configured: stopped after improving on the logs")
-        return self.run_dir
+        if not self.has_env and self.config.iterations > 1:
+            self.run_directory.log("no environment configured: stopped after improving on the logs")
 
 
-def describe_row(row: dict[str, Any]) -> str:
+def describe_row(row: Mapping[str, Any]) -> str:
     """One progress line per iteration."""
     parts = [f"iteration {row['step']}", f"conversations {int(row.get('conversations', 0))}"]
     if "success" in row:
