@@ -20,6 +20,7 @@ prefixes shared by tasks on different ranks are computed once per rank.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -349,11 +350,16 @@ def test_unsupported_modes_are_refused_in_one_line(tmp_path: Path) -> None:
         "rollout.per_episode_seeds=false": "set rollout.per_episode_seeds = true",
         "rollout.tasks_per_step=3": "tasks_per_step = 3 is not a multiple of the 2",
         "rollout.workers=2": "cannot be combined with torchrun ranks",
-        'agent.entrypoint="agents/a.py:run"': r"\[agent\]\) runs over ranks as turnrl.train.agent",
     }
     for override, message in cases.items():
         with pytest.raises(UsageError, match=message):
             check_supported(config(override), two)
+    # an [agent] run cannot be loaded from an [env] recipe (one mode per run): built in code
+    agent_run = dataclasses.replace(
+        config(), agent=dataclasses.replace(config().agent, entrypoint="agents/a.py:run")
+    )
+    with pytest.raises(UsageError, match=r"\[agent\]\) runs over ranks as turnrl.train.agent"):
+        check_supported(agent_run, two)
     with pytest.raises(UsageError, match="'patr' does not run under torchrun"):
         check_supported(config("rollout.strategy=patr", "rollout.per_episode_seeds=false"), two)
 
