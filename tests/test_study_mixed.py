@@ -172,6 +172,9 @@ def test_tables_keep_their_arms_and_pair_against_their_own_baseline(tmp_path: Pa
         "| b | it2 | 0 | 0.00 → 0.50 |",
         "| b | it2 | 1 | 0.00 → 0.60 |",
     ]
+    assert seeds.endswith(
+        "Start: the first value each run logged (not all at the same step); end: the last."
+    )
 
 
 def test_a_table_naming_an_unknown_arm_or_baseline_is_refused(tmp_path: Path) -> None:

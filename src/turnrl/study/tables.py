@@ -159,7 +159,9 @@ BUILDERS = {"seeds": seeds_table, "arms": arms_table, "paired": paired_table}
 def table_note(study: Study, table: Table) -> str:
     """The line under a table saying what its numbers are."""
     if table.kind == "seeds":
-        return "Start: the first evaluation (after the warm start); end: the last."
+        if all(m.key.startswith("eval_") for m in table.metrics):
+            return "Start: the first evaluation (after the warm start); end: the last."
+        return "Start: the first value each run logged (not all at the same step); end: the last."
     if table.kind == "arms":
         return "Means over seeds; sd: sample standard deviation (ddof = 1)."
     warm = study.warm_starts
