@@ -289,7 +289,8 @@ def _iterate_study(name: str, title: str, arms: tuple[Arm, ...], **fields: objec
             seed_override="seed={warm}",
         ),
         doc="docs/iterative-grpo.md",
-        curve="eval_return",
+        # no curve: the arms log per iteration (iterate) and per step (train), so they
+        # share no x axis; the per-seed start -> end values are in the tables
         **fields,  # type: ignore[arg-type]
     )
 
