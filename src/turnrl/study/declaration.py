@@ -37,6 +37,11 @@ class Arm:
     overrides: tuple[str, ...] = ()
     config: str | None = None
     """The arm's own recipe (relative to the repository root); default: the study's."""
+    program: tuple[str, ...] | None = None
+    """The arm's own command (e.g. ``turnrl train`` in a study of ``turnrl iterate``
+    runs); default: the study's."""
+    seed_override: str | None = None
+    """How the arm's command takes the seed; default: the study's."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,9 @@ class WarmStarts:
     """Overrides of the warm-start run (added to the study's own)."""
     seed_override: str = "train.seed={warm}"
     init_override: str = "warm_start.init_from={warm_dir}/warm_start"
+    per_setting: bool = False
+    """One warm start per setting as well (with the setting's overrides), under
+    ``warm/<setting>/ws<w>``: for settings that change the environment."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,10 @@ class Table:
     kind: str
     metrics: tuple[Metric, ...]
     extra: tuple[Metric, ...] = ()
+    arms: tuple[str, ...] = ()
+    """The arms the table shows (all when empty)."""
+    baseline: str | None = None
+    """A paired table's baseline arm; default: the study's."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,8 @@ class Cell:
     argv: tuple[str, ...]
     """The command, without a resume flag (the runner adds one to continue a run)."""
     is_warm_start: bool = False
+    warm_from: str = ""
+    """The key of the warm-start cell this cell starts from (empty: none)."""
 
     @property
     def key(self) -> str:
@@ -150,8 +164,12 @@ class Study:
         names = [arm.name for arm in self.arms]
         if len(set(names)) != len(names):
             raise ValueError(f"study {self.name!r}: two arms share a name")
-        if self.baseline is not None and self.baseline not in names:
-            raise ValueError(f"study {self.name!r}: baseline {self.baseline!r} is not an arm")
+        for baseline in (self.baseline, *(table.baseline for table in self.tables)):
+            if baseline is not None and baseline not in names:
+                raise ValueError(f"study {self.name!r}: baseline {baseline!r} is not an arm")
+        for table in self.tables:
+            if set(table.arms) - set(names):
+                raise ValueError(f"study {self.name!r}, table {table.name!r}: unknown arms")
 
     @property
     def table_names(self) -> tuple[str, ...]:
@@ -174,24 +192,42 @@ def warm_indices(study: Study) -> list[int]:
     return list(range(study.warm_starts.count))
 
 
+def _warm_settings(study: Study) -> tuple[Setting, ...]:
+    """The settings that have warm starts of their own (one unnamed one otherwise)."""
+    per_setting = study.warm_starts is not None and study.warm_starts.per_setting
+    return study.settings if per_setting else (Setting(""),)
+
+
+def warm_dir(study: Study, root: Path, setting: Setting, warm: int) -> Path:
+    """The run directory of warm start ``warm`` (of ``setting`` if warm starts are per
+    setting)."""
+    parent = study_dir(study, root) / "warm"
+    if study.warm_starts is not None and study.warm_starts.per_setting:
+        parent = parent / setting.name
+    return parent / f"ws{warm}"
+
+
 def warm_cells(study: Study, root: Path) -> list[Cell]:
     """The shared warm-start runs (none unless ``warm_starts`` is declared)."""
     if study.warm_starts is None:
         return []
     cells = []
     program = study.warm_starts.program or study.program
-    for warm in warm_indices(study):
-        run_dir = study_dir(study, root) / "warm" / f"ws{warm}"
-        argv = (
-            *(_fill(part, python=sys.executable) for part in program),
-            "--config",
-            str(root / study.config),
-            *study.overrides,
-            *study.warm_starts.overrides,
-            _fill(study.warm_starts.seed_override, warm=warm),
-            f"run_dir={run_dir}",
-        )
-        cells.append(Cell(study.name, "", "warm", warm, warm, run_dir, argv, is_warm_start=True))
+    for setting in _warm_settings(study):
+        for warm in warm_indices(study):
+            run_dir = warm_dir(study, root, setting, warm)
+            argv = (
+                *(_fill(part, python=sys.executable) for part in program),
+                "--config",
+                str(root / study.config),
+                *study.overrides,
+                *setting.overrides,
+                *study.warm_starts.overrides,
+                _fill(study.warm_starts.seed_override, warm=warm),
+                f"run_dir={run_dir}",
+            )
+            cell = Cell(study.name, setting.name, "warm", warm, warm, run_dir, argv, True)
+            cells.append(cell)
     return cells
 
 
@@ -209,20 +245,37 @@ def cells(study: Study, root: Path) -> list[Cell]:
                     shared = study.warm_starts is not None and not per_seed
                     leaf = f"ws{warm}-seed{seed}" if shared else f"seed{seed}"
                     run_dir = parent / arm.name / leaf
-                    warm_override = ()
+                    warm_override: tuple[str, ...] = ()
+                    warm_from = ""
                     if study.warm_starts:
-                        warm_dir = base / "warm" / f"ws{warm}"
-                        warm_override = (_fill(study.warm_starts.init_override, warm_dir=warm_dir),)
+                        start = warm_dir(study, root, setting, warm)
+                        warm_override = (_fill(study.warm_starts.init_override, warm_dir=start),)
+                        warm_from = "/".join(start.relative_to(base).parts)
+                    seed_override = arm.seed_override or study.seed_override
                     argv = (
-                        *(_fill(part, python=sys.executable) for part in study.program),
+                        *(
+                            _fill(part, python=sys.executable)
+                            for part in arm.program or study.program
+                        ),
                         "--config",
                         str(root / (arm.config or study.config)),
                         *study.overrides,
                         *setting.overrides,
                         *arm.overrides,
                         *warm_override,
-                        _fill(study.seed_override, seed=seed),
+                        _fill(seed_override, seed=seed),
                         f"run_dir={run_dir}",
                     )
-                    out.append(Cell(study.name, setting.name, arm.name, warm, seed, run_dir, argv))
+                    out.append(
+                        Cell(
+                            study.name,
+                            setting.name,
+                            arm.name,
+                            warm,
+                            seed,
+                            run_dir,
+                            argv,
+                            warm_from=warm_from,
+                        )
+                    )
     return out

@@ -59,8 +59,8 @@ def select(all_cells: Sequence[Cell], only: Sequence[str]) -> list[Cell]:
     if not only:
         return list(all_cells)
     chosen = [c for c in all_cells if all(part in c.key for part in only)]
-    warms = {c.warm for c in chosen if not c.is_warm_start}
-    needed = [c for c in all_cells if c.is_warm_start and c.warm in warms and c not in chosen]
+    warms = {c.warm_from for c in chosen if not c.is_warm_start}
+    needed = [c for c in all_cells if c.is_warm_start and c.key in warms and c not in chosen]
     return needed + chosen
 
 
@@ -109,9 +109,9 @@ def run_study(
     outcomes: list[Outcome] = []
     for phase in phases:
         outcomes += _run_phase(study, root, phase, max(1, jobs), on_event or _quiet)
-        failed_warm = [o.cell.warm for o in outcomes if o.returncode and o.cell.is_warm_start]
-        if failed_warm:
-            phases[1] = [c for c in phases[1] if c.warm not in failed_warm]
+        failed = {o.cell.key for o in outcomes if o.returncode and o.cell.is_warm_start}
+        if failed:
+            phases[1] = [c for c in phases[1] if c.warm_from not in failed]
     return outcomes
 
 

@@ -119,7 +119,8 @@ def arms_table(study: Study, table: Table, finished: Sequence[Cell], rows: Rows)
 def paired_table(study: Study, table: Table, finished: Sequence[Cell], rows: Rows) -> str:
     """Per arm other than the baseline: ``arm - baseline`` of each metric, pair by pair
     (same warm start and seed), its mean, 95% bootstrap interval and verdict."""
-    if study.baseline is None:
+    baseline = table.baseline or study.baseline
+    if baseline is None:
         raise ValueError(f"study {study.name!r}: a paired table needs a baseline arm")
     header = [*_label_headers(study), "metric", "pairs", "difference per pair", "mean"]
     header += ["95% CI", "verdict"]
@@ -127,9 +128,9 @@ def paired_table(study: Study, table: Table, finished: Sequence[Cell], rows: Row
     groups = _groups(study, finished)
     body = []
     for setting, arm, group in groups:
-        if arm == study.baseline:
+        if arm == baseline:
             continue
-        base = next((g for s, a, g in groups if s == setting and a == study.baseline), [])
+        base = next((g for s, a, g in groups if s == setting and a == baseline), [])
         for m in table.metrics:
             ours = {pair_key(c): reduce(rows(c), m) for c in group}
             theirs = {pair_key(c): reduce(rows(c), m) for c in base}
@@ -140,7 +141,7 @@ def paired_table(study: Study, table: Table, finished: Sequence[Cell], rows: Row
             )
             body.append(
                 [
-                    *_row_label(study, setting, f"{arm} − {study.baseline}"),
+                    *_row_label(study, setting, f"{arm} − {baseline}"),
                     m.label,
                     str(interval.n),
                     ", ".join(number(v, m.digits, True) for v in diffs.values()),
@@ -158,7 +159,9 @@ BUILDERS = {"seeds": seeds_table, "arms": arms_table, "paired": paired_table}
 def table_note(study: Study, table: Table) -> str:
     """The line under a table saying what its numbers are."""
     if table.kind == "seeds":
-        return "Start: the first evaluation (after the warm start); end: the last."
+        if all(m.key.startswith("eval_") for m in table.metrics):
+            return "Start: the first evaluation (after the warm start); end: the last."
+        return "Start: the first value each run logged (not all at the same step); end: the last."
     if table.kind == "arms":
         return "Means over seeds; sd: sample standard deviation (ddof = 1)."
     warm = study.warm_starts
@@ -184,4 +187,6 @@ def table_note(study: Study, table: Table) -> str:
 def build(study: Study, table: Table, finished: Sequence[Cell], rows: Rows) -> str:
     if table.kind not in BUILDERS:
         raise ValueError(f"study {study.name!r}, table {table.name!r}: unknown kind {table.kind!r}")
+    if table.arms:
+        finished = [c for c in finished if c.arm in table.arms]
     return BUILDERS[table.kind](study, table, finished, rows) + "\n\n" + table_note(study, table)
