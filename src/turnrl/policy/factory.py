@@ -37,6 +37,7 @@ __all__ = [
     "build_policy",
     "build_sampler",
     "build_tiny_policy",
+    "close_sampler",
     "load_policy",
     "with_lora",
 ]
@@ -160,6 +161,18 @@ def build_sampler(settings: PolicySettings, learner: HFPolicy, **engine_options:
 
         return VLLMPolicy.from_policy(learner, **engine_options)
     raise ValueError(f"policy.backend = {backend!r}: choose one of {', '.join(BACKENDS)}")
+
+
+def close_sampler(learner: Any, sampler: Any) -> None:
+    """Release what :func:`build_sampler` started for ``learner``: a vLLM engine's core
+    and its temporary weights (``sampler.close()``). Nothing for the learner itself
+    (``"hf"``) or for no sampler (a run that stopped before building one). Trainers call
+    it when a run ends, also when it ends with an error."""
+    if sampler is None or sampler is learner:
+        return
+    close = getattr(sampler, "close", None)
+    if close is not None:
+        close()
 
 
 def named_models() -> Sequence[str]:

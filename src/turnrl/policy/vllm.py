@@ -111,6 +111,7 @@ class VLLMPolicy:
         self.max_context: int | None = int(llm.llm_engine.model_config.max_model_len)
         self.policy_version = 0
         self._workdir: Path | None = None
+        self._closed = False
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -272,8 +273,18 @@ class VLLMPolicy:
             text=self.decode(ids),
         )
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (the engine is stopped)."""
+        return self._closed
+
     def close(self) -> None:
-        """Stop the engine and remove its weights' temporary directory."""
+        """Stop the engine (its core, a separate process unless in-process) and remove its
+        weights' temporary directory. Idempotent: trainers close their sampler when a run
+        ends, and callers that also close it do no harm."""
+        if self._closed:
+            return
+        self._closed = True
         engine = getattr(self.llm, "llm_engine", None)
         shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
         if shutdown is not None:

@@ -36,7 +36,7 @@ from turnrl.credit import compute_credit, get_estimator
 from turnrl.envs import make_env
 from turnrl.io import atomic_write_text
 from turnrl.policy import HFPolicy
-from turnrl.policy.factory import build_sampler
+from turnrl.policy.factory import build_sampler, close_sampler
 from turnrl.policy.sync import push_weights
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, StrategyContext, get_strategy, run_episodes
@@ -341,7 +341,14 @@ class OnlineTrainer:
 
     # -------------------------------------------------------------------- run
     def run(self, *, stop_after: int | None = None) -> Path:
-        """Train to ``train.steps``; ``stop_after`` ends early (used to test resume)."""
+        """Train to ``train.steps``; ``stop_after`` ends early (used to test resume). The
+        sampler is closed at the end, also on an error (a vLLM engine's core, #26)."""
+        try:
+            return self._train(stop_after)
+        finally:
+            close_sampler(self.policy, self.rollout_policy)
+
+    def _train(self, stop_after: int | None) -> Path:
         self._setup()
         cfg = self.config.train
         run = self.run_directory

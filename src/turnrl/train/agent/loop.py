@@ -59,7 +59,7 @@ import torch
 from turnrl.credit import compute_credit
 from turnrl.errors import TurnrlError
 from turnrl.io import append_jsonl, atomic_write_text
-from turnrl.policy.factory import build_sampler
+from turnrl.policy.factory import build_sampler, close_sampler
 from turnrl.policy.sync import push_weights
 from turnrl.records import dumps_record
 from turnrl.serve import Gateway, GatewayConfig, GatewayServer, bind_socket
@@ -456,7 +456,14 @@ class AgentTrainer:
 
     # ----------------------------------------------------------------------- run
     def run(self, *, stop_after: int | None = None) -> Path:
-        """Train to ``train.steps`` (``stop_after`` ends early: tests of resume)."""
+        """Train to ``train.steps`` (``stop_after`` ends early: tests of resume). The
+        sampler is closed at the end, also on an error (a vLLM engine's core, #26)."""
+        try:
+            return self._train(stop_after)
+        finally:
+            close_sampler(self.policy, getattr(self, "served", None))
+
+    def _train(self, stop_after: int | None) -> Path:
         cfg = self.config
         try:
             self.setup()
