@@ -233,6 +233,39 @@ def test_training_pushes_every_update_to_the_engine(tmp_path: Path, tiny_train) 
     trainer.rollout_policy.close()
 
 
+def test_a_finished_run_closes_its_engine_and_leaves_nothing_running(
+    tmp_path: Path, tiny_train, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#26: the run closes its engine when it ends. The engine's threads (about 40 here:
+    its compute and I/O threads) are gone after ``run()``, and no process it started
+    is left (the engine core is a separate process where vLLM runs it multiprocess)."""
+    import psutil
+
+    from conftest import PARITY
+    from turnrl.train.online import OnlineTrainer
+
+    me = psutil.Process()
+    children_before = {p.pid for p in me.children(recursive=True)}
+    threads_at_close: list[int] = []
+    real_close = VLLMPolicy.close
+
+    def counting_close(self: VLLMPolicy) -> None:
+        threads_at_close.append(me.num_threads())
+        real_close(self)
+
+    monkeypatch.setattr(VLLMPolicy, "close", counting_close)
+    config = tiny_train(
+        tmp_path / "run", *PARITY, *VLLM_HEADS, "policy.backend=vllm", "train.steps=1",
+        "train.eval_every=0", "train.checkpoint_every=0",
+    )  # fmt: skip
+    trainer = OnlineTrainer(config, quiet=True)
+    trainer.run()
+    assert isinstance(trainer.rollout_policy, VLLMPolicy) and trainer.rollout_policy.closed
+    assert len(threads_at_close) == 1  # run() closed it, once
+    assert me.num_threads() < threads_at_close[0] - 20  # the engine's threads stopped
+    assert {p.pid for p in me.children(recursive=True)} - children_before == set()
+
+
 def test_a_resumed_run_samples_from_the_checkpoints_weights(tmp_path: Path, tiny_train) -> None:
     """Killed after step 1 and resumed: the new engine starts from the checkpoint (not the
     warm start), so step 2's samples agree with the learner and the version carries on."""

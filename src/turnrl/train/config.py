@@ -83,10 +83,13 @@ class PolicyConfig:
     heads: int = 4
     """Attention heads of the ``tiny`` model (head size ``hidden / heads``; the default
     4 heads of 64 give 16, which vLLM's CPU attention refuses: use 2 for vLLM)."""
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal["hf", "vllm", "vllm-server"] = "hf"
     """What rollouts sample with: ``hf`` (transformers' forward in this process, the
-    learner itself) or ``vllm`` (an in-process vLLM engine holding a copy of the weights,
-    pushed after every update; needs the ``.venv-vllm`` venv, see docs/backends.md)."""
+    learner itself), ``vllm`` (an in-process vLLM engine holding a copy of the weights,
+    pushed after every update; needs the ``.venv-vllm`` venv) or ``vllm-server`` (a vLLM
+    server you run, at ``server_url``); see docs/backends.md."""
+    server_url: str = ""
+    """``policy.backend = "vllm-server"``: the server's root URL (``http://HOST:PORT``)."""
     temperature: float = 1.0
     """Sampling temperature during rollouts."""
     max_new_tokens: int = 24

@@ -228,6 +228,10 @@ def _policy(policy: PolicyConfig, p: Problems) -> None:
             "'vllm' needs the vllm package, which this Python lacks: `make setup-vllm`, "
             "then run .venv-vllm/bin/turnrl",
         )
+    if policy.backend == "vllm-server" and not policy.server_url.startswith(
+        ("http://", "https://")
+    ):
+        p.add("server_url", "'vllm-server' needs the vLLM server's http:// or https:// URL")
     p.above("temperature", policy.temperature, 0)
     p.at_least("max_new_tokens", policy.max_new_tokens, 1)
     p.at_least("lora_rank", policy.lora_rank, 0)
