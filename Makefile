@@ -25,7 +25,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml requirements/vl
 STUDIES := demo-seeds tree-rollouts grouping-learning search-agent iterative-grpo agents-calc-openai
 STUDY_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 
-.PHONY: setup setup-integrations setup-vllm test-vllm test-vllm-server browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-sampling bench-gateway bench-agents bench-distributed grouping grouping-gradient grouping-adam lookup-study studies $(addprefix study-,$(STUDIES)) clean
+.PHONY: setup setup-integrations setup-vllm test-vllm test-vllm-server browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-sampling bench-trl-peer bench-gateway bench-agents bench-distributed grouping grouping-gradient grouping-adam lookup-study studies $(addprefix study-,$(STUDIES)) clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -165,6 +165,13 @@ bench-sampling: setup setup-vllm $(SMOL_STAMP)
 	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python benchmarks/backends.py --part agents \
 		--backend vllm --policy $(BENCH_SAMPLING)/agent-policy --json $(BENCH_SAMPLING)/agents-vllm.json
 	$(PY) benchmarks/backends.py --report $(BENCH_SAMPLING)
+
+# A multi-turn RL step on SmolLM2, turnrl (vLLM sampling) against TRL's GRPOTrainer (in the
+# TRL venv) doing the same work; heavy: run it alone.
+bench-trl-peer: setup setup-vllm setup-integrations $(SMOL_STAMP)
+	model=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
+	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python benchmarks/trl_peer.py --model $$model \
+		--backend vllm --trl-python $(AGL_VENV)/bin/python
 
 bench-gateway: setup
 	$(PY) benchmarks/gateway_memory.py --contrast-megabytes 1
