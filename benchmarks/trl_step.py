@@ -2,8 +2,8 @@
 
 Runs in the TRL venv (``.venv-agl``): ``--steps`` + 1 steps of 8 prompts x 8
 completions (``--prompts``/``--generations``), one optimiser step each, on CPU with one
-torch thread; writes the mean CPU and wall seconds of a step (the first left out) to ``--out`` as JSON.
-``--turns 1``: TRL's own generation on conversational prompts, the reward is the
+torch thread; writes the mean CPU and wall seconds of a step (the first left out) to
+``--out`` as JSON. ``--turns 1``: TRL's own generation on conversational prompts, the reward is the
 calculator's on the completion. ``--turns 4``: multi-turn episodes through
 turnrl's adapter (``make_rollout_func``, ``TurnRLGRPOTrainer`` with ``grpo``).
 TRL's defaults otherwise, gradient checkpointing included (TRL turns it on by
