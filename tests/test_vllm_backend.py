@@ -174,6 +174,31 @@ def test_after_a_lora_update_the_engine_samples_from_base_plus_adapters(engine: 
     _assert_engine_follows(engine, old, lora, version=2)
 
 
+def test_serve_admin_reload_pushes_a_directory_into_the_engine(
+    engine: VLLMPolicy, tmp_path: Path
+) -> None:
+    """``turnrl serve --backend vllm``'s ``/admin/reload`` loader: the directory's weights
+    go into the served engine (the same object is served on, under the next version)."""
+    import argparse
+
+    from turnrl.serve import Gateway
+    from turnrl.serve import cli as serve_cli
+
+    old = learner()
+    push_weights(old, engine, 0)
+    new = perturbed(learner(), 0.2, seed=4)
+    new.save(tmp_path / "new")
+    args = argparse.Namespace(seed=0, device="cpu", dtype="float32")
+    with Gateway(engine) as gateway:
+        reload = serve_cli.reloader(args, gateway, engine, old)
+        assert reload(str(tmp_path / "new")) is engine
+    assert engine.policy_version == 1
+    ctx = contexts(new)
+    after = engine.sample(ctx, max_new_tokens=10, temperature=1.0, seed=3)
+    assert max_logp_gap(new, ctx, after, 1.0) < LOGP_TOL
+    assert max_logp_gap(old, ctx, after, 1.0) > 100 * LOGP_TOL
+
+
 # ----------------------------------------------------------------------------- training
 
 

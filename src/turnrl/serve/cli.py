@@ -111,7 +111,11 @@ def build_served(learner: Any, args: argparse.Namespace) -> Any:
     settings = factory.PolicySpec(backend=args.backend, server_url=args.server_url)
     try:
         served = factory.build_sampler(settings, learner)
-        push_weights(learner, served, 0)
+        try:
+            push_weights(learner, served, 0)
+        except BaseException:
+            factory.close_sampler(learner, served)
+            raise
     except ImportError as exc:
         raise ServeOptionError(
             f"--backend {args.backend}: {exc} (`make setup-vllm`, then .venv-vllm/bin/turnrl)"
@@ -126,6 +130,7 @@ def reloader(args: argparse.Namespace, gateway: Any, served: Any, learner: Any) 
     vLLM backends its weights pushed into the engine or server already served (under
     the gateway's update lock, so no request samples mid-push), which is then served on
     under the new version."""
+    from turnrl.errors import SamplerServerError
     from turnrl.policy.sync import push_weights
 
     def load(directory: str) -> Any:
@@ -133,7 +138,10 @@ def reloader(args: argparse.Namespace, gateway: Any, served: Any, learner: Any) 
         if served is learner:
             return policy
         with gateway.updating(gateway.policy_version):
-            push_weights(policy, served, getattr(served, "policy_version", 0) + 1)
+            try:
+                push_weights(policy, served, getattr(served, "policy_version", 0) + 1)
+            except SamplerServerError as exc:  # answered as a 400 naming the policy
+                raise ValueError(str(exc)) from exc
         return served
 
     return load
