@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 RECIPE = ROOT / "examples" / "calculator_smollm2.toml"
 STEP_PARTS = ("seconds_step", "seconds_sampling", "seconds_update")
+TITLE = "Sampling backends: a SmolLM2 RL step and agent episodes/s"
 AGENT_WINDOW_MS = 50.0
 """The agent loop's default batch window."""
 
@@ -197,9 +198,23 @@ def main() -> None:
     parser.add_argument("--warm-steps", type=int, default=200)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS", "2")))
     parser.add_argument("--report", type=Path, metavar="DIR", help="print the tables of DIR")
+    parser.add_argument("--write", action="store_true", help="--report: into RESULTS.md too")
+    parser.add_argument("--note", default="", help="--write: a paragraph before the tables")
+    parser.add_argument(
+        "--command", default="make bench-sampling", help="--write: the command to name"
+    )
     args = parser.parse_args()
     if args.report is not None:
-        print(report(args.report))
+        body = report(args.report)
+        print(body)
+        if args.write:
+            from datetime import date
+
+            from results_file import write_section
+
+            note = f"{args.note}\n\n" if args.note else ""
+            write_section(ROOT / "benchmarks" / "RESULTS.md", TITLE, note + body, args.command,
+                          date.today())  # fmt: skip
         return
     if args.part is None or args.backend is None or args.json is None:
         parser.error("--part, --backend and --json (or --report DIR)")
