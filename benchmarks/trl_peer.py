@@ -93,7 +93,7 @@ def trl_steps(args: argparse.Namespace, work: Path) -> dict[str, float]:
 def table(args: argparse.Namespace, ours: dict[str, float], theirs: dict[str, float]) -> str:
     return "\n".join(
         [
-            f"SmolLM2-135M-Instruct (float32, whole model trained), {args.prompts} tasks x "
+            f"`{Path(args.model).name}` (float32, whole model trained), {args.prompts} tasks x "
             f"{args.generations} episodes of up to {args.turns} turns, at most "
             f"{MAX_NEW_TOKENS} new tokens a turn, one optimiser step, 1 torch thread; "
             f"mean of {args.steps} step(s) after a warm-up; turnrl samples with "
