@@ -25,7 +25,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml requirements/vl
 STUDIES := demo-seeds tree-rollouts grouping-learning search-agent iterative-grpo iterative-persona agents-calc-openai agents-parity
 STUDY_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 
-.PHONY: setup setup-integrations setup-vllm test-vllm browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-sampling bench-gateway bench-agents bench-distributed grouping grouping-gradient grouping-adam lookup-study studies $(addprefix study-,$(STUDIES)) clean
+.PHONY: setup setup-integrations setup-vllm test-vllm test-vllm-server browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-sampling bench-trl-peer bench-gateway bench-agents bench-distributed grouping grouping-gradient grouping-adam lookup-study studies $(addprefix study-,$(STUDIES)) clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -108,6 +108,12 @@ test: setup $(SMOL_STAMP) setup-integrations setup-vllm browser
 test-vllm: setup-vllm
 	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_backend.py
 
+# policy.backend = "vllm-server" against a real vLLM server the tests start (tiny model,
+# dev routes and LoRA on): marked slow (the server takes 1-2 minutes to start here), so
+# not part of `make test`.
+test-vllm-server: setup-vllm
+	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python -m pytest -q -m slow tests/test_vllm_server.py
+
 # The adapters against the real verl, agentlightning and trl packages.
 test-integrations: setup-integrations
 	$(INT_VENV)/bin/python -m pytest -q tests/test_integration_tokens.py tests/test_integration_verl.py \
@@ -140,7 +146,8 @@ test-gpu: setup
 	$(PY) -m pytest -q -m gpu
 
 # Sampling tokens/s, transformers against vLLM, on SmolLM2 (one venv each, same machine, one
-# after the other), with the memory-bandwidth bound beside them.
+# after the other), with the memory-bandwidth bound beside them; then a whole RL step of the
+# SmolLM2 recipe and calc_openai agent episodes/s through the gateway on each backend.
 BENCH_SAMPLING := runs/bench-sampling
 bench-sampling: setup setup-vllm $(SMOL_STAMP)
 	model=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
@@ -148,6 +155,23 @@ bench-sampling: setup setup-vllm $(SMOL_STAMP)
 	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python benchmarks/sampling.py --backend vllm \
 		--model $$model --json $(BENCH_SAMPLING)/vllm.json
 	$(PY) benchmarks/sampling.py --report $(BENCH_SAMPLING)
+	model=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
+	$(PY) benchmarks/backends.py --part step --backend hf --model $$model \
+		--json $(BENCH_SAMPLING)/step-hf.json && \
+	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python benchmarks/backends.py --part step \
+		--backend vllm --model $$model --json $(BENCH_SAMPLING)/step-vllm.json
+	$(PY) benchmarks/backends.py --part agents --backend hf --policy $(BENCH_SAMPLING)/agent-policy \
+		--json $(BENCH_SAMPLING)/agents-hf.json
+	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python benchmarks/backends.py --part agents \
+		--backend vllm --policy $(BENCH_SAMPLING)/agent-policy --json $(BENCH_SAMPLING)/agents-vllm.json
+	$(PY) benchmarks/backends.py --report $(BENCH_SAMPLING)
+
+# A multi-turn RL step on SmolLM2, turnrl (vLLM sampling) against TRL's GRPOTrainer (in the
+# TRL venv) doing the same work; heavy: run it alone.
+bench-trl-peer: setup setup-vllm setup-integrations $(SMOL_STAMP)
+	model=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
+	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python benchmarks/trl_peer.py --model $$model \
+		--backend vllm --trl-python $(AGL_VENV)/bin/python
 
 bench-gateway: setup
 	$(PY) benchmarks/gateway_memory.py --contrast-megabytes 1

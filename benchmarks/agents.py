@@ -44,9 +44,10 @@ TEACHER = f"{ROOT / 'examples' / 'agents' / 'calc_teacher.py'}:teach"
 MAX_TOKENS = 24
 
 
-def warm_policy(steps: int, n_tasks: int):
-    """The tiny policy after SFT on the agent's calls against the teacher."""
-    policy = build_tiny_policy(0)
+def warm_policy(steps: int, n_tasks: int, initial: HFPolicy | None = None):
+    """The tiny policy (``initial``, default the built-in one of seed 0) after SFT on the
+    agent's calls against the teacher."""
+    policy = build_tiny_policy(0) if initial is None else initial
     tasks = calculator_task_set(n_tasks, seed=0)
     jobs = [(f"w-{i}", task) for i, task in enumerate(tasks)]
     by_rollout = {rid: dict(task.payload) for rid, task in jobs}

@@ -1,9 +1,9 @@
 """TRL's GRPOTrainer step time on a turnrl calculator policy (child of benchmarks/update.py).
 
 Runs in the TRL venv (``.venv-agl``): ``--steps`` + 1 steps of 8 prompts x 8
-completions, one optimiser step each, on CPU with one torch thread; writes the
-mean CPU and wall seconds of a step (the first left out) to ``--out`` as JSON.
-``--turns 1``: TRL's own generation on conversational prompts, the reward is the
+completions (``--prompts``/``--generations``), one optimiser step each, on CPU with one
+torch thread; writes the mean CPU and wall seconds of a step (the first left out) to
+``--out`` as JSON. ``--turns 1``: TRL's own generation on conversational prompts, the reward is the
 calculator's on the completion. ``--turns 4``: multi-turn episodes through
 turnrl's adapter (``make_rollout_func``, ``TurnRLGRPOTrainer`` with ``grpo``).
 TRL's defaults otherwise, gradient checkpointing included (TRL turns it on by
@@ -67,6 +67,8 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--no-checkpointing", action="store_true")
+    parser.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per step")
+    parser.add_argument("--generations", type=int, default=GENERATIONS, help="per prompt")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(args.policy)
@@ -77,8 +79,8 @@ def main() -> None:
     config = GRPOConfig(
         output_dir=str(Path(args.work) / "out"),
         use_cpu=True,
-        per_device_train_batch_size=PROMPTS * GENERATIONS,
-        num_generations=GENERATIONS,
+        per_device_train_batch_size=args.prompts * args.generations,
+        num_generations=args.generations,
         max_completion_length=MAX_NEW_TOKENS if args.turns == 1 else 512,
         temperature=1.0,
         max_steps=args.steps + 1,

@@ -68,9 +68,11 @@ def test_the_gateway_serves_the_sampler_and_every_update_reaches_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     samplers: list[HFPolicy] = []
+    closed: list[HFPolicy] = []
 
     def separate_copy(settings: Any, learner: HFPolicy) -> HFPolicy:
         sampler = copy.deepcopy(learner)  # a sampler starts from the learner's weights
+        sampler.close = lambda: closed.append(sampler)  # type: ignore[attr-defined]
         samplers.append(sampler)
         return sampler
 
@@ -85,6 +87,7 @@ def test_the_gateway_serves_the_sampler_and_every_update_reaches_it(
     # Skipping the push would leave the sampler at the initial weights.
     served = sampler.state_dict()
     assert all(torch.equal(served[name], learned[name]) for name in learned)
+    assert closed == [sampler]  # the run released its sampler (a vLLM engine's core) once
 
 
 def test_the_agent_loop_accepts_the_vllm_backend(

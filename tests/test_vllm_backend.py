@@ -174,6 +174,31 @@ def test_after_a_lora_update_the_engine_samples_from_base_plus_adapters(engine: 
     _assert_engine_follows(engine, old, lora, version=2)
 
 
+def test_serve_admin_reload_pushes_a_directory_into_the_engine(
+    engine: VLLMPolicy, tmp_path: Path
+) -> None:
+    """``turnrl serve --backend vllm``'s ``/admin/reload`` loader: the directory's weights
+    go into the served engine (the same object is served on, under the next version)."""
+    import argparse
+
+    from turnrl.serve import Gateway
+    from turnrl.serve import cli as serve_cli
+
+    old = learner()
+    push_weights(old, engine, 0)
+    new = perturbed(learner(), 0.2, seed=4)
+    new.save(tmp_path / "new")
+    args = argparse.Namespace(seed=0, device="cpu", dtype="float32")
+    with Gateway(engine) as gateway:
+        reload = serve_cli.reloader(args, gateway, engine, old)
+        assert reload(str(tmp_path / "new")) is engine
+    assert engine.policy_version == 1
+    ctx = contexts(new)
+    after = engine.sample(ctx, max_new_tokens=10, temperature=1.0, seed=3)
+    assert max_logp_gap(new, ctx, after, 1.0) < LOGP_TOL
+    assert max_logp_gap(old, ctx, after, 1.0) > 100 * LOGP_TOL
+
+
 # ----------------------------------------------------------------------------- training
 
 
@@ -231,6 +256,39 @@ def test_training_pushes_every_update_to_the_engine(tmp_path: Path, tiny_train) 
     assert all(r["mismatch_logp_abs_max"] < 1e-3 for r in steps)
     assert all(r["grad_norm"] > 0 for r in steps)  # every update changed the weights
     trainer.rollout_policy.close()
+
+
+def test_a_finished_run_closes_its_engine_and_leaves_nothing_running(
+    tmp_path: Path, tiny_train, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#26: the run closes its engine when it ends. The engine's threads (about 40 here:
+    its compute and I/O threads) are gone after ``run()``, and no process it started
+    is left (the engine core is a separate process where vLLM runs it multiprocess)."""
+    import psutil
+
+    from conftest import PARITY
+    from turnrl.train.online import OnlineTrainer
+
+    me = psutil.Process()
+    children_before = {p.pid for p in me.children(recursive=True)}
+    threads_at_close: list[int] = []
+    real_close = VLLMPolicy.close
+
+    def counting_close(self: VLLMPolicy) -> None:
+        threads_at_close.append(me.num_threads())
+        real_close(self)
+
+    monkeypatch.setattr(VLLMPolicy, "close", counting_close)
+    config = tiny_train(
+        tmp_path / "run", *PARITY, *VLLM_HEADS, "policy.backend=vllm", "train.steps=1",
+        "train.eval_every=0", "train.checkpoint_every=0",
+    )  # fmt: skip
+    trainer = OnlineTrainer(config, quiet=True)
+    trainer.run()
+    assert isinstance(trainer.rollout_policy, VLLMPolicy) and trainer.rollout_policy.closed
+    assert len(threads_at_close) == 1  # run() closed it, once
+    assert me.num_threads() < threads_at_close[0] - 20  # the engine's threads stopped
+    assert {p.pid for p in me.children(recursive=True)} - children_before == set()
 
 
 def test_a_resumed_run_samples_from_the_checkpoints_weights(tmp_path: Path, tiny_train) -> None:

@@ -87,6 +87,20 @@ class CapabilityError(TurnrlError, TypeError):
     what it is used for needs; the message names both."""
 
 
+class SamplerServerError(TurnrlError, RuntimeError):
+    """A sampling server (``policy.backend = "vllm-server"``) that cannot be used as
+    configured: unreachable, an HTTP error, a malformed answer, or a missing route; the
+    message names the URL (and the field) and how to start the server instead.
+    ``status`` is the HTTP status, when there was one."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    def __reduce__(self):  # keep the status when pickled
+        return (type(self), (str(self), self.status))
+
+
 class OutputError(TurnrlError, OSError):
     """An output path turnrl cannot or will not write (the message names it)."""
 

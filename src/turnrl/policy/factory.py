@@ -37,11 +37,12 @@ __all__ = [
     "build_policy",
     "build_sampler",
     "build_tiny_policy",
+    "close_sampler",
     "load_policy",
     "with_lora",
 ]
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("hf", "vllm", "vllm-server")
 """Accepted ``policy.backend`` values: what rollouts sample with."""
 
 
@@ -58,6 +59,7 @@ class PolicySettings(Protocol):
     lora_alpha: float
     lora_targets: list[str]
     backend: str
+    server_url: str
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class PolicySpec:
     lora_alpha: float = 16.0
     lora_targets: list[str] = field(default_factory=list)
     backend: str = "hf"
+    server_url: str = ""
 
 
 def build_tiny_policy(seed: int = 0, **model_kwargs: int) -> HFPolicy:
@@ -150,8 +153,10 @@ def initial_policy(
 def build_sampler(settings: PolicySettings, learner: HFPolicy, **engine_options: Any) -> Any:
     """What rollouts sample with, by ``settings.backend``: ``learner`` itself for
     ``"hf"``; for ``"vllm"`` an in-process vLLM engine started from the learner's current
-    weights (LoRA adapters merged). ``engine_options`` go to
-    :meth:`turnrl.policy.vllm.VLLMPolicy.from_policy`."""
+    weights (LoRA adapters merged); for ``"vllm-server"`` a client of the vLLM server at
+    ``settings.server_url`` (the caller pushes the learner's weights to it next).
+    ``engine_options`` go to :meth:`turnrl.policy.vllm.VLLMPolicy.from_policy` or
+    :class:`turnrl.policy.vllm_server.VLLMServerPolicy`."""
     backend = getattr(settings, "backend", "hf")
     if backend == "hf":
         return learner
@@ -159,7 +164,23 @@ def build_sampler(settings: PolicySettings, learner: HFPolicy, **engine_options:
         from turnrl.policy.vllm import VLLMPolicy
 
         return VLLMPolicy.from_policy(learner, **engine_options)
+    if backend == "vllm-server":
+        from turnrl.policy.vllm_server import VLLMServerPolicy
+
+        return VLLMServerPolicy.from_policy(learner, settings.server_url, **engine_options)
     raise ValueError(f"policy.backend = {backend!r}: choose one of {', '.join(BACKENDS)}")
+
+
+def close_sampler(learner: Any, sampler: Any) -> None:
+    """Release what :func:`build_sampler` started for ``learner``: a vLLM engine's core
+    and its temporary weights (``sampler.close()``). Nothing for the learner itself
+    (``"hf"``) or for no sampler (a run that stopped before building one). Trainers call
+    it when a run ends, also when it ends with an error."""
+    if sampler is None or sampler is learner:
+        return
+    close = getattr(sampler, "close", None)
+    if close is not None:
+        close()
 
 
 def named_models() -> Sequence[str]:

@@ -198,3 +198,9 @@ def merged_copy(model: Any) -> Any:
     """A plain model equal to base + adapters (``model`` itself is left unchanged)."""
     with _quiet():
         return copy.deepcopy(model).merge_and_unload()
+
+
+def base_copy(model: Any) -> Any:
+    """A plain model equal to the base, adapters dropped (``model`` is left unchanged)."""
+    with _quiet():
+        return copy.deepcopy(model).unload()

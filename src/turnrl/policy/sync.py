@@ -12,6 +12,9 @@ Samplers differ in what they hold, so the call dispatches on the kind:
 * a vLLM engine (:class:`turnrl.policy.vllm.VLLMPolicy`): the engine holds a plain model,
   so it gets FULL weights under the transformers names, a LoRA learner's adapters merged
   into them (:func:`full_weights`), reloaded in place.
+* a vLLM server (:class:`turnrl.policy.vllm_server.VLLMServerPolicy`): it takes the
+  learner itself (``load_learner``) and moves what the server accepts: a LoRA learner's
+  adapters, else full weights (through a directory both can read).
 
 ``version`` is the number of updates the weights include; samplers that report a
 version (records' ``policy_version``) report this one afterwards.
@@ -43,8 +46,11 @@ def push_weights(learner: Any, sampler: Any, version: int) -> None:
     docstring for what each kind of sampler receives)."""
     if sampler is learner:
         return
+    receive_learner = getattr(sampler, "load_learner", None)
     receive_full = getattr(sampler, "load_full_weights", None)
-    if receive_full is not None:  # a vLLM engine
+    if receive_learner is not None:  # a vLLM server
+        receive_learner(learner, version)
+    elif receive_full is not None:  # a vLLM engine
         receive_full(full_weights(learner), version)
     elif hasattr(sampler, "push_weights"):  # a rollout pool
         sampler.push_weights(learner.state_dict(), version)
@@ -55,5 +61,5 @@ def push_weights(learner: Any, sampler: Any, version: int) -> None:
     else:
         raise TypeError(
             f"push_weights: {type(sampler).__name__} takes no weights (it has none of "
-            "load_full_weights, push_weights, load_weights, load_state_dict)"
+            "load_learner, load_full_weights, push_weights, load_weights, load_state_dict)"
         )

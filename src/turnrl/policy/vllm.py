@@ -57,7 +57,7 @@ from turnrl.policy.chat import ChatFormat
 from turnrl.policy.hf import transformers_progress_off
 from turnrl.types import Message, Sample
 
-__all__ = ["VLLMPolicy", "row_seeds"]
+__all__ = ["VLLMPolicy", "engine_sample", "response_budget", "row_seeds"]
 
 SEED_STRIDE = 1_000_003
 """Row ``i`` of a batch sampled with one int seed ``s`` draws with seed ``s * STRIDE + i``
@@ -74,6 +74,29 @@ def row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int | None]:
             raise ValueError(f"seed: {len(seed)} per-row seeds for {rows} contexts")
         return [int(s) for s in seed]
     return [(int(seed) * SEED_STRIDE + i) % 2**31 for i in range(rows)]
+
+
+def response_budget(context: list[int], max_new_tokens: int, max_context: int | None) -> int:
+    """Tokens a row may sample: ``max_new_tokens``, fewer where the context limit is
+    nearer."""
+    if max_context is None:
+        return max_new_tokens
+    return min(max_new_tokens, max_context - len(context))
+
+
+def engine_sample(
+    ids: list[int], logprobs: list[float], stop_token_ids: Sequence[int], decode: Any
+) -> Sample:
+    """A :class:`Sample` of an engine's sampled ids and their log-probs: ``"stop"`` when
+    the last id is an end-of-turn/eos id (kept, as the HF backend keeps it), else
+    ``"length"``; the text is ``decode(ids)``."""
+    stopped = bool(ids) and ids[-1] in stop_token_ids
+    return Sample(
+        response_ids=ids,
+        logprobs=logprobs,
+        stop_reason="stop" if stopped else "length",
+        text=decode(ids),
+    )
 
 
 @contextmanager
@@ -111,6 +134,7 @@ class VLLMPolicy:
         self.max_context: int | None = int(llm.llm_engine.model_config.max_model_len)
         self.policy_version = 0
         self._workdir: Path | None = None
+        self._closed = False
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -241,7 +265,7 @@ class VLLMPolicy:
             SamplingParams(
                 n=1,
                 temperature=temperature,
-                max_tokens=self._budget(context, max_new_tokens),
+                max_tokens=response_budget(context, max_new_tokens, self.max_context),
                 seed=row_seed,
                 logprobs=0,
                 stop_token_ids=self.stop_token_ids,
@@ -254,26 +278,25 @@ class VLLMPolicy:
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [self._sample(out.outputs[0]) for out in outputs]
 
-    def _budget(self, context: list[int], max_new_tokens: int) -> int:
-        if self.max_context is None:
-            return max_new_tokens
-        return min(max_new_tokens, self.max_context - len(context))
-
     def _sample(self, completion: Any) -> Sample:
         ids = [int(t) for t in completion.token_ids]
         logps = [
             float(step[token].logprob) for step, token in zip(completion.logprobs, ids, strict=True)
         ]
-        stopped = bool(ids) and ids[-1] in self.stop_token_ids
-        return Sample(
-            response_ids=ids,
-            logprobs=logps,
-            stop_reason="stop" if stopped else "length",
-            text=self.decode(ids),
-        )
+        return engine_sample(ids, logps, self.stop_token_ids, self.decode)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (the engine is stopped)."""
+        return self._closed
 
     def close(self) -> None:
-        """Stop the engine and remove its weights' temporary directory."""
+        """Stop the engine (its core, a separate process unless in-process) and remove its
+        weights' temporary directory. Idempotent: trainers close their sampler when a run
+        ends, and callers that also close it do no harm."""
+        if self._closed:
+            return
+        self._closed = True
         engine = getattr(self.llm, "llm_engine", None)
         shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
         if shutdown is not None:

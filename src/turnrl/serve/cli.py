@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +95,58 @@ def load_policy(spec: str, *, seed: int = 0, device: str = "cpu", dtype: str = "
         ) from exc
 
 
+def build_served(learner: Any, args: argparse.Namespace) -> Any:
+    """What the gateway samples with, by ``--backend``: the learner itself (``hf``), an
+    in-process vLLM engine (``vllm``) or a client of the vLLM server at ``--server-url``
+    (``vllm-server``), holding the learner's weights as version 0 (built by
+    :func:`turnrl.policy.factory.build_sampler`, as the trainer builds its sampler)."""
+    from turnrl.errors import SamplerServerError
+    from turnrl.policy import factory
+    from turnrl.policy.sync import push_weights
+
+    if args.backend == "vllm-server" and not args.server_url.startswith(("http://", "https://")):
+        raise ServeOptionError(
+            "--server-url: '--backend vllm-server' needs the server's http:// URL"
+        )
+    settings = factory.PolicySpec(backend=args.backend, server_url=args.server_url)
+    try:
+        served = factory.build_sampler(settings, learner)
+        try:
+            push_weights(learner, served, 0)
+        except BaseException:
+            factory.close_sampler(learner, served)
+            raise
+    except ImportError as exc:
+        raise ServeOptionError(
+            f"--backend {args.backend}: {exc} (`make setup-vllm`, then .venv-vllm/bin/turnrl)"
+        ) from exc
+    except SamplerServerError as exc:
+        raise ServeOptionError(f"--backend {args.backend}: {exc}") from exc
+    return served
+
+
+def reloader(args: argparse.Namespace, gateway: Any, served: Any, learner: Any) -> Any:
+    """``POST /admin/reload``'s loader: on ``hf`` the directory's policy itself; on the
+    vLLM backends its weights pushed into the engine or server already served (under
+    the gateway's update lock, so no request samples mid-push), which is then served on
+    under the new version."""
+    from turnrl.errors import SamplerServerError
+    from turnrl.policy.sync import push_weights
+
+    def load(directory: str) -> Any:
+        policy = load_policy(directory, seed=args.seed, device=args.device, dtype=args.dtype)
+        if served is learner:
+            return policy
+        with gateway.updating(gateway.policy_version):
+            try:
+                push_weights(policy, served, getattr(served, "policy_version", 0) + 1)
+            except SamplerServerError as exc:  # answered as a 400 naming the policy
+                raise ValueError(str(exc)) from exc
+        return served
+
+    return load
+
+
 def gateway_config(args: argparse.Namespace) -> GatewayConfig:
     """The gateway settings of the command line."""
     return GatewayConfig(
@@ -164,17 +218,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if args.records is not None:
                 check_records_path(args.records)
             policy = load_policy(args.policy, seed=args.seed, device=args.device, dtype=args.dtype)
-            gateway = Gateway(policy, gateway_config(args))
+            served = build_served(policy, args)
         except RecordsPathError as exc:
             return _fail(f"--records: {exc}")
-        except ValueError as exc:  # ServeOptionError, GatewayConfig checks
+        except ValueError as exc:  # ServeOptionError
             return _fail(str(exc))
-
-        def reload(directory: str) -> Any:
-            return load_policy(directory, seed=args.seed, device=args.device, dtype=args.dtype)
-
+        try:
+            gateway = Gateway(served, gateway_config(args))
+        except ValueError as exc:  # GatewayConfig checks
+            close_sampler(policy, served)
+            return _fail(str(exc))
+        reload = reloader(args, gateway, served, policy)
         port = sock.getsockname()[1]
-        with gateway:
+        with gateway, sampler_closed(policy, served):
             server = uvicorn.Server(
                 uvicorn_config(
                     gateway,
@@ -203,6 +259,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
             except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown
                 print("turnrl serve: stopped", file=sys.stderr)
     return 0
+
+
+@contextmanager
+def sampler_closed(learner: Any, served: Any) -> Iterator[None]:
+    """Close the served sampler (a vLLM engine) when the block ends, however it ends."""
+    try:
+        yield
+    finally:
+        close_sampler(learner, served)
+
+
+def close_sampler(learner: Any, served: Any) -> None:
+    """:func:`turnrl.policy.factory.close_sampler`, imported when the command runs."""
+    from turnrl.policy.factory import close_sampler as close
+
+    close(learner, served)
 
 
 def _fail(message: str) -> int:
@@ -259,6 +331,16 @@ def add_serve_command(subparsers: Any) -> None:
         type=int,
         default=None,
         help="refuse requests with more characters of text (default: 16 x the model context)",
+    )
+    p.add_argument(
+        "--backend",
+        default="hf",
+        choices=["hf", "vllm", "vllm-server"],
+        help="what samples: the policy in this process (hf, default), an in-process vLLM "
+        "engine (vllm: .venv-vllm) or a vLLM server you run (vllm-server, --server-url)",
+    )
+    p.add_argument(
+        "--server-url", default="", help="--backend vllm-server: the vLLM server's root URL"
     )
     p.add_argument("--seed", type=int, default=0, help="weights seed of the tiny policy")
     p.add_argument("--device", default="auto", help="auto (default: CUDA if seen), cpu, cuda")

@@ -485,8 +485,8 @@ MEASUREMENTS: dict[str, Measurement] = {
             "bench-sampling",
             "make bench-sampling",
             "docs/backends.md",
-            ("throughput",),
-            15.0,
+            ("throughput", "step", "agents"),
+            60.0,
         ),
         Measurement(
             "bench-mismatch",

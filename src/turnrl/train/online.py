@@ -37,7 +37,7 @@ from turnrl.credit import compute_credit, get_estimator
 from turnrl.envs import make_env
 from turnrl.io import atomic_write_text
 from turnrl.policy import HFPolicy
-from turnrl.policy.factory import build_sampler
+from turnrl.policy.factory import build_sampler, close_sampler
 from turnrl.policy.sync import push_weights
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, StrategyContext, get_strategy, run_episodes
@@ -365,6 +365,14 @@ class OnlineTrainer(LifecycleRun):
             parts.append(f"tool(hard) {row['tool_rate_hard']:.2f}")
         parts.append(f"turns {row.get('turns', 0):.2f}")
         return "  ".join(parts)
+
+    def close(self) -> None:
+        """Close the sampler (a vLLM engine's core, #26), also after an error; then release
+        the run directory's lock."""
+        try:
+            close_sampler(self.policy, self.rollout_policy)
+        finally:
+            super().close()
 
 
 def rollout_log(

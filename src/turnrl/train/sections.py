@@ -98,10 +98,13 @@ class PolicyConfig:
     heads: int = 4
     """Attention heads of the ``tiny`` model (head size ``hidden / heads``; the default
     4 heads of 64 give 16, which vLLM's CPU attention refuses: use 2 for vLLM)."""
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal["hf", "vllm", "vllm-server"] = "hf"
     """What rollouts sample with: ``hf`` (transformers' forward in this process, the
-    learner itself) or ``vllm`` (an in-process vLLM engine holding a copy of the weights,
-    pushed after every update; needs the ``.venv-vllm`` venv, see docs/backends.md)."""
+    learner itself), ``vllm`` (an in-process vLLM engine holding a copy of the weights,
+    pushed after every update; needs the ``.venv-vllm`` venv) or ``vllm-server`` (a vLLM
+    server you run, at ``server_url``); see docs/backends.md."""
+    server_url: str = ""
+    """``policy.backend = "vllm-server"``: the server's root URL (``http://HOST:PORT``)."""
     temperature: float = 1.0
     """Sampling temperature during rollouts."""
     max_new_tokens: int = 24
@@ -156,6 +159,10 @@ class PolicyConfig:
                 "'vllm' needs the vllm package, which this Python lacks: `make setup-vllm`, "
                 "then run .venv-vllm/bin/turnrl",
             )
+        if self.backend == "vllm-server" and not self.server_url.startswith(
+            ("http://", "https://")
+        ):
+            p.add("server_url", "'vllm-server' needs the vLLM server's http:// or https:// URL")
         p.above("temperature", self.temperature, 0)
         p.at_least("max_new_tokens", self.max_new_tokens, 1)
         p.at_least("lora_rank", self.lora_rank, 0)

@@ -62,7 +62,7 @@ import torch
 from turnrl.credit import compute_credit
 from turnrl.errors import TurnrlError
 from turnrl.io import append_jsonl, atomic_write_text
-from turnrl.policy.factory import build_sampler
+from turnrl.policy.factory import build_sampler, close_sampler
 from turnrl.policy.sync import push_weights
 from turnrl.records import dumps_record
 from turnrl.serve import Gateway, GatewayConfig, GatewayServer, bind_socket
@@ -453,4 +453,7 @@ class AgentTrainer(LifecycleRun):
             self._servers.close()
         finally:
             self.socket.close()
-            super().close()
+            try:
+                close_sampler(self.policy, getattr(self, "served", None))  # vLLM's core (#26)
+            finally:
+                super().close()
