@@ -83,7 +83,7 @@ def test_a_run_that_fails_mid_step_still_closes_its_sampler(
     config = tiny_train(tmp_path / "run", *PARITY, "train.steps=2", "train.checkpoint_every=0")
     trainer = OnlineTrainer(config, quiet=True)
 
-    def broken_step() -> dict[str, Any]:
+    def broken_step(step: int | None = None) -> dict[str, Any]:
         raise RuntimeError("environment crashed")
 
     monkeypatch.setattr(trainer, "train_step", broken_step)
