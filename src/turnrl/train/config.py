@@ -191,8 +191,9 @@ class CreditConfig:
     """Estimator parameters (e.g. ``group_key``, ``gamma``), passed through unchanged."""
 
 
-Aggregation = Literal["token-mean", "seq-mean-token-mean", "rollout-mean"]
-"""Loss aggregation modes (:data:`turnrl.train.loss.AGGREGATIONS`)."""
+Aggregation = Literal["token-mean", "seq-mean-token-mean", "rollout-mean", "legacy-verl"]
+"""Loss aggregation modes (:data:`turnrl.train.loss.AGGREGATIONS`, and ``legacy-verl``:
+:mod:`turnrl.train.legacy_pipeline`)."""
 
 KLEstimator = Literal["k1", "k2", "k3"]
 """KL estimators (:data:`turnrl.train.loss.KL_ESTIMATORS`)."""
@@ -228,7 +229,10 @@ class PPOConfig:
     kl_estimator: KLEstimator = "k3"
     """KL estimator: ``k3`` (low variance, non-negative), ``k1`` or ``k2``."""
     aggregation: Aggregation = "token-mean"
-    """Loss aggregation: ``token-mean``, ``seq-mean-token-mean`` or ``rollout-mean``."""
+    """Loss aggregation: ``token-mean``, ``seq-mean-token-mean``, ``rollout-mean`` or
+    ``legacy-verl`` (the Agent Lightning v0.x + verl update's per-token weights: prompt-length
+    drop, shuffled token-mean micro-batches; ``turnrl train`` only, one process; see
+    :mod:`turnrl.train.legacy_pipeline` and the ``legacy_*`` fields)."""
     max_grad_norm: float = 1.0
     """Gradient-norm clipping threshold; 0 disables clipping."""
     update: UpdateLayout = "tree"
@@ -281,6 +285,15 @@ class TrainConfig(PPOConfig):
     """How many of the most recent checkpoints to keep on disk."""
     threads: int = 0
     """Torch intra-op threads; 0 keeps torch's default. 1 lets several runs share a machine."""
+    legacy_mini_batch: int = 0
+    """``aggregation = "legacy-verl"``: the pipeline's ``ppo_mini_batch_size`` (rows: the drop
+    rounds to a multiple of it; its actor mini-batch is this times ``rollout.group_size``);
+    0: ``rollout.tasks_per_step`` (calc_x's proportions)."""
+    legacy_micro_batch: int = 4
+    """``aggregation = "legacy-verl"``: ``ppo_micro_batch_size_per_gpu`` (rows per token mean)."""
+    legacy_max_prompt_length: int = 0
+    """``aggregation = "legacy-verl"``: rows whose prompt has more tokens are dropped (after
+    the advantages); 0 drops none."""
 
 
 @dataclass

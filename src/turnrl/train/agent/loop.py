@@ -78,6 +78,7 @@ from turnrl.train.agent.teacher import TeacherGateway, load_teacher, teacher_exa
 from turnrl.train.agent.teacher_mix import teacher_jobs, weighted_examples
 from turnrl.train.agent.warm_quality import check_warm_start
 from turnrl.train.config import RunConfig
+from turnrl.train.legacy_pipeline import pipeline_of
 from turnrl.train.metrics import advantage_metrics, episode_metrics
 from turnrl.train.ppo import build_update_batch, ppo_update
 from turnrl.train.run import RunDirectory, build_policy, derive_seed, due
@@ -278,7 +279,13 @@ class AgentTrainer:
         seconds_credit = time.perf_counter() - t0
         t0 = time.perf_counter()
         batch = build_update_batch(
-            records, table, credit.advantages, credit.clip_factor, cfg.train.aggregation
+            records,
+            table,
+            credit.advantages,
+            credit.clip_factor,
+            cfg.train.aggregation,
+            legacy=pipeline_of(cfg.train, cfg.rollout.tasks_per_step, cfg.rollout.group_size),
+            legacy_seed=derive_seed(cfg.train.seed, "update", self.step),
         )
         assert self.optimizer is not None
         with gateway.updating(version=self.step) as served:
