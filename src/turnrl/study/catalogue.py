@@ -259,7 +259,8 @@ PIPELINE_ARM = Arm(
 for a lone row), then the pipeline's per-token weights (turnrl.train.legacy_pipeline:
 shuffled token-mean micro-batches of 4 rows, ppo_mini_batch_size = the step's tasks).
 Its prompt-length drop is calc_x's: ``max_prompt_length`` 4096 tokens drops nothing at
-these prompt lengths (under 300 tokens), so ``train.legacy_max_prompt_length`` stays 0."""
+these lengths (the warm start's teacher turns have 139-179 prompt tokens), so
+``train.legacy_max_prompt_length`` stays 0 (no drop)."""
 
 AGENTS_489 = Study(
     name="agents-489",
