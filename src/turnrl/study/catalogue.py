@@ -259,14 +259,12 @@ PIPELINE_ARM = Arm(
 for a lone row), then the pipeline's per-token weights (turnrl.train.legacy_pipeline:
 shuffled token-mean micro-batches of 4 rows, ppo_mini_batch_size = the step's tasks).
 Its prompt-length drop is calc_x's: ``max_prompt_length`` 4096 tokens drops nothing at
-these lengths (the warm start's teacher turns have 139-179 prompt tokens), so
+these lengths (teacher turns: 139-179 prompt tokens; logged RL steps: at most 211), so
 ``train.legacy_max_prompt_length`` stays 0 (no drop)."""
 
 AGENTS_489 = Study(
     name="agents-489",
-    title="Issue #489 on the calc_openai agent, reward = correctness only: the Agent "
-    "Lightning v0.x + verl pipeline trained against grpo_mixed, dr_grpo, grpo, node, "
-    "turn_group",
+    title="#489 on calc_openai, reward = correctness: the v0.x + verl pipeline vs estimators",
     config="examples/agents/calc_openai.toml",
     arms=(
         PIPELINE_ARM,
