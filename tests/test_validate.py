@@ -69,7 +69,7 @@ def test_configs_built_in_code_are_type_checked_too() -> None:
     assert dict(error.value.problems) == {
         "train.minibatch_size": "expected an integer, got '64'",
         "train.aggregation": "expected one of 'token-mean', 'seq-mean-token-mean', "
-        "'rollout-mean'; got 'mean'",
+        "'rollout-mean', 'legacy-verl'; got 'mean'",
     }
 
 

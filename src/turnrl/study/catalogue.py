@@ -370,6 +370,102 @@ ITERATIVE_PERSONA = _iterate_study(
     regenerated="python examples/iterative_grpo/run.py at d442a44 and 0c74127 (runs not kept)",
 )
 
+WARM_METRICS = (
+    Metric("warm_tf_hard_call", "hard call exact", "first"),
+    Metric("warm_tf_hard_result", "hard result exact", "first"),
+    Metric("warm_tf_easy_call", "easy call exact", "first"),
+    Metric("warm_tf_easy_result", "easy result exact", "first"),
+    Metric("eval_success_hard", "greedy hard", "first"),
+    Metric("eval_success_easy", "greedy easy", "first"),
+    Metric("eval_tool_rate_hard", "tool rate (hard)", "first"),
+)
+
+AGENTS_WARM = Study(
+    name="agents-warm",
+    title="calc_openai warm starts alone: which recipe copies operands and results",
+    config="examples/agents/calc_openai.toml",
+    # each cell is a warm start only (train.steps=0): the teacher's rollouts, SFT, the
+    # step-0 greedy evaluation and the teacher-forced check (warm_tf_*: the share of the
+    # teacher's turns that greedy decoding reproduces exactly, per kind and turn)
+    arms=(
+        Arm("steps1100-draw", ("warm_start.steps=1100", "warm_start.mix=per_draw")),
+        Arm("steps3000-draw", ("warm_start.steps=3000", "warm_start.mix=per_draw")),
+        Arm("steps3000-task", ("warm_start.steps=3000", "warm_start.mix=per_task")),
+    ),
+    seeds=(0, 1, 2),
+    overrides=("train.threads=1", "train.steps=0"),
+    doc="docs/agents.md",
+    tables=(Table("warm", "arms", WARM_METRICS),),
+    minutes_per_cell=6.0,
+)
+
+PIPELINE_ARM = Arm(
+    "pipeline",
+    (
+        "label=pipeline",
+        "credit.estimator=grpo_mixed",
+        'credit.params={lone = "raw"}',
+        "train.aggregation=legacy-verl",
+    ),
+)
+"""Agent Lightning v0.x + verl trained: every call one row grouped by task (verl's rule
+for a lone row), then the pipeline's per-token weights (turnrl.train.legacy_pipeline:
+shuffled token-mean micro-batches of 4 rows, ppo_mini_batch_size = the step's tasks).
+Its prompt-length drop is calc_x's: ``max_prompt_length`` 4096 tokens drops nothing at
+these lengths (teacher turns: 139-179 prompt tokens; logged RL steps: at most 211), so
+``train.legacy_max_prompt_length`` stays 0 (no drop)."""
+
+AGENTS_489 = Study(
+    name="agents-489",
+    title="#489 on calc_openai, reward = correctness: the v0.x + verl pipeline vs estimators",
+    config="examples/agents/calc_openai.toml",
+    arms=(
+        PIPELINE_ARM,
+        *(_estimator_arm(name, name) for name in ("grpo_mixed", "dr_grpo", "grpo")),
+        *(_estimator_arm(name, name) for name in ("node", "turn_group")),
+    ),
+    # 2 warm starts x 4 RL seeds = 8 pairs per cell; lr 3e-4 for every arm (the recipe's,
+    # measured on this agent before the study, issue #25: dr_grpo 0.56 -> 0.86 / 0.88)
+    seeds=(0, 1, 2, 3),
+    warm_starts=WarmStarts(count=2),
+    settings=(
+        # 6-digit products: the warm start copies them, the tool pays on hard problems
+        Setting("tool-pays", ("warm_start.teacher=none",)),
+        # 5-digit products (3-digit operands up to 316): the tiny model never copies a
+        # 5-digit result (examples/calculator.toml), so a call never pays there
+        Setting(
+            "tool-does-not-pay",
+            (
+                "warm_start.teacher=none",
+                "tasks.kwargs={hard_fraction = 0.5, hard_operands = [100, 316]}",
+            ),
+        ),
+    ),
+    # (the RL cells start from the shared warm starts: the teacher is off in both settings)
+    overrides=("train.threads=1", "train.lr=3e-4"),
+    baseline="pipeline",
+    doc="docs/grouping-experiment.md",
+    tables=(
+        Table("arms", "arms", (*AGENT_METRICS[:1], Metric("eval_tool_rate", "tool rate"))),
+        Table(
+            "paired",
+            "paired",
+            (
+                Metric("eval_success", "success"),
+                Metric("eval_tool_rate", "tool rate"),
+                Metric("eval_tool_rate_hard", "tool rate (hard)"),
+            ),
+        ),
+        Table(
+            "seeds",
+            "seeds",
+            (*DEMO_METRICS, Metric("eval_tool_rate_easy", "tool rate (easy)")),
+        ),
+    ),
+    curve="eval_tool_rate",
+    minutes_per_cell=2.5,
+)
+
 STUDIES: dict[str, Study] = {
     s.name: s
     for s in (
@@ -381,6 +477,8 @@ STUDIES: dict[str, Study] = {
         AGENTS_PARITY,
         ITERATIVE_GRPO,
         ITERATIVE_PERSONA,
+        AGENTS_WARM,
+        AGENTS_489,
     )
 }
 

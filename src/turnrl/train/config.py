@@ -166,6 +166,15 @@ class TrainConfig(PPOConfig):
     """How many of the most recent checkpoints to keep on disk."""
     threads: int = 0
     """Torch intra-op threads; 0 keeps torch's default. 1 lets several runs share a machine."""
+    legacy_mini_batch: int = 0
+    """``aggregation = "legacy-verl"``: the pipeline's ``ppo_mini_batch_size`` (rows: the drop
+    rounds to a multiple of it; its actor mini-batch is this times ``rollout.group_size``);
+    0: ``rollout.tasks_per_step`` (calc_x's proportions)."""
+    legacy_micro_batch: int = 4
+    """``aggregation = "legacy-verl"``: ``ppo_micro_batch_size_per_gpu`` (rows per token mean)."""
+    legacy_max_prompt_length: int = 0
+    """``aggregation = "legacy-verl"``: rows whose prompt has more tokens are dropped (after
+    the advantages); 0 drops none."""
     sharding: Literal["none", "fsdp2"] = "none"
     """How torchrun ranks hold the model (docs/distributed.md): ``none`` (each rank holds
     all of it, gradients summed over ranks) is the one that runs; ``fsdp2``
@@ -182,6 +191,9 @@ class TrainConfig(PPOConfig):
         p.at_least("threads", self.threads, 0)
         if self.sharding == "fsdp2":
             p.add("sharding", FSDP2_REFUSED)
+        p.at_least("legacy_mini_batch", self.legacy_mini_batch, 0)
+        p.at_least("legacy_micro_batch", self.legacy_micro_batch, 1)
+        p.at_least("legacy_max_prompt_length", self.legacy_max_prompt_length, 0)
         super().check(p)
 
 

@@ -47,6 +47,7 @@ from turnrl.rollout.tree import physical_env_steps
 from turnrl.table import TurnTable
 from turnrl.train.config import RunConfig
 from turnrl.train.info_gain import add_information_gain
+from turnrl.train.legacy_pipeline import pipeline_of
 from turnrl.train.lifecycle import LifecycleRun, Schedule, seed_process
 from turnrl.train.loss import CountReducer
 from turnrl.train.metrics import advantage_metrics, episode_metrics
@@ -268,6 +269,8 @@ class OnlineTrainer(LifecycleRun):
             credit.clip_factor,
             cfg.train.aggregation,
             reduce_count=self._count_reducer(),
+            legacy=pipeline_of(cfg.train, cfg.rollout.tasks_per_step, cfg.rollout.group_size),
+            legacy_seed=derive_seed(cfg.train.seed, "update", self.step),
         )
         losses = self.update(update)
         self.policy_version += 1

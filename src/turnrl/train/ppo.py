@@ -56,6 +56,8 @@ from turnrl.rollout.tokens import trie_size
 from turnrl.table import TurnTable
 from turnrl.train.config import PPOConfig
 from turnrl.train.credit_check import check_finite_credit
+from turnrl.train.legacy_pipeline import AGGREGATION as LEGACY_AGGREGATION
+from turnrl.train.legacy_pipeline import LegacyPipeline, legacy_aggregation_weights
 from turnrl.train.loss import (
     CountReducer,
     aggregation_weights,
@@ -138,6 +140,8 @@ def build_update_batch(
     aggregation: str,
     *,
     reduce_count: CountReducer | None = None,
+    legacy: LegacyPipeline | None = None,
+    legacy_seed: int = 0,
 ) -> UpdateBatch:
     """The padded update batch of the rows that are trained on.
 
@@ -148,7 +152,9 @@ def build_update_batch(
     non-finite return or advantage is refused here, before any update
     (:func:`~turnrl.train.credit_check.check_finite_credit`). ``reduce_count`` makes
     the aggregation weights those of a global batch this one is a share of (see
-    :func:`turnrl.train.loss.aggregation_weights`).
+    :func:`turnrl.train.loss.aggregation_weights`). ``aggregation = "legacy-verl"`` takes
+    the pipeline's knobs (``legacy``) and the seed of its shuffle (``legacy_seed``); see
+    :mod:`turnrl.train.legacy_pipeline`.
     """
     check_finite_credit(table, advantages)
     keep = trainable_rows(records)
@@ -158,8 +164,20 @@ def build_update_batch(
     width = max(len(r) for r in responses)
     mask = pad_rows([[1.0] * len(r) for r in responses], width)
     rollout = torch.as_tensor(table.traj_code[keep])
+    contexts = [list(records[i].prompt_ids or ()) for i in keep]
+    if aggregation == LEGACY_AGGREGATION:
+        if legacy is None or reduce_count is not None:
+            raise ValueError(
+                f"aggregation {LEGACY_AGGREGATION!r} needs the pipeline's knobs (legacy=...) "
+                "and one process (no reduce_count)"
+            )
+        weight_B_T = legacy_aggregation_weights(
+            mask, [len(c) for c in contexts], legacy, legacy_seed
+        )
+    else:
+        weight_B_T = aggregation_weights(mask, aggregation, rollout, reduce_count=reduce_count)
     return UpdateBatch(
-        contexts=[list(records[i].prompt_ids or ()) for i in keep],
+        contexts=contexts,
         responses=responses,
         old_logp_B_T=pad_rows([list(records[i].logprobs or ()) for i in keep], width),
         mask_B_T=mask,
@@ -167,7 +185,7 @@ def build_update_batch(
         clip_factor_B=None
         if clip_factor is None
         else torch.as_tensor(clip_factor[keep], dtype=torch.float32),
-        weight_B_T=aggregation_weights(mask, aggregation, rollout, reduce_count=reduce_count),
+        weight_B_T=weight_B_T,
         tree_B=torch.as_tensor(table.task_code[keep]),
     )
 

@@ -20,8 +20,9 @@ from turnrl.errors import ConfigError
 from turnrl.options import check_options
 from turnrl.train.validate import Problems
 
-Aggregation = Literal["token-mean", "seq-mean-token-mean", "rollout-mean"]
-"""Loss aggregation modes (:data:`turnrl.train.loss.AGGREGATIONS`)."""
+Aggregation = Literal["token-mean", "seq-mean-token-mean", "rollout-mean", "legacy-verl"]
+"""Loss aggregation modes (:data:`turnrl.train.loss.AGGREGATIONS`, and ``legacy-verl``:
+:mod:`turnrl.train.legacy_pipeline`)."""
 
 KLEstimator = Literal["k1", "k2", "k3"]
 """KL estimators (:data:`turnrl.train.loss.KL_ESTIMATORS`)."""
@@ -260,7 +261,10 @@ class PPOConfig:
     kl_estimator: KLEstimator = "k3"
     """KL estimator: ``k3`` (low variance, non-negative), ``k1`` or ``k2``."""
     aggregation: Aggregation = "token-mean"
-    """Loss aggregation: ``token-mean``, ``seq-mean-token-mean`` or ``rollout-mean``."""
+    """Loss aggregation: ``token-mean``, ``seq-mean-token-mean``, ``rollout-mean`` or
+    ``legacy-verl`` (the Agent Lightning v0.x + verl update's per-token weights: prompt-length
+    drop, shuffled token-mean micro-batches; ``turnrl train`` only, one process; see
+    :mod:`turnrl.train.legacy_pipeline` and the ``legacy_*`` fields)."""
     max_grad_norm: float = 1.0
     """Gradient-norm clipping threshold; 0 disables clipping."""
     update: UpdateLayout = "tree"

@@ -81,6 +81,7 @@ from turnrl.train.agent.teacher import TeacherGateway, load_teacher, teacher_exa
 from turnrl.train.agent.teacher_mix import teacher_jobs, weighted_examples
 from turnrl.train.agent.warm_quality import check_warm_start
 from turnrl.train.config import RunConfig
+from turnrl.train.legacy_pipeline import pipeline_of
 from turnrl.train.lifecycle import LifecycleRun, Schedule, seed_process
 from turnrl.train.metrics import advantage_metrics
 from turnrl.train.policy_start import start_training
@@ -228,7 +229,13 @@ class AgentTrainer(LifecycleRun):
         seconds_credit = time.perf_counter() - t0
         t0 = time.perf_counter()
         batch = build_update_batch(
-            records, table, credit.advantages, credit.clip_factor, cfg.train.aggregation
+            records,
+            table,
+            credit.advantages,
+            credit.clip_factor,
+            cfg.train.aggregation,
+            legacy=pipeline_of(cfg.train, cfg.rollout.tasks_per_step, cfg.rollout.group_size),
+            legacy_seed=derive_seed(cfg.train.seed, "update", self.step),
         )
         assert self.optimizer is not None
         with gateway.updating(version=self.step) as served:

@@ -180,6 +180,12 @@ class ImproveConfig(PPOConfig):
         p.at_least("std_floor", self.std_floor, 0)
         if self.malformed_score is not None:
             p.finite("malformed_score", self.malformed_score)
+        if self.aggregation == "legacy-verl":
+            p.add(
+                "aggregation",
+                "'legacy-verl' models turnrl train's step (its [train].legacy_* "
+                "fields); turnrl iterate's improvement update has no such pipeline",
+            )
         super().check(p)
 
 
