@@ -37,7 +37,7 @@ from turnrl.train.agent.programs import make_program  # noqa: E402
 from turnrl.train.agent.runner import AgentRunner, GatewayLink  # noqa: E402
 from turnrl.train.agent.tasks import calculator_task_set  # noqa: E402
 from turnrl.train.agent.teacher import TeacherGateway, load_teacher, teacher_examples  # noqa: E402
-from turnrl.train.sft import supervised_warm_start  # noqa: E402
+from turnrl.train.update.sft import supervised_warm_start  # noqa: E402
 
 AGENT = f"{ROOT / 'examples' / 'agents' / 'calc_openai.py'}:run"
 TEACHER = f"{ROOT / 'examples' / 'agents' / 'calc_teacher.py'}:teach"

@@ -60,7 +60,7 @@ def rl_step(backend: str, model: str, steps: int, threads: int) -> dict[str, Any
     from turnrl.envs import make_env, make_tasks
     from turnrl.policy.factory import close_sampler
     from turnrl.train.config import RunConfig, load_config
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
 
     with tempfile.TemporaryDirectory(prefix="turnrl-bench-step-") as run_dir:
         overrides = [

@@ -38,7 +38,7 @@ def main() -> None:
     torch.set_num_threads(1)
     sys.path.insert(0, str(ROOT / "tests"))
     import conftest  # registers the parity environment
-    import turnrl.train.online as online
+    import turnrl.train.online.trainer as online
     from turnrl.train.config import RunConfig, load_config
 
     run_dir = Path(tempfile.mkdtemp(prefix="turnrl-mismatch-")) / "run"

@@ -33,8 +33,8 @@ from turnrl.policy import build_tiny_policy  # noqa: E402
 from turnrl.rollout import run_episodes  # noqa: E402
 from turnrl.train.config import RunConfig, load_config  # noqa: E402
 from turnrl.train.lifecycle import Lifecycle  # noqa: E402
-from turnrl.train.online import OnlineTrainer  # noqa: E402
-from turnrl.train.sft import demonstration_examples, supervised_warm_start  # noqa: E402
+from turnrl.train.online.trainer import OnlineTrainer  # noqa: E402
+from turnrl.train.update.sft import demonstration_examples, supervised_warm_start  # noqa: E402
 
 
 def warm_policy(steps: int):

@@ -96,8 +96,8 @@ def measure(args: argparse.Namespace) -> dict:
 def learner_mismatch(learner, contexts: list[list[int]], samples: list) -> dict[str, float]:
     """The ``mismatch_*`` metrics of the last batch: the learner's recomputation of every
     sampled token's log-prob against the sampler's."""
-    from turnrl.train.mismatch import mismatch_stats
-    from turnrl.train.ppo import pad_rows
+    from turnrl.train.update.mismatch import mismatch_stats
+    from turnrl.train.update.ppo import pad_rows
 
     responses = [list(s.response_ids) for s in samples]
     with torch.no_grad():

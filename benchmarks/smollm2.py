@@ -69,7 +69,7 @@ def _config(work: Path, name: str, extra: list[str]):
 
 def child_warm(work: Path, steps: int) -> dict:
     from turnrl.train.lifecycle import Lifecycle
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
 
     trainer = OnlineTrainer(_config(work, "warm", [f"warm_start.steps={steps}"]), quiet=True)
     started = time.perf_counter()
@@ -83,7 +83,7 @@ def child_warm(work: Path, steps: int) -> dict:
 
 def child_train(work: Path, mode: str, steps: int) -> dict:
     from turnrl.train.lifecycle import Lifecycle
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
 
     source = work / "warm" / "warm_start" if mode == "lora" else work / "warm_full"
     rank = [] if mode == "lora" else ["policy.lora_rank=0"]

@@ -40,7 +40,7 @@ from update import SCENARIOS, collect_batches, config_for, warm_start
 from turnrl.policy.logprobs import target_logprobs
 from turnrl.policy.tree_layout import TreeLayout, split_rows, tree_logprobs
 from turnrl.train.lifecycle import Lifecycle
-from turnrl.train.online import OnlineTrainer
+from turnrl.train.online.trainer import OnlineTrainer
 
 TITLE = "Tree layout: attention mask against key/values in the graph"
 

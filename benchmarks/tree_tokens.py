@@ -30,7 +30,7 @@ import torch
 from turnrl.envs import make_env, make_tasks
 from turnrl.policy import build_tiny_policy
 from turnrl.rollout import StrategyContext, get_strategy
-from turnrl.train.sft import demonstration_examples, supervised_warm_start
+from turnrl.train.update.sft import demonstration_examples, supervised_warm_start
 
 sys.path.insert(0, str(Path(__file__).parent))
 from results_file import RESULTS, write_section

@@ -49,7 +49,7 @@ def turnrl_steps(args: argparse.Namespace, work: Path) -> dict[str, float]:
     """Mean wall and CPU seconds of turnrl's step (and its parts) after one warm-up."""
     from turnrl.policy.factory import close_sampler
     from turnrl.train.config import RunConfig, load_config
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
 
     overrides = [
         f"run_dir={work / 'turnrl'}", f"policy.model={args.model}", "policy.lora_rank=0",

@@ -66,8 +66,8 @@ from turnrl.credit import compute_credit  # noqa: E402
 from turnrl.table import TurnTable  # noqa: E402
 from turnrl.train.config import RunConfig, load_config  # noqa: E402
 from turnrl.train.lifecycle import Lifecycle  # noqa: E402
-from turnrl.train.online import OnlineTrainer  # noqa: E402
-from turnrl.train.ppo import UpdateBatch, build_update_batch, ppo_update  # noqa: E402
+from turnrl.train.online.trainer import OnlineTrainer  # noqa: E402
+from turnrl.train.update.ppo import UpdateBatch, build_update_batch, ppo_update  # noqa: E402
 
 TITLE = "Update: rows against tree layout"
 TRL_TITLE = "Step time against TRL's GRPOTrainer"

@@ -33,7 +33,7 @@ from turnrl.train.agent.tasks import load_tasks
 from turnrl.train.agent.teacher import load_teacher
 from turnrl.train.checkpoint import load_latest_checkpoint
 from turnrl.train.config import PPOConfig, RunConfig, load_config
-from turnrl.train.ppo import build_update_batch, ppo_update
+from turnrl.train.update.ppo import build_update_batch, ppo_update
 from turnrl.train.validate import ConfigError, validate
 from turnrl.types import Task, TurnRecord
 

@@ -22,7 +22,7 @@ from turnrl.train.agent.programs import make_program
 from turnrl.train.agent.runner import AgentRunner, GatewayLink, RolloutResult
 from turnrl.train.agent.tasks import calculator_task_set
 from turnrl.train.agent.teacher import TeacherGateway, load_teacher, teacher_examples
-from turnrl.train.sft import encode_response
+from turnrl.train.update.sft import encode_response
 from turnrl.types import Task
 
 ROOT = Path(__file__).resolve().parents[1]

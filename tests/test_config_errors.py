@@ -63,7 +63,7 @@ def test_config_error_exits_2_before_any_work(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     import turnrl.train.iterate.loop as iterate
-    import turnrl.train.online as online
+    import turnrl.train.online.trainer as online
     from turnrl.train.run import RunDirectory
 
     def refuse(*args, **kwargs):

@@ -13,8 +13,8 @@ from turnrl.policy.device import resolve_device, resolve_dtype
 from turnrl.serve import cli as serve_cli
 from turnrl.table import TurnTable
 from turnrl.train.config import PolicyConfig, RunConfig, load_config
-from turnrl.train.ppo import PPOConfig, build_update_batch, ppo_update
 from turnrl.train.run import build_policy
+from turnrl.train.update.ppo import PPOConfig, build_update_batch, ppo_update
 from turnrl.train.validate import ConfigError, validate
 
 torch.set_num_threads(1)

@@ -42,8 +42,8 @@ from turnrl.errors import UsageError
 from turnrl.train.checkpoint import load_latest_checkpoint
 from turnrl.train.config import RunConfig, load_config
 from turnrl.train.distributed import World, owned_slice, world_from_env
-from turnrl.train.loss import AGGREGATIONS, aggregation_weights
-from turnrl.train.online_distributed import check_supported
+from turnrl.train.online.ranks import check_supported
+from turnrl.train.update.loss import AGGREGATIONS, aggregation_weights
 
 WEIGHT_ATOL = 1e-5
 METRIC_RTOL = 1e-5
@@ -435,7 +435,7 @@ def test_collectives_on_two_gloo_ranks(tmp_path: Path) -> None:
 
 def test_one_process_trainers_refuse_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """N copies of a one-process trainer would write one run directory N times."""
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
     from turnrl.train.run import RunDirectory, RunDirectoryError
 
     config = load_config(RunConfig, RECIPE, [*RUN, f"run_dir={tmp_path / 'run'}"])

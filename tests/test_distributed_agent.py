@@ -41,8 +41,8 @@ from test_distributed import (
     max_difference,
     weights,
 )
-from turnrl.train.ppo import UpdateBatch, pad_rows
 from turnrl.train.rank_zero import rows_of, spread_trees
+from turnrl.train.update.ppo import UpdateBatch, pad_rows
 
 AGENT = REPO / "tests" / "distributed_agent.py"
 FIXTURES = REPO / "tests" / "agent_fixtures.py"

@@ -396,7 +396,7 @@ def test_a_task_built_by_hand_needs_a_payload_with_facts() -> None:
 
 def test_warm_start_examples_follow_the_demonstration_mix() -> None:
     from turnrl.policy import build_tiny_policy
-    from turnrl.train.sft import demonstration_examples
+    from turnrl.train.update.sft import demonstration_examples
 
     policy = build_tiny_policy(0)
     tasks = lookup_tasks(30, 1)

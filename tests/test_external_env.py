@@ -12,7 +12,7 @@ from conftest import ParityEnv, parity_demonstration, parity_tasks
 from turnrl.envs import ENVS, EnvSpec, get_env_spec, make_env, make_tasks
 from turnrl.errors import ConfigError
 from turnrl.train.config import RunConfig, load_config
-from turnrl.train.online import OnlineTrainer
+from turnrl.train.online.trainer import OnlineTrainer
 from turnrl.train.validate import validate
 
 NAME = "test_external_env:parity_spec"

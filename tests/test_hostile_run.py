@@ -35,11 +35,15 @@ from turnrl.train.agent.programs import make_program
 from turnrl.train.agent.runner import AgentRunner, GatewayLink
 from turnrl.train.checkpoint import list_checkpoints
 from turnrl.train.config import RunConfig, load_config
-from turnrl.train.credit_check import MAX_ABS_REWARD, CreditOverflowError, check_finite_credit
-from turnrl.train.ppo import build_update_batch
 from turnrl.train.process_tree import descendants, is_subreaper
 from turnrl.train.run import RunDirectory
 from turnrl.train.run_lock import LOCK_FILE, RunLockedError
+from turnrl.train.update.credit_check import (
+    MAX_ABS_REWARD,
+    CreditOverflowError,
+    check_finite_credit,
+)
+from turnrl.train.update.ppo import build_update_batch
 from turnrl.types import Task, TurnRecord
 
 TESTS = Path(__file__).resolve().parent

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from turnrl.policy import build_tiny_policy
-from turnrl.train.info_gain import add_information_gain, mean_answer_logprob
-from turnrl.train.sft import encode_response
+from turnrl.train.update.info_gain import add_information_gain, mean_answer_logprob
+from turnrl.train.update.sft import encode_response
 from turnrl.types import TurnRecord
 
 torch.set_num_threads(1)

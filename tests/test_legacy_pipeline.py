@@ -1,5 +1,5 @@
 """``train.aggregation = "legacy-verl"``: the Agent Lightning v0.x + verl update's per-token
-weights in the trainer's loss (:mod:`turnrl.train.legacy_pipeline`), equal to the
+weights in the trainer's loss (:mod:`turnrl.train.update.legacy_pipeline`), equal to the
 grouping study's model of it (``examples/grouping/legacy.py``)."""
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from turnrl.policy import HFPolicy
 from turnrl.table import TurnTable
 from turnrl.train.agent.loop import AgentTrainer
 from turnrl.train.config import RunConfig, TrainConfig, load_config
-from turnrl.train.legacy_pipeline import (
+from turnrl.train.update.legacy_pipeline import (
     LegacyPipeline,
     legacy_aggregation_weights,
     pipeline_of,
 )
-from turnrl.train.ppo import build_update_batch
+from turnrl.train.update.ppo import build_update_batch
 from turnrl.types import TurnRecord
 
 PATH = Path(__file__).resolve().parents[1] / "examples" / "grouping" / "legacy.py"

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from turnrl.train.agent.loop import AgentTrainer
 from turnrl.train.iterate.loop import IterativeGRPO
 from turnrl.train.lifecycle import Lifecycle, Trainer, stopping
-from turnrl.train.online import OnlineTrainer
-from turnrl.train.online_distributed import DistributedOnlineTrainer
+from turnrl.train.online.ranks import DistributedOnlineTrainer
+from turnrl.train.online.trainer import OnlineTrainer
 from turnrl.train.run import Checkpoint, RunDirectory
 from turnrl.train.schedule import Schedule
 from turnrl.train.stop_signals import RunInterrupted
@@ -316,9 +316,9 @@ def test_the_warm_start_batches_as_the_update_section_it_is_given(
     overrides: list[str],
     budget: int | None,
 ) -> None:
-    from turnrl.train import sft
     from turnrl.train.config import RunConfig, load_config
     from turnrl.train.iterate.config import IterateConfig
+    from turnrl.train.update import sft
 
     seen: list[int | None] = []
 

@@ -13,7 +13,7 @@ pytest.importorskip("bm25s", reason="the lookup environment needs the 'lookup' e
 
 from conftest import REPO
 from turnrl.train.config import RunConfig, load_config
-from turnrl.train.online import OnlineTrainer
+from turnrl.train.online.trainer import OnlineTrainer
 
 TINY = [
     "warm_start.steps=4",

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnrl.train.loss import aggregation_weights, kl_penalty, ppo_clip_loss
+from turnrl.train.update.loss import aggregation_weights, kl_penalty, ppo_clip_loss
 
 torch.set_num_threads(1)
 

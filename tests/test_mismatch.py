@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from test_ppo import ONE_STEP, GradientRecorder, policy, sampled_batch
-from turnrl.train.loss import ppo_clip_loss, truncated_is_weights
-from turnrl.train.mismatch import mismatch_stats
-from turnrl.train.ppo import ppo_update
+from turnrl.train.update.loss import ppo_clip_loss, truncated_is_weights
+from turnrl.train.update.mismatch import mismatch_stats
+from turnrl.train.update.ppo import ppo_update
 
 LEARNER = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]])
 SAMPLER = torch.tensor([[-1.5, -1.0], [-0.5, 0.0]])

@@ -14,9 +14,9 @@ pytest.importorskip("peft")
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.policy.lora import add_lora, is_adapter_dir, is_adapter_model, lora_policy
 from turnrl.train.config import PolicyConfig, RunConfig, load_config
-from turnrl.train.online import OnlineTrainer
+from turnrl.train.online.trainer import OnlineTrainer
 from turnrl.train.run import with_lora
-from turnrl.train.sft import conversation_examples, supervised_warm_start
+from turnrl.train.update.sft import conversation_examples, supervised_warm_start
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ import torch
 from builders import GradientRecorder, one_turn_records
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.table import TurnTable
-from turnrl.train.ppo import PPOConfig, UpdateBatch, build_update_batch, ppo_update
+from turnrl.train.update.ppo import PPOConfig, UpdateBatch, build_update_batch, ppo_update
 
 ROWS = 6
 

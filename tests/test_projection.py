@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from turnrl.policy import build_tiny_policy
-from turnrl.train.loss import aggregation_weights, ppo_clip_loss
+from turnrl.train.update.loss import aggregation_weights, ppo_clip_loss
 
 PATH = Path(__file__).resolve().parents[1] / "examples" / "grouping" / "projection.py"
 _spec = importlib.util.spec_from_file_location("grouping_projection", PATH)

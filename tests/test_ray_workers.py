@@ -29,7 +29,7 @@ from turnrl.rollout.runner import (
     start_episode,
 )
 from turnrl.train.config import RunConfig, load_config
-from turnrl.train.online import OnlineTrainer
+from turnrl.train.online.trainer import OnlineTrainer
 
 torch.set_num_threads(1)
 

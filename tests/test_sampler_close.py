@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-import turnrl.train.online as online
+import turnrl.train.online.trainer as online
 from turnrl.policy.factory import build_tiny_policy, close_sampler
-from turnrl.train.online import OnlineTrainer
+from turnrl.train.online.trainer import OnlineTrainer
 
 torch.set_num_threads(1)
 

@@ -18,7 +18,7 @@ from turnrl.envs.calculator import make_task
 from turnrl.errors import ConfigError
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.train.config import RunConfig, load_config
-from turnrl.train.sft import (
+from turnrl.train.update.sft import (
     batch_indices,
     demonstration_examples,
     lr_factor,
@@ -248,7 +248,7 @@ def test_per_draw_cosine_run_and_its_tool_probabilities(tmp_path: Path, tiny_tra
     import importlib.util
 
     from turnrl.envs import make_env
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
     from turnrl.train.run import task_split
 
     config = tiny_train(

@@ -13,7 +13,7 @@ from turnrl.envs import demonstration
 from turnrl.envs.calculator import make_task
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.policy.tree_layout import split_rows
-from turnrl.train.sft import (
+from turnrl.train.update.sft import (
     TurnExample,
     _nll_backward,
     conversation_examples,

@@ -26,7 +26,7 @@ from turnrl.policy.pretrained import (
     smollm2_path,
 )
 from turnrl.train.config import PolicyConfig, RunConfig, load_config
-from turnrl.train.online import OnlineTrainer, build_policy
+from turnrl.train.online.trainer import OnlineTrainer, build_policy
 
 # ----------------------------------------------------------------------------- fast
 
@@ -119,7 +119,7 @@ def test_incremental_ids_equal_full_template_rendering(smol_dir: Path, with_syst
     """Built turn by turn (initial, response + eos, observation deltas), every context
     equals the tokenised re-rendering of the conversation so far. Without a system
     message SmolLM2's template injects its default one; the deltas stay exact."""
-    from turnrl.train.sft import encode_response
+    from turnrl.train.update.sft import encode_response
 
     policy = _policy(smol_dir)
     conversation = [
@@ -178,7 +178,7 @@ def test_lora_sampling_logprobs_match_recomputed(smol_dir: Path) -> None:
 @pytest.mark.slow
 @needs_smollm2
 def test_one_lora_sft_step_trains_only_the_adapters(smol_dir: Path) -> None:
-    from turnrl.train.sft import conversation_examples, supervised_warm_start
+    from turnrl.train.update.sft import conversation_examples, supervised_warm_start
 
     policy = _policy(smol_dir, lora_rank=4)
     trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from turnrl.train.agent.teacher_mix import DEMO_KEY, demo_options, teacher_jobs, weighted_examples
-from turnrl.train.sft import TurnExample
+from turnrl.train.update.sft import TurnExample
 from turnrl.types import Task, TurnRecord
 
 AGENTS = Path(__file__).resolve().parents[1] / "examples" / "agents"

@@ -19,9 +19,9 @@ from turnrl.envs import make_env
 from turnrl.policy import HFPolicy
 from turnrl.records import parse_record
 from turnrl.table import TurnTable
-from turnrl.train.info_gain import add_information_gain
-from turnrl.train.online import OnlineTrainer
+from turnrl.train.online.trainer import OnlineTrainer
 from turnrl.train.run import task_split
+from turnrl.train.update.info_gain import add_information_gain
 
 ONE_UPDATE = ("train.epochs=1", "train.minibatch_size=64")
 """One optimiser step per training step: its first (only) mini-batch is on-policy."""
@@ -176,7 +176,7 @@ def test_update_uses_the_sampling_temperature_and_the_warm_start_as_kl_reference
 def test_a2tgpo_end_to_end_information_gain_advantages_and_clip_factor(
     tmp_path: Path, tiny_train, read_metrics, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import turnrl.train.online as online
+    import turnrl.train.online.trainer as online
 
     seen = []
     original = online.ppo_update

@@ -11,7 +11,7 @@ import torch
 from conftest import REPO
 from turnrl.table import TurnTable
 from turnrl.train.config import RunConfig, load_config
-from turnrl.train.online import OnlineTrainer
+from turnrl.train.online.trainer import OnlineTrainer
 
 torch.set_num_threads(1)
 TINY = [

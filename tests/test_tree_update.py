@@ -16,9 +16,9 @@ from builders import GradientRecorder
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.records import parse_record
 from turnrl.table import TurnTable
-from turnrl.train.loss import AGGREGATIONS
-from turnrl.train.minibatches import minibatch_count, tree_minibatches
-from turnrl.train.ppo import PPOConfig, build_update_batch, merge_loss_stats, ppo_update
+from turnrl.train.update.loss import AGGREGATIONS
+from turnrl.train.update.minibatches import minibatch_count, tree_minibatches
+from turnrl.train.update.ppo import PPOConfig, build_update_batch, merge_loss_stats, ppo_update
 from turnrl.types import TurnRecord
 
 torch.set_num_threads(1)
@@ -259,7 +259,7 @@ def test_tree_minibatches_cut_evenly_at_an_exact_boundary(trees: int, size: int,
 def test_each_epoch_draws_a_new_minibatch_order(monkeypatch, update: str, draw: str) -> None:
     """The epochs of one update continue one seeded stream of orders: the second
     epoch's mini-batches are the stream's second draw, not the first one again."""
-    import turnrl.train.ppo as ppo
+    import turnrl.train.update.ppo as ppo
 
     drawn: list[list[list[int]]] = []
     real = getattr(ppo, draw)

@@ -238,7 +238,7 @@ def test_training_pushes_every_update_to_the_engine(tmp_path: Path, tiny_train) 
     update reached the engine (measured with the push skipped, benchmarks/mismatch.py
     --skip-sync: step-2 |dlogp| mean 0.058, max 0.22; with it: max 5e-7)."""
     from conftest import PARITY
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
 
     config = tiny_train(
         tmp_path / "run", *PARITY, *VLLM_HEADS, "policy.backend=vllm", "train.steps=3",
@@ -267,7 +267,7 @@ def test_a_finished_run_closes_its_engine_and_leaves_nothing_running(
     import psutil
 
     from conftest import PARITY
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
 
     me = psutil.Process()
     children_before = {p.pid for p in me.children(recursive=True)}
@@ -295,7 +295,7 @@ def test_a_resumed_run_samples_from_the_checkpoints_weights(tmp_path: Path, tiny
     """Killed after step 1 and resumed: the new engine starts from the checkpoint (not the
     warm start), so step 2's samples agree with the learner and the version carries on."""
     from conftest import PARITY
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
 
     config = tiny_train(
         tmp_path / "run", *PARITY, *VLLM_HEADS, "policy.backend=vllm", "train.steps=2",

@@ -189,7 +189,7 @@ def test_training_pushes_every_update_to_the_server(
     with the learner only if each update reached the server (with the push skipped,
     benchmarks/mismatch.py measured step-2 max |dlogp| 0.22 on the same model)."""
     from conftest import PARITY
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
 
     config = tiny_train(
         tmp_path / "run", *PARITY, *VLLM_HEADS, "policy.backend=vllm-server",

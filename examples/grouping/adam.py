@@ -7,7 +7,7 @@ and epsilon of ``turnrl.train.policy_start``, the gradient norm clipped at
 ``train.max_grad_norm``, PPO-clip mini-batches of ``train.minibatch_size`` rows).
 Adam's first step is close to ``lr * sign(g)`` per coordinate, so its effect on
 ``b`` need not have the gradient's sign. This script runs the trainer's own update
-(:func:`turnrl.train.ppo.ppo_update` with a fresh ``torch.optim.AdamW`` as
+(:func:`turnrl.train.update.ppo.ppo_update` with a fresh ``torch.optim.AdamW`` as
 ``turnrl.train.policy_start.start_training`` builds it) from the frozen warm start of
 ``gradient.py``, and for each update ``k`` of ``--updates`` on-policy updates
 records, per arm and per-turn cost:
@@ -90,7 +90,7 @@ def one_update(policy, optimizer, records, config, probe, opening, estimator, se
 
     from turnrl.credit import compute_credit
     from turnrl.table import TurnTable
-    from turnrl.train.ppo import build_update_batch, ppo_update
+    from turnrl.train.update.ppo import build_update_batch, ppo_update
 
     policy.model.eval()
     table = TurnTable.from_records(records, source="adam")

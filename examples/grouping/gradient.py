@@ -6,7 +6,7 @@ project the loss gradient on the direction ``d`` that raises the probability of
 opening a response with a tool call at turn 0 (``d = grad mean_c log
 pi("<call>" | c)`` over the turn-0 contexts of the held-out tasks), split into the
 part that comes from turn-0 rows and the part from later-turn rows
-(``projection.py`` beside this file; the loss is the trainer's, ``turnrl.train.loss``,
+(``projection.py`` beside this file; the loss is the trainer's, ``turnrl.train.update.loss``,
 with the trainer's update batch). Positive means a gradient step makes opening
 with the tool more likely. Arms:
 
@@ -97,7 +97,7 @@ def arms() -> list[Arm]:
 def warm_start(out: Path, overrides: list[str]) -> Path:
     """The frozen warm start (trained once; reused when present)."""
     from turnrl.train.config import RunConfig, load_config
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
 
     run_dir = out / "warm"
     if not (run_dir / "warm_start" / "config.json").exists():
@@ -123,7 +123,7 @@ def project_arm(arm: Arm, records, table, logp, jd, mask, pipeline, seed: int) -
     from projection import loss_logp_gradient, projection
 
     from turnrl.credit import compute_credit
-    from turnrl.train.ppo import build_update_batch
+    from turnrl.train.update.ppo import build_update_batch
 
     advantages = compute_credit(table, arm.estimator, **arm.params).advantages
     turn = np.array([r.turn for r in records])

@@ -21,7 +21,7 @@ verl's ``DataParallelPPOActor.update_policy`` and ``fsdp_workers`` of that era:
    shorter mini-batch is still divided by the full accumulation count.
 
 :func:`legacy_weights` turns (2) and (3) into per-token weights for turnrl's
-loss (``turnrl.train.loss``): a token of micro-batch ``m`` in mini-batch ``s``
+loss (``turnrl.train.update.loss``): a token of micro-batch ``m`` in mini-batch ``s``
 weighs ``1 / (tokens(m) * accumulation * n_steps)``, i.e. the mean over the
 optimiser steps of each step's loss, the same scale as turnrl's aggregation
 weights (which sum to 1 per step). Simplified: verl computes the GRPO scores in

@@ -13,7 +13,7 @@ so one forward pass gives ``D[b,t] = grad logp[b,t] . d`` for every token of a
 batch (:func:`directional_logprobs`, by double backward), and the projection of
 any loss on that batch (any estimator, aggregation or row selection) is a
 weighted sum of ``D`` with the loss's own ``dL/dlogp`` (:func:`loss_logp_gradient`,
-which runs the trainer's :func:`~turnrl.train.loss.ppo_clip_loss`).
+which runs the trainer's :func:`~turnrl.train.update.loss.ppo_clip_loss`).
 
 This is a plain-gradient (SGD) direction at the current parameters: it ignores
 gradient clipping, Adam's per-parameter scaling and the PPO clip. Adam acts from
@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from turnrl.policy import HFPolicy
-from turnrl.train.loss import ppo_clip_loss
+from turnrl.train.update.loss import ppo_clip_loss
 
 Tensor = torch.Tensor
 
@@ -105,7 +105,7 @@ def loss_logp_gradient(
     clip_high: float = 0.2,
 ) -> Tensor:
     """``dL/dlogp[b,t]`` of the trainer's PPO-clip loss at the behaviour policy (ratio 1),
-    for per-token aggregation weights ``weight_B_T`` (see ``turnrl.train.loss``)."""
+    for per-token aggregation weights ``weight_B_T`` (see ``turnrl.train.update.loss``)."""
     logp = logp_B_T.detach().clone().requires_grad_(True)
     loss, _ = ppo_clip_loss(
         logp,

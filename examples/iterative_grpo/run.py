@@ -77,7 +77,7 @@ def run_online(
     label: str = "online grpo",
 ) -> Path:
     from turnrl.train.config import RunConfig, load_config
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
 
     overrides = [
         f"run_dir={run_dir}",

@@ -81,7 +81,7 @@ def toml_table(params: dict[str, Any]) -> str:
 
 def train(overrides: list[str]) -> Path:
     """One run (resumed from its last checkpoint if it was killed)."""
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
 
     config = load_config(RunConfig, CONFIG, [*overrides, "train.threads=1"])
     return OnlineTrainer(config, resume=True, quiet=True).run()

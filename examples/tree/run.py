@@ -52,7 +52,7 @@ def load(strategy: str, overrides: list[str]):
 
 def warm_start(root: Path, seed: int, overrides: list[str]) -> Path:
     """One warm start per seed (the independent recipe's, identical in all three)."""
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
 
     run_dir = root / f"seed{seed}"
     if not (run_dir / "warm_start" / "config.json").exists():
@@ -87,7 +87,7 @@ def train_cell(config_path: Path, overrides: list[str], budget: float, eval_ever
     an unfinished run is redone from its start (``overwrite``)."""
     from turnrl.io import append_jsonl
     from turnrl.train.config import RunConfig, load_config
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
 
     config = load_config(
         RunConfig,

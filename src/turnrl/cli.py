@@ -98,7 +98,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = _load_run_config(RunConfig, args)
     world = world_from_env()
     if world.split:  # one rank of several under torchrun (docs/distributed.md)
-        from turnrl.train.online_distributed import train_distributed
+        from turnrl.train.online.ranks import train_distributed
 
         return train_distributed(
             config,
@@ -134,7 +134,7 @@ def _train(config: Any, args: argparse.Namespace) -> Any:
         from turnrl.integrations.ray_workers import train_with_workers
 
         return train_with_workers(config, report=report, **options)
-    from turnrl.train.online import OnlineTrainer
+    from turnrl.train.online.trainer import OnlineTrainer
 
     return Lifecycle(OnlineTrainer(config, **options), report=report).run()
 

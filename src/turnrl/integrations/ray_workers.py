@@ -56,7 +56,7 @@ from turnrl.envs import make_env
 from turnrl.policy.factory import load_policy
 from turnrl.rollout.runner import RolloutBatch, plan_episodes, run_planned_episodes
 from turnrl.train.config import RunConfig
-from turnrl.train.online import OnlineTrainer
+from turnrl.train.online.trainer import OnlineTrainer
 from turnrl.types import Env, Policy, Task
 
 PlannedEpisode = tuple[int, Task, str]

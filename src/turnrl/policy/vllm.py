@@ -12,7 +12,7 @@ with grad); this engine holds a copy of its weights and samples the rollouts.
   ``logprobs_mode="processed_logprobs"`` (vLLM V1 returns raw, untempered log-probs
   otherwise), so ``Sample.logprobs`` are under ``softmax(logits / temperature)``, what
   the trainer recomputes; the difference (kernels, precision) is the train/inference
-  mismatch the update logs (``mismatch_*`` metrics, see :mod:`turnrl.train.mismatch`).
+  mismatch the update logs (``mismatch_*`` metrics, see :mod:`turnrl.train.update.mismatch`).
   Greedy sampling (``temperature=0``) records untempered log-probs, as the HF backend.
 * **Weights move in place.** :meth:`load_full_weights` reloads every weight of the
   engine's model from tensors under transformers names

@@ -142,7 +142,7 @@ def learn_on(ctx: StrategyContext, records: list[TurnRecord]) -> dict[str, float
 
     Rows with ``train = False`` still count in the credit table (returns,
     trajectory structure); the trainer's update batch leaves them out
-    (:func:`turnrl.train.ppo.build_update_batch`). Returns None (and learns
+    (:func:`turnrl.train.update.ppo.build_update_batch`). Returns None (and learns
     nothing) when no row is trainable.
     """
     if not trainable(records):

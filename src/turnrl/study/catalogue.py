@@ -409,7 +409,7 @@ PIPELINE_ARM = Arm(
     ),
 )
 """Agent Lightning v0.x + verl trained: every call one row grouped by task (verl's rule
-for a lone row), then the pipeline's per-token weights (turnrl.train.legacy_pipeline:
+for a lone row), then the pipeline's per-token weights (turnrl.train.update.legacy_pipeline:
 shuffled token-mean micro-batches of 4 rows, ppo_mini_batch_size = the step's tasks).
 Its prompt-length drop is calc_x's: ``max_prompt_length`` 4096 tokens drops nothing at
 these lengths (teacher turns: 139-179 prompt tokens; logged RL steps: at most 211), so

@@ -6,6 +6,6 @@ agent loop is the ``agent`` package and Iterative GRPO the ``iterate`` package
 :class:`turnrl.train.lifecycle.Trainer` and run through
 :class:`turnrl.train.lifecycle.Lifecycle`, which owns the order of a run.
 
-Import submodules directly (``turnrl.train.online``, ``turnrl.train.loss``...);
+Import submodules directly (``turnrl.train.online.trainer``, ``turnrl.train.update.loss``...);
 this package init stays empty so that importing the config does not load torch.
 """

@@ -7,7 +7,7 @@ one process, and nothing here is used). This module is the only one that talks t
 ``torch.distributed``: the process group (gloo on CPU, NCCL on CUDA), which tasks of
 a step a rank owns, the gradient sum, the collectives the trainer needs, and turning
 a lost peer into one clear error. What the ranks do with it is
-:mod:`turnrl.train.online_distributed` (built-in environments) and
+:mod:`turnrl.train.online.ranks` (built-in environments) and
 :mod:`turnrl.train.agent.distributed` (the agent loop); docs/distributed.md is the
 user's guide.
 
@@ -24,7 +24,7 @@ through a wrapper. Summing ``.grad`` once per optimiser step, as cleanrl's
 multi-GPU PPO does, is the same traffic as DDP's final bucket, works for any count
 of forwards per rank and for LoRA (only the trainable adapter tensors travel), and
 keeps one code path for one and N processes. The loss weights of every rank are
-already its slice of the global batch's (:data:`turnrl.train.loss.CountReducer`), so
+already its slice of the global batch's (:data:`turnrl.train.update.loss.CountReducer`), so
 the gradients are **summed**, not averaged: the sum is the gradient one process
 computes on the global batch (DDP would average, and would need dummy forwards
 to equalise the counts). A parameter no rank produced a gradient for keeps

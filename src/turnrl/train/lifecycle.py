@@ -1,6 +1,6 @@
 """The order every training run goes through, owned in one place.
 
-The three trainers (the environment trainer :class:`~turnrl.train.online.OnlineTrainer`
+The three trainers (the environment trainer :class:`~turnrl.train.online.trainer.OnlineTrainer`
 and its torchrun form, the agent loop :class:`~turnrl.train.agent.loop.AgentTrainer`,
 Iterative GRPO :class:`~turnrl.train.iterate.loop.IterativeGRPO`) implement
 :class:`Trainer`: their own algorithm, one step at a time. :class:`Lifecycle` runs
@@ -22,7 +22,7 @@ any of them the same way::
 What stays in the trainer: building its policy, tasks and servers (seeded with
 :func:`seed_process` before the policy is built), reading and writing its own
 counters in a checkpoint, and what a step is. Under torchrun only rank 0 writes: the
-other ranks' run directory (``online_distributed._RankRun``) writes nothing, so the
+other ranks' run directory (``online.ranks._RankRun``) writes nothing, so the
 same order runs on every rank. Stop signals (SIGTERM, SIGINT) raise
 :class:`~turnrl.train.stop_signals.RunInterrupted` inside :func:`stopping`, which the
 CLI wraps around building the trainer and its lifecycle; the step in progress is

@@ -7,8 +7,8 @@ only the PPO update over the ranks. Rank 0 builds the update batch exactly as on
 process (the aggregation weights are the whole batch's), splits its rows by task tree
 (:func:`spread_trees`: a task's group never straddles ranks) and sends each rank its
 share with ``torch.distributed.scatter_object_list``; every rank then runs
-:func:`turnrl.train.ppo.ppo_update` on its rows with an
-:class:`~turnrl.train.ppo.UpdateShard`: the same mini-batch plan over the global batch,
+:func:`turnrl.train.update.ppo.ppo_update` on its rows with an
+:class:`~turnrl.train.update.ppo.UpdateShard`: the same mini-batch plan over the global batch,
 gradients summed over ranks before the clip and the one optimiser step. The weights
 stay identical everywhere, so rank 0's sampler has the new policy after the step with
 nothing to send. N ranks compute the update one process computes on the same batch,
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from turnrl.train import distributed as dist
-from turnrl.train.ppo import PPOConfig, UpdateBatch, UpdateShard, ppo_update
+from turnrl.train.update.ppo import PPOConfig, UpdateBatch, UpdateShard, ppo_update
 
 
 @dataclass(frozen=True)

@@ -391,7 +391,7 @@ class RunDirectory:
         The warm start lays out its batches as the run's PPO ``update`` does (packed into
         trees of ``max_tokens_per_batch`` when it is ``"tree"``, else per row).
         ``progress`` shows a bar (unless ``quiet``)."""
-        from turnrl.train.sft import supervised_warm_start
+        from turnrl.train.update.sft import supervised_warm_start
 
         if cfg.init_from is None and cfg.steps > 0:
             train_examples = examples()

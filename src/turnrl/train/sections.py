@@ -21,11 +21,11 @@ from turnrl.options import check_options
 from turnrl.train.validate import Problems
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "rollout-mean", "legacy-verl"]
-"""Loss aggregation modes (:data:`turnrl.train.loss.AGGREGATIONS`, and ``legacy-verl``:
-:mod:`turnrl.train.legacy_pipeline`)."""
+"""Loss aggregation modes (:data:`turnrl.train.update.loss.AGGREGATIONS`, and ``legacy-verl``:
+:mod:`turnrl.train.update.legacy_pipeline`)."""
 
 KLEstimator = Literal["k1", "k2", "k3"]
-"""KL estimators (:data:`turnrl.train.loss.KL_ESTIMATORS`)."""
+"""KL estimators (:data:`turnrl.train.update.loss.KL_ESTIMATORS`)."""
 
 UpdateLayout = Literal["tree", "rows"]
 """How the update lays out its rows (see ``PPOConfig.update``)."""
@@ -199,7 +199,7 @@ class WarmStartConfig:
     """How the shares are drawn: ``"per_task"``, one demonstration per task, always the
     same; ``"per_draw"``, every variant of every task weighted by its share, so each
     task's target is the mixture itself and every task teaches the tool path (see
-    :mod:`turnrl.train.sft`)."""
+    :mod:`turnrl.train.update.sft`)."""
     init_from: str | None = None
     """A saved policy directory (e.g. another run's ``warm_start/``) to start from instead
     of training a warm start; lets several RL runs share one warm start."""
@@ -241,7 +241,7 @@ class WarmStartConfig:
 class PPOConfig:
     """The PPO-clip update: one section shape for every trainer (``[train]`` of
     ``turnrl train``, ``[improve]`` of ``turnrl iterate``), consumed by
-    :func:`turnrl.train.ppo.ppo_update`."""
+    :func:`turnrl.train.update.ppo.ppo_update`."""
 
     lr: float = 3e-4
     """Learning rate of the policy optimiser."""
@@ -264,7 +264,7 @@ class PPOConfig:
     """Loss aggregation: ``token-mean``, ``seq-mean-token-mean``, ``rollout-mean`` or
     ``legacy-verl`` (the Agent Lightning v0.x + verl update's per-token weights: prompt-length
     drop, shuffled token-mean micro-batches; ``turnrl train`` only, one process; see
-    :mod:`turnrl.train.legacy_pipeline` and the ``legacy_*`` fields)."""
+    :mod:`turnrl.train.update.legacy_pipeline` and the ``legacy_*`` fields)."""
     max_grad_norm: float = 1.0
     """Gradient-norm clipping threshold; 0 disables clipping."""
     update: UpdateLayout = "tree"

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from turnrl.entrypoints import load_object
 from turnrl.errors import ConfigError
-from turnrl.train.credit_check import MAX_ABS_REWARD
+from turnrl.train.update.credit_check import MAX_ABS_REWARD
 
 
 class AgentConfigError(ConfigError):

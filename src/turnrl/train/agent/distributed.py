@@ -30,9 +30,9 @@ import torch
 from turnrl.train import distributed as dist
 from turnrl.train.agent.loop import AgentTrainer
 from turnrl.train.config import RunConfig
-from turnrl.train.ppo import UpdateBatch
 from turnrl.train.rank_zero import Leader, follow
 from turnrl.train.run import Checkpoint, build_policy, derive_seed, initial_policy
+from turnrl.train.update.ppo import UpdateBatch
 from turnrl.train.validate import validate
 
 

@@ -14,7 +14,7 @@ One step, top to bottom (:meth:`AgentTrainer.train_step`):
    ``policy.temperature``; more than ``agent.max_failure_fraction`` of them stops
    the run, naming the first;
 4. credit the turn records with ``credit.estimator`` and run the PPO update of
-   ``turnrl train`` (:mod:`turnrl.train.ppo`) inside ``gateway.updating``, so that
+   ``turnrl train`` (:mod:`turnrl.train.update.ppo`) inside ``gateway.updating``, so that
    nothing is sampled meanwhile; the gateway then serves the new weights.
 
 Evaluation (after the warm start, every ``train.eval_every`` steps and at the end)
@@ -81,12 +81,12 @@ from turnrl.train.agent.teacher import TeacherGateway, load_teacher, teacher_exa
 from turnrl.train.agent.teacher_mix import teacher_jobs, weighted_examples
 from turnrl.train.agent.warm_quality import check_warm_start
 from turnrl.train.config import RunConfig
-from turnrl.train.legacy_pipeline import pipeline_of
 from turnrl.train.lifecycle import LifecycleRun, Schedule, seed_process
 from turnrl.train.metrics import advantage_metrics
 from turnrl.train.policy_start import start_training
-from turnrl.train.ppo import UpdateBatch, build_update_batch, ppo_update
 from turnrl.train.run import Checkpoint, RunDirectory, build_policy, derive_seed
+from turnrl.train.update.legacy_pipeline import pipeline_of
+from turnrl.train.update.ppo import UpdateBatch, build_update_batch, ppo_update
 from turnrl.train.validate import validate
 from turnrl.types import Task, TurnRecord
 

@@ -30,7 +30,7 @@ from turnrl.serve import Gateway, GatewayConfig, GatewayError
 from turnrl.serve.protocol import ChatMessage, ChatRequest, ToolSpec, parse_message
 from turnrl.serve.toolcalls import message_text
 from turnrl.train.agent.contract import load_callable
-from turnrl.train.sft import TurnExample
+from turnrl.train.update.sft import TurnExample
 from turnrl.types import Policy, Sample, TurnRecord
 
 Teacher = Callable[[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]], dict[str, Any]]
@@ -68,7 +68,7 @@ class TeacherPolicy:
     """A :class:`~turnrl.types.Policy` that "samples" the teacher's reply of the current call.
 
     Tokenisation is the real policy's; the response is the reply text's ids plus the
-    end-of-turn id (as :func:`turnrl.train.sft.encode_response` builds SFT targets),
+    end-of-turn id (as :func:`turnrl.train.update.sft.encode_response` builds SFT targets),
     with log-prob 0 (a demonstration, never trained on as a sample).
     """
 

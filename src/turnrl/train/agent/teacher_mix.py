@@ -1,6 +1,6 @@
 """The agent teacher's tool share per kind of problem, demonstrated per draw.
 
-The built-in warm start's ``mix = "per_draw"`` (:mod:`turnrl.train.sft`) keeps every
+The built-in warm start's ``mix = "per_draw"`` (:mod:`turnrl.train.update.sft`) keeps every
 demonstration variant of every task, each turn weighted by the variant's
 probability, so a task's target is the mixture itself. The agent loop reaches the
 same mix through its teacher: with ``warm_start.mix = "per_draw"`` each teacher
@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from turnrl.envs import get_env_spec
-from turnrl.train.sft import TurnExample
+from turnrl.train.update.sft import TurnExample
 from turnrl.types import Task, TurnRecord
 
 DEMO_KEY = "demo"

@@ -21,7 +21,7 @@ assistant ``tool_calls`` without text content, roles other than ``system``,
 ``user``, ``assistant`` and ``tool``.
 
 Tokenising (``tokenise_conversations``) uses the policy's chat template exactly
-the way rollouts build contexts (``turnrl.train.sft.conversation_examples``), so
+the way rollouts build contexts (``turnrl.train.update.sft.conversation_examples``), so
 logged states look to the policy and to Q like states it produced itself.
 """
 
@@ -184,7 +184,7 @@ def tokenise_conversations(
     ``max_new_tokens`` (new candidates are sampled from logged contexts) must fit the
     model's positions.
     """
-    from turnrl.train.sft import conversation_examples
+    from turnrl.train.update.sft import conversation_examples
 
     limit = getattr(policy, "max_context", None)
     records: list[TurnRecord] = []

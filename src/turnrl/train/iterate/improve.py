@@ -22,10 +22,10 @@ from turnrl.credit import compute_credit
 from turnrl.policy.trainable import TrainablePolicy
 from turnrl.table import TurnTable
 from turnrl.train.iterate.config import ImproveConfig
-from turnrl.train.ppo import build_update_batch, ppo_update
 from turnrl.train.run import (
     derive_seed,
 )
+from turnrl.train.update.ppo import build_update_batch, ppo_update
 from turnrl.types import Env, Sample, TurnRecord
 
 Scorer = Callable[[list[list[int]], list[list[int]]], np.ndarray]

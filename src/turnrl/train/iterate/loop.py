@@ -85,7 +85,6 @@ from turnrl.train.iterate.qquality import q_quality
 from turnrl.train.iterate.warm_start import warm_start_examples
 from turnrl.train.lifecycle import LifecycleRun, Schedule, seed_process
 from turnrl.train.metrics import episode_metrics
-from turnrl.train.ppo import ppo_update
 from turnrl.train.run import (
     Checkpoint,
     RunDirectory,
@@ -94,6 +93,7 @@ from turnrl.train.run import (
     initial_policy,
     task_split,
 )
+from turnrl.train.update.ppo import ppo_update
 from turnrl.train.validate import validate
 from turnrl.types import Env, ResponseChecks, Task, TurnRecord
 

@@ -8,7 +8,7 @@ from typing import Any
 from turnrl.envs import demonstration
 from turnrl.train.iterate.config import IterateConfig
 from turnrl.train.iterate.explore import with_instruction
-from turnrl.train.sft import TurnExample, conversation_examples, demonstration_examples
+from turnrl.train.update.sft import TurnExample, conversation_examples, demonstration_examples
 from turnrl.types import Task, TurnRecord
 
 

@@ -20,7 +20,7 @@ What the update gets right, and tests pin (tests/test_ppo.py):
 Two layouts compute the same log-probs (``PPOConfig.update``): ``rows`` runs every
 row's whole context through the model; ``tree`` (the default) runs each
 mini-batch's distinct token prefixes once (:mod:`turnrl.policy.tree_layout`),
-with mini-batches of whole task trees (:mod:`turnrl.train.minibatches`) and
+with mini-batches of whole task trees (:mod:`turnrl.train.update.minibatches`) and
 forwards cut at ``max_tokens_per_batch`` positions (gradients accumulate within
 the step). The loss, its aggregation, clip factors and KL are the same code on
 the same numbers; tests/test_tree_update.py checks gradients against ``rows``.
@@ -32,13 +32,13 @@ response), ``update_tokens_computed`` (positions this update ran),
 as the rollouts' ``tokens_unique``; the tree layout can go below it, because
 rows of different tasks in one forward share their common prefix, e.g. the
 system prompt), all summed over epochs, and peak memory
-(:mod:`turnrl.train.memory`).
+(:mod:`turnrl.train.update.memory`).
 
-Train/inference mismatch (``log_mismatch``, ``tis_cap``; :mod:`turnrl.train.mismatch`):
+Train/inference mismatch (``log_mismatch``, ``tis_cap``; :mod:`turnrl.train.update.mismatch`):
 before the first step the learner recomputes every row's log-probs, the ``mismatch_*``
 metrics compare them with the sampler's, and with ``tis_cap > 0`` they become the PPO
 ratio's denominator while truncated importance weights correct for the sampler
-(:func:`turnrl.train.loss.truncated_is_weights`).
+(:func:`turnrl.train.update.loss.truncated_is_weights`).
 """
 
 from __future__ import annotations
@@ -55,18 +55,18 @@ from turnrl.policy.tree_layout import split_rows
 from turnrl.rollout.tokens import trie_size
 from turnrl.table import TurnTable
 from turnrl.train.config import PPOConfig
-from turnrl.train.credit_check import check_finite_credit
-from turnrl.train.legacy_pipeline import AGGREGATION as LEGACY_AGGREGATION
-from turnrl.train.legacy_pipeline import LegacyPipeline, legacy_aggregation_weights
-from turnrl.train.loss import (
+from turnrl.train.update.credit_check import check_finite_credit
+from turnrl.train.update.legacy_pipeline import AGGREGATION as LEGACY_AGGREGATION
+from turnrl.train.update.legacy_pipeline import LegacyPipeline, legacy_aggregation_weights
+from turnrl.train.update.loss import (
     CountReducer,
     aggregation_weights,
     ppo_clip_loss,
     truncated_is_weights,
 )
-from turnrl.train.memory import ActivationMeter, cuda_peak
-from turnrl.train.minibatches import row_minibatches, tree_minibatches
-from turnrl.train.mismatch import learner_logprobs, mismatch_stats
+from turnrl.train.update.memory import ActivationMeter, cuda_peak
+from turnrl.train.update.minibatches import row_minibatches, tree_minibatches
+from turnrl.train.update.mismatch import learner_logprobs, mismatch_stats
 from turnrl.types import TurnRecord
 
 __all__ = [
@@ -150,11 +150,11 @@ def build_update_batch(
     and trajectory structure, but are updated on once, through the original), are
     left out; ``advantages`` and ``clip_factor`` are per record, as ``table``. A
     non-finite return or advantage is refused here, before any update
-    (:func:`~turnrl.train.credit_check.check_finite_credit`). ``reduce_count`` makes
+    (:func:`~turnrl.train.update.credit_check.check_finite_credit`). ``reduce_count`` makes
     the aggregation weights those of a global batch this one is a share of (see
-    :func:`turnrl.train.loss.aggregation_weights`). ``aggregation = "legacy-verl"`` takes
+    :func:`turnrl.train.update.loss.aggregation_weights`). ``aggregation = "legacy-verl"`` takes
     the pipeline's knobs (``legacy``) and the seed of its shuffle (``legacy_seed``); see
-    :mod:`turnrl.train.legacy_pipeline`.
+    :mod:`turnrl.train.update.legacy_pipeline`.
     """
     check_finite_credit(table, advantages)
     keep = trainable_rows(records)

@@ -4,7 +4,7 @@ What is this trainer's own: each step draws tasks, lets the rollout strategy
 (``rollout.strategy``: independent samples or a tree) collect episodes in the
 environment and call :meth:`OnlineTrainer.learn` (information gain if the estimator
 needs it, credit with any ``turnrl.credit`` estimator, the PPO update of
-:mod:`turnrl.train.ppo`), and logs the step. Evaluation is the same episodes,
+:mod:`turnrl.train.update.ppo`), and logs the step. Evaluation is the same episodes,
 greedy by default, on the held-out tasks. The run directory, config copy, warm
 start, metrics and checkpoints are the shared run directory's
 (:mod:`turnrl.train.run`), and the order of a run (start or resume, steps,
@@ -17,7 +17,7 @@ evaluations, checkpoints) is :class:`~turnrl.train.lifecycle.Lifecycle`'s, whose
 streams are all derived from (seed, step) or restored from the checkpoint, so the
 resumed run produces the same numbers as an uninterrupted one.
 
-Under ``torchrun`` with several ranks, :mod:`turnrl.train.online_distributed` runs this
+Under ``torchrun`` with several ranks, :mod:`turnrl.train.online.ranks` runs this
 trainer as one rank of N through the small hooks below (``_runner``, ``_own_tasks``,
 ``_combine``, ``_count_reducer``, ``_write_rollouts``); in one process they change
 nothing (docs/distributed.md).
@@ -46,13 +46,9 @@ from turnrl.rollout.tokens import PrefixReuse
 from turnrl.rollout.tree import physical_env_steps
 from turnrl.table import TurnTable
 from turnrl.train.config import RunConfig
-from turnrl.train.info_gain import add_information_gain
-from turnrl.train.legacy_pipeline import pipeline_of
 from turnrl.train.lifecycle import LifecycleRun, Schedule, seed_process
-from turnrl.train.loss import CountReducer
 from turnrl.train.metrics import advantage_metrics, episode_metrics
 from turnrl.train.policy_start import start_training
-from turnrl.train.ppo import UpdateBatch, build_update_batch, ppo_update
 from turnrl.train.run import (
     Checkpoint,
     RunDirectory,
@@ -62,7 +58,11 @@ from turnrl.train.run import (
     task_split,
     with_lora,
 )
-from turnrl.train.sft import demonstration_examples
+from turnrl.train.update.info_gain import add_information_gain
+from turnrl.train.update.legacy_pipeline import pipeline_of
+from turnrl.train.update.loss import CountReducer
+from turnrl.train.update.ppo import UpdateBatch, build_update_batch, ppo_update
+from turnrl.train.update.sft import demonstration_examples
 from turnrl.train.validate import validate
 from turnrl.types import References, Task, TurnRecord, require
 
@@ -332,7 +332,7 @@ class OnlineTrainer(LifecycleRun):
         }
 
     # ------------------------------------------------- hooks of a split learner
-    # One process: the identity. turnrl.train.online_distributed overrides them to
+    # One process: the identity. turnrl.train.online.ranks overrides them to
     # split a step's tasks over torchrun ranks.
     def _runner(self, tasks: list[Task]) -> Callable[..., RolloutBatch]:
         """What runs the independent strategy's episodes of the step's ``tasks``."""

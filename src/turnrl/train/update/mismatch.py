@@ -16,7 +16,7 @@ update (no grad); :func:`mismatch_stats` summarises the difference per step:
   when the two agree).
 
 The truncated importance weights built on the same numbers live in
-:func:`turnrl.train.loss.truncated_is_weights`.
+:func:`turnrl.train.update.loss.truncated_is_weights`.
 """
 
 from __future__ import annotations

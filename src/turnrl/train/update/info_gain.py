@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from turnrl.policy import HFPolicy
-from turnrl.train.sft import encode_response
+from turnrl.train.update.sft import encode_response
 from turnrl.types import TurnRecord
 
 

@@ -5,7 +5,7 @@ draws the same tasks for a step (the sampler is seeded from the config and
 restored from the checkpoint identically everywhere); rank ``r`` then samples and
 learns from its contiguous share of them (:func:`turnrl.train.distributed.owned_slice`),
 whole task groups, so credit needs nothing from other ranks. The update is the one
-of :func:`turnrl.train.ppo.ppo_update` with an :class:`~turnrl.train.ppo.UpdateShard`:
+of :func:`turnrl.train.update.ppo.ppo_update` with an :class:`~turnrl.train.update.ppo.UpdateShard`:
 the mini-batch plan is drawn over the global batch in one process's row order, the
 loss weights use the global normaliser, and the gradients are summed over ranks
 before the clip and the optimiser step. So N ranks compute what one process computes
@@ -50,11 +50,11 @@ from turnrl.table import TurnTable
 from turnrl.train import distributed as dist
 from turnrl.train.config import RunConfig
 from turnrl.train.lifecycle import Lifecycle
-from turnrl.train.loss import CountReducer
 from turnrl.train.metrics import advantage_metrics
-from turnrl.train.online import OnlineTrainer
-from turnrl.train.ppo import UpdateBatch, UpdateShard, ppo_update, trainable_rows
+from turnrl.train.online.trainer import OnlineTrainer
 from turnrl.train.run import Checkpoint, RunDirectory, derive_seed, initial_policy
+from turnrl.train.update.loss import CountReducer
+from turnrl.train.update.ppo import UpdateBatch, UpdateShard, ppo_update, trainable_rows
 from turnrl.types import Task, TurnRecord
 
 EXIT_RANK_LOST = dist.EXIT_RANK_LOST
@@ -104,7 +104,7 @@ class _RankRun(RunDirectory):
 
 
 class DistributedOnlineTrainer(OnlineTrainer):
-    """:class:`~turnrl.train.online.OnlineTrainer` as one of ``world.size`` ranks."""
+    """:class:`~turnrl.train.online.trainer.OnlineTrainer` as one of ``world.size`` ranks."""
 
     SPLITS_OVER_RANKS = True
 
