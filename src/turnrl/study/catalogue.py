@@ -4,6 +4,10 @@
 Paths are relative to the repository root (studies run from a checkout: their
 recipes live in ``examples/``). ``turnrl study list`` prints them with their cell
 counts and times; ``make study-<name>`` runs one and summarises it.
+
+Longer than the house's ~500 lines on purpose: it is data, one declaration per
+study read top to bottom like a table of contents, and every doc table's marker
+names an entry here; splitting it would scatter that table of contents.
 """
 
 from __future__ import annotations
