@@ -75,7 +75,9 @@ def test_verdict_flips_when_the_interval_crosses_zero() -> None:
     below = S.bootstrap_interval({(0, k): v for k, v in enumerate(-base)})
     assert S.verdict(below) == S.LOWER
     assert S.verdict(S.bootstrap_interval({(0, 0): 5.0})) == S.TOO_FEW
-    assert "refuted" not in " ".join([S.HIGHER, S.LOWER, S.NOT_DETECTED, S.TOO_FEW])
+    assert "refuted" not in " ".join([S.HIGHER, S.LOWER, S.NOT_DETECTED, S.ALL_EQUAL, S.TOO_FEW])
+    same = S.bootstrap_interval({(0, k): 0.0 for k in range(4)})  # 4 pairs, all equal
+    assert (same.low, same.high, S.verdict(same)) == (0.0, 0.0, S.ALL_EQUAL)
 
 
 finite = st.floats(min_value=-10, max_value=10, allow_nan=False, allow_infinity=False)
@@ -92,7 +94,15 @@ def test_interval_properties(values: list[float], shift: float) -> None:
     assert moved.low == pytest.approx(got.low + shift, abs=1e-9)
     assert moved.high == pytest.approx(got.high + shift, abs=1e-9)
     # the verdict says what the interval says
-    expected = S.HIGHER if got.low > 0 else S.LOWER if got.high < 0 else S.NOT_DETECTED
+    expected = (
+        S.HIGHER
+        if got.low > 0
+        else S.LOWER
+        if got.high < 0
+        else S.ALL_EQUAL
+        if got.low == got.high == 0
+        else S.NOT_DETECTED
+    )
     assert S.verdict(got) == expected
 
 

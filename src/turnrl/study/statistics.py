@@ -17,7 +17,8 @@ Conventions (stated once, used by every table):
   With few seeds the bootstrap interval is narrow and coarse (3 seeds give 10
   distinct resamples): it is a description of the seeds run, not a test.
 - The verdict reads the interval only: "higher, detected" when it lies above 0,
-  "lower, detected" when below, "not detected (CI crosses 0)" otherwise. Not
+  "lower, detected" when below, "not detected (every pair equal)" when it is the
+  point 0, "not detected (CI crosses 0)" otherwise. Not
   detecting a difference is never called a refutation.
 
 numpy only (this module must run wherever the tables are rebuilt).
@@ -38,6 +39,7 @@ DEFAULT_BOOTSTRAP_SEED = 0
 HIGHER = "higher, detected"
 LOWER = "lower, detected"
 NOT_DETECTED = "not detected (CI crosses 0)"
+ALL_EQUAL = "not detected (every pair equal)"
 TOO_FEW = "not detected (fewer than 2 pairs)"
 
 
@@ -130,4 +132,6 @@ def verdict(interval: Interval) -> str:
         return HIGHER
     if interval.high < 0:
         return LOWER
+    if interval.low == interval.high == 0:
+        return ALL_EQUAL  # the interval is the point 0: nothing to cross
     return NOT_DETECTED
