@@ -1,12 +1,11 @@
 """``train.aggregation = "legacy-verl"``: the Agent Lightning v0.x + verl update's per-token
-weights in the trainer's loss (:mod:`turnrl.train.update.legacy_pipeline`), equal to the
-grouping study's model of it (``examples/grouping/legacy.py``)."""
+weights in the trainer's loss (:mod:`turnrl.train.update.legacy_pipeline`, which the grouping
+study's ``examples/grouping/legacy.py`` re-exports): exact weights on hand-built batches,
+invariants on generated ones."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,30 +26,6 @@ from turnrl.train.update.legacy_pipeline import (
 )
 from turnrl.train.update.ppo import build_update_batch
 from turnrl.types import TurnRecord
-
-PATH = Path(__file__).resolve().parents[1] / "examples" / "grouping" / "legacy.py"
-_spec = importlib.util.spec_from_file_location("grouping_legacy_model", PATH)
-assert _spec is not None and _spec.loader is not None
-model = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = model  # dataclasses look their module up there
-_spec.loader.exec_module(model)
-
-
-def model_weights(
-    mask: torch.Tensor, lengths: list[int], pipeline: LegacyPipeline, seed: int
-) -> torch.Tensor:
-    """legacy.py's steps 2 and 3, put back in the batch's row order (what the study does)."""
-    knobs = model.LegacyPipeline(
-        ppo_mini_batch_size=pipeline.ppo_mini_batch_size,
-        rollout_n=pipeline.rollout_n,
-        micro_batch_size=pipeline.micro_batch_size,
-        max_prompt_length=pipeline.max_prompt_length,
-    )
-    selection = model.select_rows(lengths, knobs, random.Random(seed))
-    out = torch.zeros_like(mask)
-    if selection.rows:
-        out[selection.rows] = model.legacy_weights(mask[selection.rows], knobs)
-    return out
 
 
 def record(task: str, traj: str, turn: int, prompt: int, response: int) -> TurnRecord:
@@ -97,10 +72,6 @@ def test_hand_built_batch_drops_long_prompts_and_weighs_micro_batch_token_means(
         expected[row, :tokens] = weight
     torch.testing.assert_close(batch.weight_B_T, expected)
     assert float(batch.weight_B_T.sum()) == pytest.approx(1.0)
-    lengths = [len(r.prompt_ids or ()) for r in RECORDS]
-    torch.testing.assert_close(
-        batch.weight_B_T, model_weights(batch.mask_B_T, lengths, pipeline, 3)
-    )
 
 
 def test_a_short_last_step_keeps_the_full_accumulation_count() -> None:
@@ -115,7 +86,6 @@ def test_a_short_last_step_keeps_the_full_accumulation_count() -> None:
     # each micro-batch sums to 1 / (accumulation 2 * steps 2): two in the first step
     assert float(weights[first].sum()) == pytest.approx(1 / 2)
     assert float(weights[last].sum()) == pytest.approx(1 / 4)
-    torch.testing.assert_close(weights, model_weights(mask, [1] * 6, pipeline, 0))
 
 
 def test_the_remainder_cut_drops_rows_at_random() -> None:
@@ -139,7 +109,7 @@ def test_the_remainder_cut_drops_rows_at_random() -> None:
     limit=st.one_of(st.none(), st.integers(1, 30)),
     seed=st.integers(0, 1000),
 )
-def test_weights_equal_the_projection_models_and_sum_per_micro_batch(
+def test_weights_are_bounded_per_micro_batch_and_zero_where_dropped(
     lengths: list[int], prompts, mini: int, n: int, micro: int, limit, seed: int
 ) -> None:
     if micro > mini * n:  # legacy.py divides by mini * n // micro: verl's configs never do this
@@ -151,7 +121,6 @@ def test_weights_equal_the_projection_models_and_sum_per_micro_batch(
     )
     pipeline = LegacyPipeline(mini, n, micro, limit)
     weights = legacy_aggregation_weights(mask, prompt, pipeline, seed)
-    torch.testing.assert_close(weights, model_weights(mask, prompt, pipeline, seed))
     # every micro-batch with tokens sums to 1 / (accumulation * steps): verl's integer
     # accumulation count makes a step sum above 1 when micro does not divide it
     kept = int((weights.sum(dim=1) > 0).sum())

@@ -30,83 +30,19 @@ float64; ``balance_batch`` reorders rows across data-parallel ranks, a no-op wit
 one rank; response truncation at ``max_response_length`` is the environment's
 ``truncation = "zero_reward"``; PPO clipping and Adam are outside a first-order
 projection.
+
+The model lives in the library since the trainer trains it too
+(``train.aggregation = "legacy-verl"``): this module re-exports it under the names the
+grouping scripts use.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from turnrl.train.update.legacy_pipeline import (
+    LegacyPipeline,
+    LegacySelection,
+    select_rows,
+)
+from turnrl.train.update.legacy_pipeline import micro_batch_weights as legacy_weights
 
-import torch
-
-
-@dataclass(frozen=True)
-class LegacyPipeline:
-    """The knobs of the Agent Lightning v0.x + verl update (names as in their configs)."""
-
-    ppo_mini_batch_size: int
-    """Config value: the drop rounds to a multiple of it (rows); the actor's mini-batch is
-    this times ``rollout_n`` rows."""
-    rollout_n: int
-    """Rollouts per task (``actor_rollout_ref.rollout.n``)."""
-    micro_batch_size: int = 4
-    """``ppo_micro_batch_size_per_gpu`` (rows)."""
-    max_prompt_length: int | None = None
-    """Rows with a longer prompt (tokens) are dropped after the advantages; None keeps all."""
-
-    @property
-    def actor_mini_batch(self) -> int:
-        return self.ppo_mini_batch_size * self.rollout_n
-
-    @property
-    def accumulation(self) -> int:
-        return self.actor_mini_batch // self.micro_batch_size
-
-
-@dataclass(frozen=True)
-class LegacySelection:
-    """Which rows one step trains on, in the order the actor sees them."""
-
-    rows: list[int]
-    """Indices into the step's rows (trained order)."""
-    dropped_long: int
-    """Rows dropped for a prompt longer than ``max_prompt_length``."""
-    dropped_remainder: int
-    """Rows dropped to reach a multiple of ``ppo_mini_batch_size``."""
-
-
-def select_rows(
-    prompt_lengths: Sequence[int], pipeline: LegacyPipeline, rng: random.Random
-) -> LegacySelection:
-    """Step 2: drop long prompts, shuffle, cut to a multiple of the mini-batch size."""
-    limit = pipeline.max_prompt_length
-    kept = [i for i, n in enumerate(prompt_lengths) if limit is None or n <= limit]
-    rng.shuffle(kept)
-    size = pipeline.ppo_mini_batch_size
-    remain = len(kept) // size * size
-    return LegacySelection(kept[:remain], len(prompt_lengths) - len(kept), len(kept) - remain)
-
-
-def legacy_weights(mask_B_T: torch.Tensor, pipeline: LegacyPipeline) -> torch.Tensor:
-    """Step 3 as per-token weights for rows already in trained order (see module docstring).
-
-    Rows without tokens give their micro-batch nothing; a micro-batch without tokens
-    contributes 0 (verl would divide 0 by 0 there; it does not happen with real rows).
-    """
-    n_rows = mask_B_T.shape[0]
-    if n_rows == 0:
-        return torch.zeros_like(mask_B_T, dtype=torch.float32)
-    mask = mask_B_T.to(torch.float64)
-    n_steps = -(-n_rows // pipeline.actor_mini_batch)
-    weights = torch.zeros_like(mask)
-    micro = pipeline.micro_batch_size
-    for step_start in range(0, n_rows, pipeline.actor_mini_batch):
-        step_end = min(step_start + pipeline.actor_mini_batch, n_rows)
-        for start in range(step_start, step_end, micro):
-            end = min(start + micro, step_end)
-            tokens = float(mask[start:end].sum())
-            if tokens > 0:
-                scale = 1.0 / (tokens * pipeline.accumulation * n_steps)
-                weights[start:end] = mask[start:end] * scale
-    return weights.to(torch.float32)
+__all__ = ["LegacyPipeline", "LegacySelection", "legacy_weights", "select_rows"]
