@@ -137,3 +137,29 @@ class ChatFormat:
         while ids and ids[-1] in self.stop_token_ids:
             ids.pop()
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+class ChatEncoding:
+    """The encoding half of the :class:`~turnrl.types.Policy` protocol, answered by the
+    policy's :class:`ChatFormat` (``self.chat``): every backend (transformers, a vLLM
+    engine, a vLLM server) encodes and decodes the same way, so records do not depend on
+    which one sampled."""
+
+    chat: ChatFormat
+
+    def encode_initial(self, messages: list[Message]) -> list[int]:
+        """Ids of ``messages`` rendered by the chat template, plus the generation prompt."""
+        return self.chat.encode_initial(messages)
+
+    def observation_text(self, message: Message) -> str:
+        """The text the template puts after an assistant's end-of-turn token when
+        ``message`` follows (see the module docstring)."""
+        return self.chat.observation_text(message)
+
+    def encode_observation(self, message: Message) -> list[int]:
+        """Ids to append after a finished response (see the module docstring)."""
+        return self.chat.encode_observation(message)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of response ids, without trailing end-of-turn/eos tokens."""
+        return self.chat.decode(ids)

@@ -33,13 +33,13 @@ from transformers import AutoModelForCausalLM
 
 from turnrl.policy import lora
 from turnrl.policy.batching import check_lengths
-from turnrl.policy.chat import ChatFormat, load_tokenizer
+from turnrl.policy.chat import ChatEncoding, ChatFormat, load_tokenizer
 from turnrl.policy.decoding import Decoder, make_generators
 from turnrl.policy.logprobs import check_pairs, row_logprobs
 from turnrl.policy.prefix_cache import PrefixCache
 from turnrl.policy.shared_decoding import SharedDecoder
 from turnrl.policy.tree_layout import TreeLogprobs, tree_logprobs
-from turnrl.types import Message, Sample
+from turnrl.types import Sample
 
 __all__ = ["HFPolicy", "load_tokenizer"]
 
@@ -60,7 +60,7 @@ def transformers_progress_off() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-class HFPolicy:
+class HFPolicy(ChatEncoding):
     """A chat policy backed by a transformers causal LM and its tokenizer.
 
     ``end_of_turn`` is the token that ends an assistant turn (default: the
@@ -155,24 +155,6 @@ class HFPolicy:
         if lora.is_adapter_model(self.model):
             return lora.load_adapter_state_dict(self.model, state)
         return self.model.load_state_dict(state)
-
-    # ----------------------------------------------------------------- encoding
-    def encode_initial(self, messages: list[Message]) -> list[int]:
-        """Ids of ``messages`` rendered by the chat template, plus the generation prompt."""
-        return self.chat.encode_initial(messages)
-
-    def observation_text(self, message: Message) -> str:
-        """The text the template puts after an assistant's end-of-turn token when
-        ``message`` follows (see :mod:`turnrl.policy.chat`)."""
-        return self.chat.observation_text(message)
-
-    def encode_observation(self, message: Message) -> list[int]:
-        """Ids to append after a finished response (see :mod:`turnrl.policy.chat`)."""
-        return self.chat.encode_observation(message)
-
-    def decode(self, ids: list[int]) -> str:
-        """Text of response ids, without trailing end-of-turn/eos tokens."""
-        return self.chat.decode(ids)
 
     # ----------------------------------------------------------------- sampling
     @torch.inference_mode()

@@ -53,9 +53,9 @@ import torch
 
 from turnrl.policy import lora
 from turnrl.policy.batching import check_lengths
-from turnrl.policy.chat import ChatFormat
+from turnrl.policy.chat import ChatEncoding, ChatFormat
 from turnrl.policy.hf import transformers_progress_off
-from turnrl.types import Message, Sample
+from turnrl.types import Sample
 
 __all__ = ["VLLMPolicy", "engine_sample", "response_budget", "row_seeds"]
 
@@ -116,7 +116,7 @@ def in_process_engine() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
-class VLLMPolicy:
+class VLLMPolicy(ChatEncoding):
     """A sampling policy on a vLLM ``LLM`` engine, with the learner's chat layout.
 
     Build it with :meth:`from_policy` (a copy of a learner's current weights) or
@@ -220,23 +220,6 @@ class VLLMPolicy:
         self.llm.collective_rpc(reload)
         self.llm.reset_prefix_cache()
         self.policy_version = version
-
-    # ----------------------------------------------------------------- encoding
-    def encode_initial(self, messages: list[Message]) -> list[int]:
-        """Ids of ``messages`` rendered by the chat template, plus the generation prompt."""
-        return self.chat.encode_initial(messages)
-
-    def observation_text(self, message: Message) -> str:
-        """The text the template puts after an assistant's end-of-turn token."""
-        return self.chat.observation_text(message)
-
-    def encode_observation(self, message: Message) -> list[int]:
-        """Ids to append after a finished response."""
-        return self.chat.encode_observation(message)
-
-    def decode(self, ids: list[int]) -> str:
-        """Text of response ids, without trailing end-of-turn/eos tokens."""
-        return self.chat.decode(ids)
 
     # ----------------------------------------------------------------- sampling
     def sample(

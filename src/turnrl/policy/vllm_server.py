@@ -57,10 +57,10 @@ from typing import Any
 from turnrl.errors import SamplerServerError
 from turnrl.policy import lora
 from turnrl.policy.batching import check_lengths
-from turnrl.policy.chat import ChatFormat
+from turnrl.policy.chat import ChatEncoding, ChatFormat
 from turnrl.policy.hf import transformers_progress_off
 from turnrl.policy.vllm import engine_sample, response_budget, row_seeds
-from turnrl.types import Message, Sample
+from turnrl.types import Sample
 
 __all__ = ["VLLMServerPolicy", "parse_completion"]
 
@@ -117,7 +117,7 @@ def save_full_weights(model: Any, directory: Path) -> None:
     save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
 
 
-class VLLMServerPolicy:
+class VLLMServerPolicy(ChatEncoding):
     """A sampling policy on a running vLLM server, with the learner's chat layout.
 
     ``url`` is the server's root (``http://HOST:PORT``; a trailing ``/v1`` is
@@ -285,23 +285,6 @@ class VLLMServerPolicy:
                 f"{self.url}: the server takes no {what} ({method} {path}: HTTP {exc.status}); "
                 + how
             ) from None
-
-    # ----------------------------------------------------------------- encoding
-    def encode_initial(self, messages: list[Message]) -> list[int]:
-        """Ids of ``messages`` rendered by the chat template, plus the generation prompt."""
-        return self.chat.encode_initial(messages)
-
-    def observation_text(self, message: Message) -> str:
-        """The text the template puts after an assistant's end-of-turn token."""
-        return self.chat.observation_text(message)
-
-    def encode_observation(self, message: Message) -> list[int]:
-        """Ids to append after a finished response."""
-        return self.chat.encode_observation(message)
-
-    def decode(self, ids: list[int]) -> str:
-        """Text of response ids, without trailing end-of-turn/eos tokens."""
-        return self.chat.decode(ids)
 
     # ----------------------------------------------------------------- sampling
     def sample(

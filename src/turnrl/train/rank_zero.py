@@ -33,7 +33,9 @@ metrics row shows rank 0's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -143,6 +145,19 @@ class Leader:
         """The run is over (``failed``: rank 0 stops with an error it reports)."""
         self.tell("error" if failed else "stop")
         self.listening = False
+
+    def lead(self, run: Callable[..., Path], **options: Any) -> Path:
+        """Rank 0's whole run (``run(**options)``), then tell the other ranks how it
+        ended, so they stop with it; a lost peer leaves nobody to tell."""
+        try:
+            run_dir = run(**options)
+        except dist.RankLost:
+            raise
+        except BaseException:  # a TurnrlError (one line) or anything else (a traceback)
+            self.finish(failed=True)
+            raise
+        self.finish(failed=False)
+        return run_dir
 
     def update(
         self,

@@ -85,15 +85,7 @@ class DistributedAgentTrainer(AgentTrainer):
         )
 
     def run(self, *, stop_after: int | None = None) -> Path:
-        try:
-            run_dir = super().run(stop_after=stop_after)
-        except dist.RankLost:
-            raise  # a peer is gone: nobody is left to tell
-        except BaseException:  # a TurnrlError (one line) or anything else (a traceback)
-            self.leader.finish(failed=True)
-            raise
-        self.leader.finish(failed=False)
-        return run_dir
+        return self.leader.lead(super().run, stop_after=stop_after)
 
 
 class AgentUpdateRank:
