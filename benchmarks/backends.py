@@ -60,6 +60,7 @@ def rl_step(backend: str, model: str, steps: int, threads: int) -> dict[str, Any
     from turnrl.envs import make_env, make_tasks
     from turnrl.policy.factory import close_sampler
     from turnrl.train.config import RunConfig, load_config
+    from turnrl.train.lifecycle import Lifecycle
     from turnrl.train.online.trainer import OnlineTrainer
 
     with tempfile.TemporaryDirectory(prefix="turnrl-bench-step-") as run_dir:
@@ -71,7 +72,7 @@ def rl_step(backend: str, model: str, steps: int, threads: int) -> dict[str, Any
         config = load_config(RunConfig, RECIPE, overrides)
         started = time.perf_counter()
         trainer = OnlineTrainer(config, quiet=True)
-        trainer._setup()
+        Lifecycle(trainer).start()
         setup_s = time.perf_counter() - started
         env = make_env(config.env.name, **config.env.env_kwargs)
         tasks = make_tasks(config.env.name, 4, seed=1, **config.env.task_kwargs)

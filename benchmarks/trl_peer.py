@@ -49,6 +49,7 @@ def turnrl_steps(args: argparse.Namespace, work: Path) -> dict[str, float]:
     """Mean wall and CPU seconds of turnrl's step (and its parts) after one warm-up."""
     from turnrl.policy.factory import close_sampler
     from turnrl.train.config import RunConfig, load_config
+    from turnrl.train.lifecycle import Lifecycle
     from turnrl.train.online.trainer import OnlineTrainer
 
     overrides = [
@@ -61,7 +62,7 @@ def turnrl_steps(args: argparse.Namespace, work: Path) -> dict[str, float]:
         f"train.steps={args.steps + 1}",
     ]  # fmt: skip
     trainer = OnlineTrainer(load_config(RunConfig, RECIPE, overrides), quiet=True)
-    trainer._setup()
+    Lifecycle(trainer).start()
     times = []
     try:
         for step in range(args.steps + 1):
