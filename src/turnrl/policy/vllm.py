@@ -57,7 +57,7 @@ from turnrl.policy.chat import ChatEncoding, ChatFormat
 from turnrl.policy.hf import transformers_progress_off
 from turnrl.types import Sample
 
-__all__ = ["VLLMPolicy", "engine_sample", "response_budget", "row_seeds"]
+__all__ = ["VLLMPolicy", "engine_sample", "request_seeds", "response_budget", "row_seeds"]
 
 SEED_STRIDE = 1_000_003
 """Row ``i`` of a batch sampled with one int seed ``s`` draws with seed ``s * STRIDE + i``
@@ -74,6 +74,26 @@ def row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int | None]:
             raise ValueError(f"seed: {len(seed)} per-row seeds for {rows} contexts")
         return [int(s) for s in seed]
     return [(int(seed) * SEED_STRIDE + i) % 2**31 for i in range(rows)]
+
+
+def request_seeds(
+    contexts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float,
+    seed: int | Sequence[int] | None,
+    max_context: int | None,
+) -> list[int | None]:
+    """Check one sampling call of an engine-backed policy (the HF backend's errors: bad
+    ``max_new_tokens``/``temperature``, a context at the model's limit) and return its
+    row seeds (:func:`row_seeds`)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not contexts:
+        return []  # nothing to sample: no per-row seeds to match either
+    check_lengths(contexts, [1] * len(contexts), max_context)
+    return row_seeds(seed, len(contexts))
 
 
 def response_budget(context: list[int], max_new_tokens: int, max_context: int | None) -> int:
@@ -236,14 +256,9 @@ class VLLMPolicy(ChatEncoding):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        seeds = request_seeds(contexts, max_new_tokens, temperature, seed, self.max_context)
         if not contexts:
             return []
-        check_lengths(contexts, [1] * len(contexts), self.max_context)
-        seeds = row_seeds(seed, len(contexts))
         params = [
             SamplingParams(
                 n=1,

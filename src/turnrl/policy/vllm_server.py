@@ -56,10 +56,9 @@ from typing import Any
 
 from turnrl.errors import SamplerServerError
 from turnrl.policy import lora
-from turnrl.policy.batching import check_lengths
 from turnrl.policy.chat import ChatEncoding, ChatFormat
 from turnrl.policy.hf import transformers_progress_off
-from turnrl.policy.vllm import engine_sample, response_budget, row_seeds
+from turnrl.policy.vllm import engine_sample, request_seeds, response_budget
 from turnrl.types import Sample
 
 __all__ = ["VLLMServerPolicy", "parse_completion"]
@@ -297,14 +296,9 @@ class VLLMServerPolicy(ChatEncoding):
     ) -> list[Sample]:
         """One response per context (the other backends' contract), one request per row,
         sent concurrently."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        seeds = request_seeds(contexts, max_new_tokens, temperature, seed, self.max_context)
         if not contexts:
             return []
-        check_lengths(contexts, [1] * len(contexts), self.max_context)
-        seeds = row_seeds(seed, len(contexts))
         bodies = [
             self._request(context, response_budget(context, max_new_tokens, self.max_context),
                           temperature, row_seed)
