@@ -163,10 +163,9 @@ bench-sampling: setup setup-vllm $(SMOL_STAMP)
 		--json $(BENCH_SAMPLING)/step-hf.json && \
 	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python benchmarks/backends.py --part step \
 		--backend vllm --model $$model --json $(BENCH_SAMPLING)/step-vllm.json
-	$(PY) benchmarks/backends.py --part agents --backend hf --policy $(BENCH_SAMPLING)/agent-policy \
-		--json $(BENCH_SAMPLING)/agents-hf.json
+	model=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
 	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python benchmarks/backends.py --part agents \
-		--backend vllm --policy $(BENCH_SAMPLING)/agent-policy --json $(BENCH_SAMPLING)/agents-vllm.json
+		--backend hf,vllm --agent-model $$model --json $(BENCH_SAMPLING)/agents.json
 	$(PY) benchmarks/backends.py --report $(BENCH_SAMPLING)
 
 # A multi-turn RL step on SmolLM2, turnrl (vLLM sampling) against TRL's GRPOTrainer (in the

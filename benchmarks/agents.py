@@ -95,6 +95,8 @@ def measure(policy, tasks, agents: int, max_batch: int, window_ms: float) -> dic
         "seconds": seconds,
         "episodes_per_s": len(results) / seconds,
         "calls": sum(len(r.records) for r in results),
+        "completion_tokens": sum(len(t.response_ids or ()) for r in results for t in r.records),
+        "prompt_tokens": sum(len(t.prompt_ids or ()) for r in results for t in r.records),
         "mean_batch": batching["requests"] / max(batching["calls"], 1),
         "largest": batching["largest"],
     }

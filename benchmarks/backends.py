@@ -14,18 +14,21 @@ same machine, each writing a JSON file; ``--report`` prints the tables:
 * ``--part agents``: the calc_openai agent (``examples/agents/calc_openai.py``, one
   thread per agent, the openai client) runs ``--episodes`` calculator episodes,
   ``--agents`` at a time, through an in-process gateway (50 ms batch window, the agent
-  loop's default) serving the backend; episodes per second. Both backends serve the
-  same warm-started tiny policy of head size 32 (``heads=2``, which vLLM's CPU attention
-  accepts): the ``hf`` part warm-starts it (``benchmarks/agents.py``'s warm start) and
-  saves it to ``--policy``, the ``vllm`` part loads it from there.
+  loop's default) on each backend of ``--backend hf,vllm``, all in one process (the
+  vLLM venv, which runs the hf backend too) and in alternating rounds (hf, vllm, hf,
+  vllm, ... ``--rounds`` each, after one warm-up measurement per backend), so both see
+  the same machine; median and range of episodes/s and of sampled (completion) tokens/s
+  per backend. The backends sample different tokens, so their episodes differ in length:
+  tokens/s compares the samplers, episodes/s what an agent user sees. ``--agent-model DIR``
+  serves that model directory (the converted SmolLM2: ``smollm2_path()``); without it,
+  the warm-started tiny policy of head size 32 (``heads=2``, which vLLM's CPU attention
+  accepts) saved at ``--policy``.
 
     .venv/bin/python benchmarks/backends.py --part step --backend hf --json OUT/step-hf.json
     .venv-vllm/bin/python benchmarks/backends.py --part step --backend vllm \\
         --json OUT/step-vllm.json
-    .venv/bin/python benchmarks/backends.py --part agents --backend hf --policy OUT/agent-policy \\
-        --json OUT/agents-hf.json
-    .venv-vllm/bin/python benchmarks/backends.py --part agents --backend vllm \\
-        --policy OUT/agent-policy --json OUT/agents-vllm.json
+    .venv-vllm/bin/python benchmarks/backends.py --part agents --backend hf,vllm \\
+        --agent-model SMOLLM2_DIR --json OUT/agents.json
     .venv/bin/python benchmarks/backends.py --report OUT
 """
 
@@ -114,34 +117,119 @@ def agent_policy(path: Path, warm_steps: int) -> Any:
     return policy
 
 
-def agent_episodes(
-    backend: str, policy_dir: Path, episodes: int, n_agents: int, warm_steps: int, repeats: int
-) -> dict[str, Any]:
-    """Episodes per second of the calc_openai agent through a gateway on ``backend``."""
+def tree_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and every live descendant (the vLLM
+    engine core is a child process), so a round's CPU use counts the engine too."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def agent_round(served: Any, tasks: list[Any], n_agents: int) -> dict[str, Any]:
+    """One measurement of ``tasks`` through a gateway on ``served``: ``agents.measure``'s
+    numbers plus the tokens the episodes sampled and read, the machine's 1-minute load
+    average when it started, and the CPU seconds this process tree used meanwhile."""
     import agents
 
+    load = os.getloadavg()[0]
+    cpu = tree_cpu_seconds()
+    run = agents.measure(served, tasks, n_agents, 64, AGENT_WINDOW_MS)
+    cpu = tree_cpu_seconds() - cpu
+    return {
+        **run,
+        "tokens_per_s": run["completion_tokens"] / run["seconds"],
+        "load_1min": load,
+        "cpu_per_wall": cpu / run["seconds"],
+    }
+
+
+def agent_episodes(
+    backends: list[str],
+    policy_dir: Path,
+    episodes: int,
+    n_agents: int,
+    warm_steps: int,
+    rounds: int,
+    model: str | None,
+) -> dict[str, Any]:
+    """Episodes and sampled tokens per second of the calc_openai agent through a gateway
+    on each of ``backends``, all served from one process and measured in alternating
+    rounds (hf, vllm, hf, vllm, ...), each after one warm-up measurement of its own, so
+    that both see the same machine; ``model`` (a model directory, e.g. the converted
+    SmolLM2) or, when ``None``, the warm-started tiny policy of ``policy_dir``."""
+    from turnrl.policy import HFPolicy
     from turnrl.policy.factory import PolicySpec, build_sampler, close_sampler
     from turnrl.train.agent.tasks import calculator_task_set
 
-    learner = agent_policy(policy_dir, warm_steps)
-    served = build_sampler(PolicySpec(backend=backend), learner)
+    learner = HFPolicy.from_pretrained(model) if model else agent_policy(policy_dir, warm_steps)
     tasks = calculator_task_set(episodes, seed=123)
+    started = {}
+    runs: dict[str, list[dict[str, Any]]] = {b: [] for b in backends}
     try:
-        agents.measure(served, tasks[:n_agents], n_agents, 64, AGENT_WINDOW_MS)  # warm-up
-        runs = [
-            agents.measure(served, tasks, n_agents, 64, AGENT_WINDOW_MS) for _ in range(repeats)
-        ]
+        for backend in backends:
+            begun = time.perf_counter()
+            started[backend] = build_sampler(PolicySpec(backend=backend), learner)
+            agent_round(started[backend], tasks[:n_agents], n_agents)  # warm-up
+            print(f"{backend}: started and warmed up in {time.perf_counter() - begun:.0f} s")
+        for i in range(rounds):
+            for backend in backends:
+                runs[backend].append(agent_round(started[backend], tasks, n_agents))
+                print(f"round {i} {backend}: {json.dumps(runs[backend][-1])}", flush=True)
     finally:
-        close_sampler(learner, served)
+        for sampler in started.values():
+            close_sampler(learner, sampler)
     return {
-        "backend": backend,
+        "model": model or "tiny (heads=2) after the agents.py warm start",
         "episodes": episodes,
         "agents": n_agents,
-        "repeats": repeats,
-        "episodes_per_s": [r["episodes_per_s"] for r in runs],
-        "calls_per_episode": statistics.mean(r["calls"] for r in runs) / episodes,
-        "mean_batch": statistics.mean(r["mean_batch"] for r in runs),
+        "rounds": rounds,
+        "runs": runs,
     }
+
+
+def spread(values: list[float], digits: int = 1) -> str:
+    """``median (min-max)`` of ``values``."""
+    return (
+        f"{statistics.median(values):.{digits}f} "
+        f"({min(values):.{digits}f}-{max(values):.{digits}f})"
+    )
+
+
+def agents_table(result: dict[str, Any]) -> list[str]:
+    """The agents part's table: per backend the median and range over the rounds of
+    episodes/s and sampled tokens/s, and the ratios of the medians against hf."""
+    runs = result["runs"]
+
+    def median(backend: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[backend])
+
+    lines = [
+        "| gateway on | episodes/s | completion tokens/s | calls per episode "
+        "| tokens per call | mean batch | CPU/wall | load | episodes/s vs hf | tokens/s vs hf |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for backend, rs in runs.items():
+        calls = sum(r["calls"] for r in rs)
+        lines.append(
+            f"| {backend} | {spread([r['episodes_per_s'] for r in rs])} | "
+            f"{spread([r['tokens_per_s'] for r in rs], 0)} | "
+            f"{calls / (result['episodes'] * len(rs)):.2f} | "
+            f"{sum(r['completion_tokens'] for r in rs) / calls:.1f} | "
+            f"{statistics.mean(r['mean_batch'] for r in rs):.1f} | "
+            f"{spread([r['cpu_per_wall'] for r in rs], 2)} | "
+            f"{spread([r['load_1min'] for r in rs])} | "
+            f"{median(backend, 'episodes_per_s') / median('hf', 'episodes_per_s'):.2f}x | "
+            f"{median(backend, 'tokens_per_s') / median('hf', 'tokens_per_s'):.2f}x |"
+        )
+    return lines
 
 
 def report(directory: Path) -> str:
@@ -168,34 +256,28 @@ def report(directory: Path) -> str:
                 f"{hf_step / run['seconds_step']:.2f}x |"
             )
         lines.append("")
-    agent_runs = {b: load(f"agents-{b}") for b in ("hf", "vllm")}
-    if all(agent_runs.values()):
-        hf_rate = statistics.mean(agent_runs["hf"]["episodes_per_s"])
-        lines += [
-            "| gateway on | episodes/s (mean) | runs | calls per episode | mean batch | vs hf |",
-            "|---|---:|---|---:|---:|---:|",
-        ]
-        for backend, run in agent_runs.items():
-            rate = statistics.mean(run["episodes_per_s"])
-            runs = ", ".join(f"{r:.2f}" for r in run["episodes_per_s"])
-            lines.append(
-                f"| {backend} | {rate:.2f} | {runs} | {run['calls_per_episode']:.2f} | "
-                f"{run['mean_batch']:.1f} | {rate / hf_rate:.2f}x |"
-            )
+    agents_run = load("agents")
+    if agents_run is not None:
+        lines += agents_table(agents_run)
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=["step", "agents"])
-    parser.add_argument("--backend", choices=["hf", "vllm"])
+    parser.add_argument(
+        "--backend", help="hf or vllm; --part agents: a comma-separated list (hf,vllm)"
+    )
     parser.add_argument("--json", type=Path, help="where the part writes its numbers")
     parser.add_argument("--steps", type=int, default=1, help="RL steps (--part step)")
     parser.add_argument("--model", default="smollm2", help="--part step: policy.model")
-    parser.add_argument("--policy", type=Path, help="--part agents: the shared policy dir")
+    parser.add_argument("--policy", type=Path, help="--part agents: the tiny policy's dir")
+    parser.add_argument(
+        "--agent-model", help="--part agents: serve this model directory (e.g. SmolLM2)"
+    )
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--agents", type=int, default=16, help="concurrent agents")
-    parser.add_argument("--repeats", type=int, default=2, help="measurements (--part agents)")
+    parser.add_argument("--rounds", type=int, default=3, help="--part agents: per backend")
     parser.add_argument("--warm-steps", type=int, default=200)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS", "2")))
     parser.add_argument("--report", type=Path, metavar="DIR", help="print the tables of DIR")
@@ -221,13 +303,19 @@ def main() -> None:
         parser.error("--part, --backend and --json (or --report DIR)")
     torch.set_num_threads(args.threads)
     if args.part == "step":
+        if args.backend not in ("hf", "vllm"):
+            parser.error("--part step: --backend hf or vllm")
         result = rl_step(args.backend, args.model, args.steps, args.threads)
     else:
-        if args.policy is None:
-            parser.error("--part agents needs --policy DIR")
+        backends = args.backend.split(",")
+        if "hf" not in backends or not set(backends) <= {"hf", "vllm"}:
+            parser.error("--part agents: --backend hf or hf,vllm (ratios are against hf)")
+        if args.policy is None and args.agent_model is None:
+            parser.error("--part agents needs --agent-model DIR or --policy DIR")
         result = agent_episodes(
-            args.backend, args.policy, args.episodes, args.agents, args.warm_steps, args.repeats
-        )
+            backends, args.policy, args.episodes, args.agents, args.warm_steps, args.rounds,
+            args.agent_model,
+        )  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
