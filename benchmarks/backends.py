@@ -14,21 +14,22 @@ same machine, each writing a JSON file; ``--report`` prints the tables:
 * ``--part agents``: the calc_openai agent (``examples/agents/calc_openai.py``, one
   thread per agent, the openai client) runs ``--episodes`` calculator episodes,
   ``--agents`` at a time, through an in-process gateway (50 ms batch window, the agent
-  loop's default) on each backend of ``--backend hf,vllm``, all in one process (the
-  vLLM venv, which runs the hf backend too) and in alternating rounds (hf, vllm, hf,
-  vllm, ... ``--rounds`` each, after one warm-up measurement per backend), so both see
-  the same machine; median and range of episodes/s and of sampled (completion) tokens/s
-  per backend. The backends sample different tokens, so their episodes differ in length:
-  tokens/s compares the samplers, episodes/s what an agent user sees. ``--agent-model DIR``
+  loop's default) on each backend of ``--backend hf,vllm``. One long-lived worker
+  process per backend (hf in this venv, vllm in ``--vllm-python``'s: transformers'
+  versions differ) is started and warmed up first; then the driver alternates rounds
+  (hf, vllm, hf, vllm, ... ``--rounds`` each), so both see the same machine, and reports
+  the median and range of episodes/s and of sampled (completion) tokens/s per backend.
+  The backends sample different tokens, so their episodes differ in length: tokens/s
+  compares the samplers, episodes/s what an agent user sees. ``--agent-model DIR``
   serves that model directory (the converted SmolLM2: ``smollm2_path()``); without it,
   the warm-started tiny policy of head size 32 (``heads=2``, which vLLM's CPU attention
-  accepts) saved at ``--policy``.
+  accepts), saved at ``--policy`` by the hf worker and loaded by the vllm one.
 
     .venv/bin/python benchmarks/backends.py --part step --backend hf --json OUT/step-hf.json
     .venv-vllm/bin/python benchmarks/backends.py --part step --backend vllm \\
         --json OUT/step-vllm.json
-    .venv-vllm/bin/python benchmarks/backends.py --part agents --backend hf,vllm \\
-        --agent-model SMOLLM2_DIR --json OUT/agents.json
+    .venv/bin/python benchmarks/backends.py --part agents --backend hf,vllm \\
+        --vllm-python .venv-vllm/bin/python --agent-model SMOLLM2_DIR --json OUT/agents.json
     .venv/bin/python benchmarks/backends.py --report OUT
 """
 
@@ -38,6 +39,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -151,46 +153,89 @@ def agent_round(served: Any, tasks: list[Any], n_agents: int) -> dict[str, Any]:
     }
 
 
-def agent_episodes(
-    backends: list[str],
-    policy_dir: Path,
-    episodes: int,
-    n_agents: int,
+READY = "BENCH-READY "
+RESULT = "BENCH-ROUND "
+"""Prefixes of the lines a worker answers its driver with (libraries print too)."""
+
+
+def agent_worker(
+    backend: str, model: str | None, policy_dir: Path | None, episodes: int, n_agents: int,
     warm_steps: int,
-    rounds: int,
-    model: str | None,
-) -> dict[str, Any]:
-    """Episodes and sampled tokens per second of the calc_openai agent through a gateway
-    on each of ``backends``, all served from one process and measured in alternating
-    rounds (hf, vllm, hf, vllm, ...), each after one warm-up measurement of its own, so
-    that both see the same machine; ``model`` (a model directory, e.g. the converted
-    SmolLM2) or, when ``None``, the warm-started tiny policy of ``policy_dir``."""
+) -> None:  # fmt: skip
+    """One backend's side of ``--part agents``: serve ``model`` (a model directory) or the
+    warm-started tiny policy of ``policy_dir`` through a gateway on ``backend``, measure
+    once to warm up, say ``READY``, then measure one round for every ``round`` line read
+    from stdin (a ``RESULT`` line each) until ``stop`` or the end of stdin."""
     from turnrl.policy import HFPolicy
     from turnrl.policy.factory import PolicySpec, build_sampler, close_sampler
     from turnrl.train.agent.tasks import calculator_task_set
 
+    begun = time.perf_counter()
     learner = HFPolicy.from_pretrained(model) if model else agent_policy(policy_dir, warm_steps)
     tasks = calculator_task_set(episodes, seed=123)
-    started = {}
-    runs: dict[str, list[dict[str, Any]]] = {b: [] for b in backends}
+    served = build_sampler(PolicySpec(backend=backend), learner)
     try:
-        for backend in backends:
-            begun = time.perf_counter()
-            started[backend] = build_sampler(PolicySpec(backend=backend), learner)
-            agent_round(started[backend], tasks[:n_agents], n_agents)  # warm-up
-            print(f"{backend}: started and warmed up in {time.perf_counter() - begun:.0f} s")
+        agent_round(served, tasks[:n_agents], n_agents)  # warm-up
+        print(READY + json.dumps({"seconds": time.perf_counter() - begun}), flush=True)
+        for line in sys.stdin:
+            if line.strip() != "round":
+                break
+            print(RESULT + json.dumps(agent_round(served, tasks, n_agents)), flush=True)
+    finally:
+        close_sampler(learner, served)
+
+
+def answer(worker: subprocess.Popen[str], prefix: str) -> dict[str, Any]:
+    """The next line of ``worker`` that starts with ``prefix``, decoded (other lines are
+    echoed); an error when the worker ends first."""
+    assert worker.stdout is not None
+    for line in worker.stdout:
+        if line.startswith(prefix):
+            return json.loads(line[len(prefix) :])
+        print(line, end="")
+    raise RuntimeError(f"the benchmark worker {worker.args} ended with {worker.wait()}")
+
+
+def agent_episodes(
+    pythons: dict[str, str], worker_args: list[str], episodes: int, n_agents: int, rounds: int,
+    model: str | None,
+) -> dict[str, Any]:  # fmt: skip
+    """Episodes and sampled tokens per second of the calc_openai agent through a gateway
+    on each backend of ``pythons`` (backend -> the Python of its venv), measured in
+    alternating rounds (hf, vllm, hf, vllm, ...) by one long-lived worker process per
+    backend (:func:`agent_worker`; each is started and warmed up before the first round,
+    hf first, as it saves the tiny policy the other loads), so both see the same machine
+    and neither pays its start-up in a round."""
+    workers: dict[str, subprocess.Popen[str]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {b: [] for b in pythons}
+    started: dict[str, float] = {}
+    try:
+        for backend, python in pythons.items():
+            command = [python, __file__, "--part", "agents-worker", "--backend", backend]
+            workers[backend] = subprocess.Popen(
+                [*command, *worker_args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+            started[backend] = answer(workers[backend], READY)["seconds"]
+            print(f"{backend}: started and warmed up in {started[backend]:.0f} s", flush=True)
         for i in range(rounds):
-            for backend in backends:
-                runs[backend].append(agent_round(started[backend], tasks, n_agents))
+            for backend, worker in workers.items():
+                assert worker.stdin is not None
+                worker.stdin.write("round\n")
+                worker.stdin.flush()
+                runs[backend].append(answer(worker, RESULT))
                 print(f"round {i} {backend}: {json.dumps(runs[backend][-1])}", flush=True)
     finally:
-        for sampler in started.values():
-            close_sampler(learner, sampler)
+        for worker in workers.values():
+            if worker.stdin is not None:
+                worker.stdin.close()  # the end of stdin: the worker closes its sampler
+        for worker in workers.values():
+            worker.wait(timeout=300)
     return {
         "model": model or "tiny (heads=2) after the agents.py warm start",
         "episodes": episodes,
         "agents": n_agents,
         "rounds": rounds,
+        "startup_seconds": started,
         "runs": runs,
     }
 
@@ -264,9 +309,14 @@ def report(directory: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=["step", "agents"])
+    parser.add_argument("--part", choices=["step", "agents", "agents-worker"])
     parser.add_argument(
         "--backend", help="hf or vllm; --part agents: a comma-separated list (hf,vllm)"
+    )
+    parser.add_argument(
+        "--vllm-python",
+        default=str(ROOT / ".venv-vllm" / "bin" / "python"),
+        help="--part agents: the Python of the vLLM venv (its worker runs there)",
     )
     parser.add_argument("--json", type=Path, help="where the part writes its numbers")
     parser.add_argument("--steps", type=int, default=1, help="RL steps (--part step)")
@@ -299,9 +349,17 @@ def main() -> None:
             write_section(ROOT / "benchmarks" / "RESULTS.md", TITLE, note + body, args.command,
                           date.today())  # fmt: skip
         return
-    if args.part is None or args.backend is None or args.json is None:
-        parser.error("--part, --backend and --json (or --report DIR)")
+    if args.part is None or args.backend is None:
+        parser.error("--part and --backend (or --report DIR)")
     torch.set_num_threads(args.threads)
+    if args.part == "agents-worker":
+        agent_worker(
+            args.backend, args.agent_model, args.policy, args.episodes, args.agents,
+            args.warm_steps,
+        )  # fmt: skip
+        return
+    if args.json is None:
+        parser.error("--json (or --report DIR)")
     if args.part == "step":
         if args.backend not in ("hf", "vllm"):
             parser.error("--part step: --backend hf or vllm")
@@ -312,10 +370,16 @@ def main() -> None:
             parser.error("--part agents: --backend hf or hf,vllm (ratios are against hf)")
         if args.policy is None and args.agent_model is None:
             parser.error("--part agents needs --agent-model DIR or --policy DIR")
+        pythons = {b: sys.executable if b == "hf" else args.vllm_python for b in backends}
+        source = ["--agent-model", args.agent_model] if args.agent_model else []
+        source += ["--policy", str(args.policy)] if args.policy else []
+        worker_args = [
+            *source, "--episodes", str(args.episodes), "--agents", str(args.agents),
+            "--warm-steps", str(args.warm_steps), "--threads", str(args.threads),
+        ]  # fmt: skip
         result = agent_episodes(
-            backends, args.policy, args.episodes, args.agents, args.warm_steps, args.rounds,
-            args.agent_model,
-        )  # fmt: skip
+            pythons, worker_args, args.episodes, args.agents, args.rounds, args.agent_model
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))

@@ -12,6 +12,12 @@ policy's seeded draws are only reproducible for the same batch
 (``HFPolicy.sample``). The worker is the only thread that samples; it holds
 ``lock`` (shared with the gateway's tokenizer calls) while it does.
 
+Choices. A request may ask for several samples of one context
+(:meth:`MicroBatcher.submit_choices`, the gateway's ``n``): unseeded, they are rows of
+their group's call; seeded, each choice is sampled alone with its own seed, exactly
+as a single request with that seed would be. All choices of a request are drawn under
+one hold of ``lock``, so from one set of weights. ``max_batch`` counts rows (choices).
+
 Weights. :attr:`MicroBatcher.policy` and :attr:`MicroBatcher.version` change
 only under ``lock`` (the gateway's weight swaps), and the worker reads both
 under it, so every sample comes from one set of weights and says which
@@ -24,7 +30,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,17 +51,17 @@ class _Job:
     context: list[int]
     max_new_tokens: int
     temperature: float
-    seed: int | None
-    future: Future[Sampled] = field(default_factory=Future)
+    seeds: tuple[int | None, ...]
+    """One per choice: all ``None`` (unseeded), or every choice's own seed."""
+    future: Future[list[Sampled]] = field(default_factory=Future)
+
+    @property
+    def seeded(self) -> bool:
+        return any(seed is not None for seed in self.seeds)
 
     def group_key(self, unique: int) -> tuple[Any, ...]:
         """Jobs with equal keys are sampled together (seeded jobs never share)."""
-        return (
-            self.max_new_tokens,
-            self.temperature,
-            self.seed,
-            unique if self.seed is not None else None,
-        )
+        return (self.max_new_tokens, self.temperature, unique if self.seeded else None)
 
 
 @dataclass
@@ -112,7 +118,25 @@ class MicroBatcher:
         Exceptions raised by ``policy.sample`` are re-raised here, in every
         request of the failed batch.
         """
-        job = _Job(list(context), max_new_tokens, temperature, seed)
+        return self.submit_choices(
+            context, seeds=(seed,), max_new_tokens=max_new_tokens, temperature=temperature
+        )[0]
+
+    def submit_choices(
+        self,
+        context: list[int],
+        *,
+        seeds: Sequence[int | None],
+        max_new_tokens: int,
+        temperature: float,
+    ) -> list[Sampled]:
+        """Sample ``len(seeds)`` responses for ``context``, one per seed (all ``None``:
+        unseeded), from one set of weights; blocks until they are done."""
+        if not seeds:
+            raise ValueError("need at least one choice")
+        if any(seed is None for seed in seeds) and any(seed is not None for seed in seeds):
+            raise ValueError("seed every choice or none")
+        job = _Job(list(context), max_new_tokens, temperature, tuple(seeds))
         with self._closing:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
@@ -129,10 +153,12 @@ class MicroBatcher:
 
     # ------------------------------------------------------------------ worker
     def _gather(self, first: _Job) -> tuple[list[_Job], bool]:
-        """The first job plus whatever arrives within the window; and whether to stop."""
+        """The first job plus whatever arrives within the window, up to ``max_batch`` rows
+        (a job's choices are never split); and whether to stop."""
         jobs = [first]
+        rows = len(first.seeds)
         deadline = time.monotonic() + self.window_s
-        while len(jobs) < self.max_batch:
+        while rows < self.max_batch:
             try:
                 job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
@@ -140,6 +166,7 @@ class MicroBatcher:
             if job is None:
                 return jobs, True
             jobs.append(job)
+            rows += len(job.seeds)
         return jobs, False
 
     def _groups(self, jobs: list[_Job]) -> Iterator[list[_Job]]:
@@ -148,28 +175,39 @@ class MicroBatcher:
             groups.setdefault(job.group_key(next(self._unique)), []).append(job)
         yield from groups.values()
 
+    def _draw(self, contexts: list[list[int]], head: _Job, seed: int | None) -> list[Sample]:
+        return self.policy.sample(
+            contexts,
+            max_new_tokens=head.max_new_tokens,
+            temperature=head.temperature,
+            seed=seed,
+        )
+
     def _sample(self, group: list[_Job]) -> None:
+        """One group: one ``policy.sample`` call for its rows, or (a seeded job) one call
+        per choice, each with that choice's seed."""
         head = group[0]
+        rows = sum(len(job.seeds) for job in group)
         try:
             with self.lock:
                 version = self.version
-                samples = self.policy.sample(
-                    [job.context for job in group],
-                    max_new_tokens=head.max_new_tokens,
-                    temperature=head.temperature,
-                    seed=head.seed,
-                )
-            if len(samples) != len(group):
-                raise RuntimeError(f"policy returned {len(samples)} samples for {len(group)}")
+                if head.seeded:  # alone in its group
+                    draws = [self._draw([head.context], head, seed) for seed in head.seeds]
+                else:
+                    draws = [self._draw([j.context for j in group for _ in j.seeds], head, None)]
+            samples = [sample for draw in draws for sample in draw]
+            if len(samples) != rows:
+                raise RuntimeError(f"policy returned {len(samples)} samples for {rows}")
         except BaseException as exc:  # every waiting request must be released
             for job in group:
                 job.future.set_exception(exc)
             return
-        self.stats.calls += 1
+        self.stats.calls += len(draws)
         self.stats.requests += len(group)
         self.stats.largest = max(self.stats.largest, len(group))
-        for job, sample in zip(group, samples, strict=True):
-            job.future.set_result(Sampled(sample, version))
+        drawn = iter(samples)
+        for job in group:
+            job.future.set_result([Sampled(next(drawn), version) for _ in job.seeds])
 
     def _run(self) -> None:
         stop = False

@@ -16,19 +16,17 @@ What is accepted:
   record's ``role`` (so several agents of one program are told apart).
 * ``temperature`` (0 to 2), ``max_completion_tokens`` / ``max_tokens`` (the
   former wins; the newer name, same meaning), ``seed`` (same seed and context,
-  same sample), ``logprobs``, ``n`` (1 only, see below), ``stream`` and
-  ``stream_options.include_usage``, ``top_logprobs`` (0 only).
+  same sample), ``logprobs``, ``n`` (1 to :data:`MAX_CHOICES`, see below),
+  ``stream`` and ``stream_options.include_usage``, ``top_logprobs`` (0 only).
 * ``stop``: a string or a list of at most :data:`MAX_STOP_SEQUENCES` non-empty
   strings. The response ends at the token that completes the first stop string
   (:mod:`turnrl.serve.stops`): ``finish_reason`` is ``"stop"``, the content is
   the text before the stop string (as OpenAI returns it), and the turn record
   keeps every sampled token up to and including the completing one.
 
-``n`` other than 1 is refused: one call is one turn of one trajectory, and the
-reward an agent posts is credited to the tokens of that turn. With several
-choices the agent's outcome depends on which one it kept (or on all of them,
-for voting), so no single choice's log-probs could be credited exactly.
-Several samples per task come from several rollouts (the trainer's groups).
+``n`` > 1 asks for several choices sampled from the same context (self-consistency,
+best-of-n). The turn record keeps the choice the agent continued and the others as its
+siblings, not trained (:mod:`turnrl.serve.choices`, ``docs/gateway.md``).
 
 Parameters that would change the sampling distribution and that the policy
 cannot honour (``top_p`` other than 1, penalties, ``logit_bias``, a
@@ -71,6 +69,9 @@ MAX_STOP_SEQUENCES = 16
 
 MAX_STOP_LENGTH = 256
 """Longest stop string accepted, in characters."""
+
+MAX_CHOICES = 16
+"""Largest ``n`` (choices of one call): each costs a sample, so one request stays bounded."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,8 @@ class ChatRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     """Stop strings (``stop``); the response ends where the first one is completed."""
+    n: int = 1
+    """Choices to sample from the same context (``n``, 1 to :data:`MAX_CHOICES`)."""
     logprobs: bool = False
     stream: bool = False
     include_usage: bool = False
@@ -349,6 +352,19 @@ def parse_stop(value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(stops))
 
 
+def parse_n(value: Any) -> int:
+    """Validate ``n``: null (1) or an integer from 1 to :data:`MAX_CHOICES`."""
+    if value is None:
+        return 1
+    if not _is_int(value) or not 1 <= value <= MAX_CHOICES:
+        raise bad_request(
+            f"n must be an integer from 1 to {MAX_CHOICES}, got {value!r} (each choice is "
+            "sampled; for more samples of one task run more rollouts)",
+            "n",
+        )
+    return int(value)
+
+
 def _check_unsupported(body: dict[str, Any]) -> None:
     """Refuse options that would make the recorded log-probs lie (see module doc)."""
     for name, default in _REFUSED_UNLESS_DEFAULT.items():
@@ -356,13 +372,6 @@ def _check_unsupported(body: dict[str, Any]) -> None:
         if value is None or value == default or value in ([], {}):
             continue
         raise bad_request(f"{name}={value!r} is not supported by this gateway", name)
-    if body.get("n") not in (None, 1):
-        raise bad_request(
-            f"n must be 1, got {body.get('n')!r}: one call is one turn of one trajectory, "
-            "so its reward is credited to exactly the tokens sampled (for several samples, "
-            "run several rollouts)",
-            "n",
-        )
     if body.get("top_logprobs") not in (None, 0):
         raise bad_request("top_logprobs is not supported (use logprobs=true)", "top_logprobs")
     response_format = body.get("response_format")
@@ -424,6 +433,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         max_tokens=max_tokens,
         seed=seed,
         stop=parse_stop(body.get("stop")),
+        n=parse_n(body.get("n")),
         logprobs=bool(logprobs),
         stream=bool(stream),
         include_usage=include_usage,
