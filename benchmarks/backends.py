@@ -23,7 +23,9 @@ same machine, each writing a JSON file; ``--report`` prints the tables:
   compares the samplers, episodes/s what an agent user sees. ``--agent-model DIR``
   serves that model directory (the converted SmolLM2: ``smollm2_path()``); without it,
   the warm-started tiny policy of head size 32 (``heads=2``, which vLLM's CPU attention
-  accepts), saved at ``--policy`` by the hf worker and loaded by the vllm one.
+  accepts), saved at ``--policy`` by the hf worker and loaded by the vllm one. The arm
+  ``hf-1`` is the hf backend on one torch thread (vLLM's CPU engine runs its forward on
+  one: "Reducing Torch threads ... for serving"), to tell the backends from the threads.
 
     .venv/bin/python benchmarks/backends.py --part step --backend hf --json OUT/step-hf.json
     .venv-vllm/bin/python benchmarks/backends.py --part step --backend vllm \\
@@ -147,6 +149,7 @@ def agent_round(served: Any, tasks: list[Any], n_agents: int) -> dict[str, Any]:
     cpu = tree_cpu_seconds() - cpu
     return {
         **run,
+        "torch_threads": torch.get_num_threads(),
         "tokens_per_s": run["completion_tokens"] / run["seconds"],
         "load_1min": load,
         "cpu_per_wall": cpu / run["seconds"],
@@ -210,20 +213,22 @@ def agent_episodes(
     runs: dict[str, list[dict[str, Any]]] = {b: [] for b in pythons}
     started: dict[str, float] = {}
     try:
-        for backend, python in pythons.items():
+        for arm, python in pythons.items():
+            backend, _, threads = arm.partition("-")  # "hf-1": hf on 1 torch thread
             command = [python, __file__, "--part", "agents-worker", "--backend", backend]
-            workers[backend] = subprocess.Popen(
-                [*command, *worker_args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            command += [*worker_args, *(["--threads", threads] if threads else [])]
+            workers[arm] = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
             )
-            started[backend] = answer(workers[backend], READY)["seconds"]
-            print(f"{backend}: started and warmed up in {started[backend]:.0f} s", flush=True)
+            started[arm] = answer(workers[arm], READY)["seconds"]
+            print(f"{arm}: started and warmed up in {started[arm]:.0f} s", flush=True)
         for i in range(rounds):
-            for backend, worker in workers.items():
+            for arm, worker in workers.items():
                 assert worker.stdin is not None
                 worker.stdin.write("round\n")
                 worker.stdin.flush()
-                runs[backend].append(answer(worker, RESULT))
-                print(f"round {i} {backend}: {json.dumps(runs[backend][-1])}", flush=True)
+                runs[arm].append(answer(worker, RESULT))
+                print(f"round {i} {arm}: {json.dumps(runs[arm][-1])}", flush=True)
     finally:
         for worker in workers.values():
             if worker.stdin is not None:
@@ -366,11 +371,11 @@ def main() -> None:
         result = rl_step(args.backend, args.model, args.steps, args.threads)
     else:
         backends = args.backend.split(",")
-        if "hf" not in backends or not set(backends) <= {"hf", "vllm"}:
-            parser.error("--part agents: --backend hf or hf,vllm (ratios are against hf)")
+        if "hf" not in backends or not set(backends) <= {"hf", "hf-1", "vllm"}:
+            parser.error("--part agents: --backend hf[,hf-1][,vllm] (ratios are against hf)")
         if args.policy is None and args.agent_model is None:
             parser.error("--part agents needs --agent-model DIR or --policy DIR")
-        pythons = {b: sys.executable if b == "hf" else args.vllm_python for b in backends}
+        pythons = {b: args.vllm_python if b == "vllm" else sys.executable for b in backends}
         source = ["--agent-model", args.agent_model] if args.agent_model else []
         source += ["--policy", str(args.policy)] if args.policy else []
         worker_args = [

@@ -421,7 +421,7 @@ CHAT = "/rollouts/err-1/v1/chat/completions"
             400,
             "messages[0].content[0]",
         ),
-        ("POST", CHAT, chat_body(n=2), {}, 400, "n"),
+        ("POST", CHAT, chat_body(n=17), {}, 400, "n"),
         ("POST", CHAT, chat_body(top_p=0.5), {}, 400, "top_p"),
         ("POST", CHAT, chat_body(temperature=5), {}, 400, "temperature"),
         ("POST", CHAT, chat_body(max_tokens=0), {}, 400, "max_tokens"),
@@ -623,10 +623,11 @@ def test_tags_tool_calls_round_trip(expression: str) -> None:
 def test_seeded_requests_are_never_batched_together(scripted: ScriptedPolicy) -> None:
     batcher = MicroBatcher(scripted, window_s=0.0)
     try:
-        jobs = [_Job([1], 8, 1.0, None), _Job([2], 8, 1.0, None), _Job([3], 8, 1.0, 0)]
-        jobs += [_Job([4], 8, 1.0, 0), _Job([5], 8, 0.5, None), _Job([6], 9, 1.0, None)]
+        jobs = [_Job([1], 8, 1.0, (None,)), _Job([2], 8, 1.0, (None,)), _Job([3], 8, 1.0, (0,))]
+        jobs += [_Job([4], 8, 1.0, (0,)), _Job([5], 8, 0.5, (None,)), _Job([6], 9, 1.0, (None,))]
+        jobs += [_Job([7], 8, 1.0, (None, None)), _Job([8], 8, 1.0, (1, 2))]
         groups = [[job.context[0] for job in group] for group in batcher._groups(jobs)]
-        assert groups == [[1, 2], [3], [4], [5], [6]]
+        assert groups == [[1, 2, 7], [3], [4], [5], [6], [8]]
         sampled = batcher.submit(
             scripted.encode_initial([{"role": "user", "content": "hi"}]),
             max_new_tokens=4,

@@ -1,6 +1,6 @@
 """The standard sampling parameters through the official ``openai`` client, on exact tokens.
 
-``stop`` (a string or a list), ``seed``, ``max_completion_tokens`` and ``n``: what
+``stop`` (a string or a list), ``seed``, ``max_completion_tokens`` and ``n``'s bound: what
 the completion says and what the turn record keeps (``turnrl.serve.stops``).
 The scripted policy makes the replies known; the tiny model checks that a stop
 string cuts a really sampled response at a prefix of the same draw.
@@ -300,12 +300,13 @@ def test_max_completion_tokens_is_the_response_budget_and_wins_over_max_tokens(
     assert [len(r["response_ids"]) for r in _records(gateway, "budget")] == [3]
 
 
-def test_n_above_one_is_a_400_that_says_why(scripted: Any) -> None:
+def test_n_above_the_bound_is_a_400_that_says_why(scripted: Any) -> None:
+    """``n`` from 1 to 16 is served (tests/test_serve_choices.py); above, a 400."""
     _, server = scripted
-    client = _client(server, "n-two")
+    client = _client(server, "n-big")
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model="m", messages=QUESTION, n=2)
+        client.chat.completions.create(model="m", messages=QUESTION, n=17)
     assert caught.value.body["param"] == "n"
-    assert "run several rollouts" in caught.value.body["message"]
+    assert "from 1 to 16" in caught.value.body["message"]
     answer = client.chat.completions.create(model="m", messages=QUESTION, n=1)
     assert [c.index for c in answer.choices] == [0]

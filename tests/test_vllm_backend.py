@@ -199,6 +199,37 @@ def test_serve_admin_reload_pushes_a_directory_into_the_engine(
     assert max_logp_gap(old, ctx, after, 1.0) > 100 * LOGP_TOL
 
 
+def test_gateway_choices_on_the_engine_are_the_single_seeded_calls(engine: VLLMPolicy) -> None:
+    """``n`` = 3 with a seed through a gateway serving the engine: each choice's tokens
+    and log-probs are those of a single call with its derived seed (``choice_seeds``);
+    usage sums the choices; without a seed the three choices are still served."""
+    from turnrl.serve import Gateway
+    from turnrl.serve.choices import choice_seeds
+    from turnrl.serve.protocol import parse_chat_request
+
+    push_weights(learner(), engine, 0)
+    body = {"model": "m", "messages": [{"role": "user", "content": "What is 3*4?"}]}
+    body |= {"max_tokens": 8, "seed": 5}
+    with Gateway(engine) as gateway:
+        many = gateway.complete(parse_chat_request({**body, "n": 3}), "many")
+        singles = [
+            gateway.complete(parse_chat_request({**body, "seed": seed}), f"one-{i}")
+            for i, seed in enumerate(choice_seeds(5, 3))
+        ]
+        unseeded = gateway.complete(parse_chat_request({**body, "seed": None, "n": 3}), "free")
+        [record] = gateway.views.rollout("many")["records"]
+        single_records = [gateway.views.rollout(f"one-{i}")["records"][0] for i in range(3)]
+    ids = [c["token_ids"] for c in many["choices"]]
+    assert [c["index"] for c in many["choices"]] == [0, 1, 2]
+    assert ids == [s["choices"][0]["token_ids"] for s in singles]
+    assert len({tuple(i) for i in ids}) == 3  # three different draws
+    assert many["usage"]["completion_tokens"] == sum(len(i) for i in ids)
+    assert many["usage"]["prompt_tokens"] == len(many["prompt_token_ids"])
+    held = [record, *record["siblings"]]
+    assert [h["logprobs"] for h in held] == [r["logprobs"] for r in single_records]
+    assert [c["index"] for c in unseeded["choices"]] == [0, 1, 2]
+
+
 # ----------------------------------------------------------------------------- training
 
 

@@ -3,9 +3,10 @@
 Each role of a rollout keeps the token context of its last turn
 (:class:`~turnrl.serve.rollouts.Conversation`): ``prompt_ids + response_ids``, plus
 the end-of-turn id when the response was cut at ``max_tokens`` (as the rollout
-runner does, :func:`next_context`). A request *extends* the last turn when its
-messages are the previous request's messages, then the assistant message the
-gateway returned (compared by role, text and tool calls, not ids), then new
+runner does, :func:`next_context`), one per choice the call returned. A request
+*extends* the last turn when its messages are the previous request's messages, then
+an assistant message the gateway returned (compared by role, text and tool calls, not
+ids; with several choices, the first choice it equals is the one continued), then new
 messages (:meth:`ContextBuilder.context`). Then:
 
 * one new message: the context is the kept ids plus
@@ -25,7 +26,7 @@ from typing import Any
 from turnrl.serve.config import GatewayConfig
 from turnrl.serve.errors import bad_request
 from turnrl.serve.protocol import ChatRequest, ToolSpec, tools_key
-from turnrl.serve.rollouts import Conversation
+from turnrl.serve.rollouts import Conversation, Offered, PendingChoices
 from turnrl.serve.toolcalls import to_policy_message, to_policy_messages
 from turnrl.serve.weights import ServedPolicy
 from turnrl.types import Message, Sample
@@ -51,38 +52,49 @@ class ContextBuilder:
                 f"the policy cannot encode these messages: {exc}", "messages"
             ) from exc
 
-    def context(
+    def continued(
         self, conv: Conversation, request: ChatRequest, tools: tuple[ToolSpec, ...]
-    ) -> tuple[list[Message], list[int], bool]:
-        """The turn's prompt messages, prompt ids, and whether they were rebuilt."""
-        fmt = self.config.tool_format
+    ) -> int | None:
+        """Which of the last call's choices ``request`` extends (the first it equals),
+        or ``None`` when it extends none of them (the first call, or history rewritten)."""
         keys = tuple(m.key() for m in request.messages)
         n = len(conv.keys)
-        extends = (
-            conv.reply_key is not None
+        if not (
+            conv.offered
             and self.tools_key(tools) == self.tools_key(conv.tools)
             and len(keys) > n + 1
             and keys[:n] == conv.keys
-            and keys[n] == conv.reply_key
-        )
-        if not extends:
+        ):
+            return None
+        return next((i for i, o in enumerate(conv.offered) if o.key == keys[n]), None)
+
+    def context(
+        self, conv: Conversation, request: ChatRequest, tools: tuple[ToolSpec, ...]
+    ) -> tuple[list[Message], list[int], bool, int | None]:
+        """The turn's prompt messages, prompt ids, whether they were rebuilt, and which
+        of the last call's choices the request continues (``None``: none)."""
+        fmt = self.config.tool_format
+        k = self.continued(conv, request, tools)
+        if k is None:
             prompt = to_policy_messages(
                 request.messages, tools, fmt, tools_in_prompt=self.config.tools_in_prompt
             )
-            return prompt, self.encode_initial(prompt), conv.reply_key is not None
-        new = [to_policy_message(m, tools, fmt) for m in request.messages[n + 1 :]]
-        prompt = [*conv.prompt, {"role": "assistant", "content": conv.response}, *new]
+            return prompt, self.encode_initial(prompt), bool(conv.offered), None
+        offered = conv.offered[k]
+        new = [to_policy_message(m, tools, fmt) for m in request.messages[len(conv.keys) + 1 :]]
+        prompt = [*conv.prompt, {"role": "assistant", "content": offered.response}, *new]
         if len(new) == 1:
             policy = self.served.policy
             try:
                 tail = self.served.call(policy.encode_observation, new[0])
             except Exception as exc:
                 raise bad_request(
-                    f"the policy cannot encode message {len(keys) - 1}: {exc}", "messages"
+                    f"the policy cannot encode message {len(request.messages) - 1}: {exc}",
+                    "messages",
                 ) from exc
-            return prompt, conv.context + tail, False
+            return prompt, offered.context + tail, False, k
         ids = self.encode_initial(prompt)
-        return prompt, ids, ids[: len(conv.context)] != conv.context
+        return prompt, ids, ids[: len(offered.context)] != offered.context, k
 
 
 def next_context(prompt_ids: list[int], sample: Sample, eos_token_id: int) -> list[int]:
@@ -98,15 +110,13 @@ def remember_turn(
     conv: Conversation,
     request: ChatRequest,
     tools: tuple[ToolSpec, ...],
-    reply_key: Any,
     prompt: list[Message],
-    response: str,
-    context: list[int],
+    offered: tuple[Offered, ...],
+    pending: PendingChoices | None,
     body: dict[str, Any],
 ) -> None:
     """Keep what the role's next request is compared with (and a retry answered with)."""
     conv.keys = tuple(m.key() for m in request.messages)
     conv.tools = tools
-    conv.reply_key = reply_key
-    conv.prompt, conv.response, conv.context = prompt, response, context
+    conv.prompt, conv.offered, conv.pending = prompt, offered, pending
     conv.last_request, conv.last_result = request, body

@@ -35,9 +35,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from turnrl.envs.tools import get_format
+from turnrl.serve.batcher import Sampled
+from turnrl.serve.choices import choice_seeds, continue_choice, first_record
 from turnrl.serve.config import GatewayConfig
 from turnrl.serve.conversation import ContextBuilder, next_context, remember_turn
 from turnrl.serve.limits import (
@@ -53,16 +56,16 @@ from turnrl.serve.limits import (
     max_body_bytes,
     max_request_chars,
 )
-from turnrl.serve.protocol import ChatRequest
+from turnrl.serve.protocol import ChatRequest, ToolSpec
 from turnrl.serve.recordsfile import RecordsFile
 from turnrl.serve.registry import RolloutRegistry, RolloutViews
-from turnrl.serve.responses import completion_body, tool_call_id
-from turnrl.serve.rollouts import ClosedRollout, Conversation, Rollout
+from turnrl.serve.responses import choice_body, completion_body, tool_call_id
+from turnrl.serve.rollouts import ClosedRollout, Conversation, Offered, Rollout
 from turnrl.serve.stops import cut_at_stop
 from turnrl.serve.toolcalls import parse_reply
 from turnrl.serve.turnrecords import build_record, finish_reason, response_logprobs
 from turnrl.serve.weights import ServedPolicy
-from turnrl.types import Policy
+from turnrl.types import Message, Policy, TurnRecord
 
 __all__ = [
     "BODY_SLACK_BYTES",
@@ -75,6 +78,29 @@ __all__ = [
     "check_id",
     "check_reward",
 ]
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What every choice of one claimed call shares."""
+
+    state: Rollout
+    request: ChatRequest
+    tools: tuple[ToolSpec, ...]
+    prompt: list[Message]
+    prompt_ids: list[int]
+    temperature: float
+    turn: int
+    rebuilt: bool
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """One choice of a call: its record, its ``choices[i]`` entry, what it offers next."""
+
+    record: TurnRecord
+    body: dict[str, Any]
+    offered: Offered
 
 
 class Gateway:
@@ -225,61 +251,74 @@ class Gateway:
             self.registry.release(state)
 
     def _complete(self, state: Rollout, conv: Conversation, request: ChatRequest) -> dict[str, Any]:
-        """Sample and record one claimed call: context, budget, sample, reply, record."""
+        """Sample and record one claimed call: context, budget, sample, choices, record."""
         tools = request.tools or conv.tools
-        parse_tools = tools if request.tools and request.tool_choice != "none" else ()
-        prompt, prompt_ids, rebuilt = self._contexts.context(conv, request, tools)
+        prompt, prompt_ids, rebuilt, continued = self._contexts.context(conv, request, tools)
         max_tokens, temperature = budget(request, prompt_ids, self.config, self.policy.max_context)
-        sampled = self.served.sample(
-            prompt_ids, max_new_tokens=max_tokens, temperature=temperature, seed=request.seed
-        )
-        sampled, content = cut_at_stop(  # stop strings: see turnrl.serve.stops
-            sampled, request.stop, lambda ids: self.served.call(self.policy.decode, ids)
-        )
-        sample = sampled.sample
-        turn = len(state.records)
-        reply = parse_reply(
-            content, parse_tools, self.config.tool_format, tool_call_id(state.rollout_id, turn)
-        )
-        finish = finish_reason(reply, sample)
-        record = build_record(
-            state,
-            request.role,
-            turn,
-            prompt,
+        draws = self.served.sample_choices(
             prompt_ids,
-            sampled,
-            temperature,
-            finish=finish,
-            tool_call=bool(reply.tool_calls),
-            rebuilt=rebuilt,
+            seeds=choice_seeds(request.seed, request.n),
+            max_new_tokens=max_tokens,
+            temperature=temperature,
         )
-        logprobs = response_logprobs(sampled, self.served) if request.logprobs else None
+        turn = len(state.records)
+        call = _Call(state, request, tools, prompt, prompt_ids, temperature, turn, rebuilt)
+        choices = [self._choice(call, i, sampled) for i, sampled in enumerate(draws)]
+        record, pending = first_record([c.record for c in choices], turn)
         body = completion_body(
             rollout_id=state.rollout_id,
             task_id=state.task_id,
             turn=turn,
             model=request.model,
-            reply=reply,
-            finish_reason=finish,
+            choices=[c.body for c in choices],
             prompt_ids=prompt_ids,
-            response_ids=list(sample.response_ids),
-            logprobs=logprobs,
             context_rebuilt=rebuilt,
-            policy_version=sampled.policy_version,
+            policy_version=draws[0].policy_version,
         )
-        context = next_context(prompt_ids, sample, self.policy.eos_token_id)
-        reply_key = reply.as_chat_message().key()
-        self.registry.record_turn(
-            state,
-            request.role,
-            conv,
-            record,
-            lambda: remember_turn(
-                conv, request, tools, reply_key, prompt, sample.text, context, body
-            ),
-        )
+        offered = tuple(c.offered for c in choices)
+        earlier = conv.pending
+
+        def remember() -> None:  # under the registry's lock, if the rollout is still open
+            if earlier is not None and continued is not None:
+                continue_choice(state.records, earlier, continued)
+            remember_turn(conv, request, tools, prompt, offered, pending, body)
+
+        self.registry.record_turn(state, request.role, conv, record, remember)
         return body
+
+    def _choice(self, call: _Call, index: int, sampled: Sampled) -> _Choice:
+        """One sampled choice of ``call``: cut at a stop string, parsed for tool calls,
+        recorded, answered (``choices[index]``), and offered to the role's next request."""
+        request = call.request
+        sampled, content = cut_at_stop(  # stop strings: see turnrl.serve.stops
+            sampled, request.stop, lambda ids: self.served.call(self.policy.decode, ids)
+        )
+        sample = sampled.sample
+        parse_tools = call.tools if request.tools and request.tool_choice != "none" else ()
+        reply = parse_reply(
+            content,
+            parse_tools,
+            self.config.tool_format,
+            tool_call_id(call.state.rollout_id, call.turn),
+        )
+        finish = finish_reason(reply, sample)
+        record = build_record(
+            call.state,
+            request.role,
+            call.turn,
+            call.prompt,
+            call.prompt_ids,
+            sampled,
+            call.temperature,
+            finish=finish,
+            tool_call=bool(reply.tool_calls),
+            rebuilt=call.rebuilt,
+        )
+        logprobs = response_logprobs(sampled, self.served) if request.logprobs else None
+        body = choice_body(index, reply, finish, list(sample.response_ids), logprobs)
+        context = next_context(call.prompt_ids, sample, self.policy.eos_token_id)
+        offered = Offered(reply.as_chat_message().key(), sample.text, context)
+        return _Choice(record, body, offered)
 
     # --------------------------------------------------------------------- reward
     def reward(

@@ -6,10 +6,13 @@ final end-of-turn token, as OpenAI does; the turn record keeps all of them.
 
 Token ids come back the way vLLM returns them (``return_token_ids``), which is
 where Agent Lightning's tracer and its triplet export look: ``prompt_token_ids``
-at the top level and ``choices[0].token_ids`` (the recorded ``response_ids``,
+at the top level and ``choices[i].token_ids`` (the recorded ``response_ids``,
 end-of-turn token included). Every body also carries a ``turnrl`` object
 (rollout id, task id, turn index, whether the context was rebuilt, policy
 version), which OpenAI clients keep as an extra field.
+
+With ``n`` choices, ``usage`` counts the prompt once and the tokens of every choice
+(``completion_tokens`` is their sum), as OpenAI and vLLM count them.
 """
 
 from __future__ import annotations
@@ -51,36 +54,43 @@ def logprobs_content(
     return {"content": content, "refusal": None}
 
 
+def choice_body(
+    index: int,
+    reply: Reply,
+    finish_reason: str,
+    response_ids: list[int],
+    logprobs: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """One entry of a completion's ``choices``."""
+    return {
+        "index": index,
+        "message": reply.message(),
+        "finish_reason": finish_reason,
+        "logprobs": logprobs,
+        "token_ids": response_ids,
+    }
+
+
 def completion_body(
     *,
     rollout_id: str,
     task_id: str,
     turn: int,
     model: str,
-    reply: Reply,
-    finish_reason: str,
+    choices: list[dict[str, Any]],
     prompt_ids: list[int],
-    response_ids: list[int],
-    logprobs: dict[str, Any] | None,
     context_rebuilt: bool,
     policy_version: int,
 ) -> dict[str, Any]:
-    """A ``chat.completion`` object with one choice."""
-    prompt_tokens, completion_tokens = len(prompt_ids), len(response_ids)
+    """A ``chat.completion`` object with the given choices (:func:`choice_body`)."""
+    prompt_tokens = len(prompt_ids)
+    completion_tokens = sum(len(choice["token_ids"]) for choice in choices)
     return {
         "id": completion_id(rollout_id, turn),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": reply.message(),
-                "finish_reason": finish_reason,
-                "logprobs": logprobs,
-                "token_ids": response_ids,
-            }
-        ],
+        "choices": choices,
         "prompt_token_ids": prompt_ids,
         "usage": {
             "prompt_tokens": prompt_tokens,
@@ -102,20 +112,32 @@ def stream_chunks(body: dict[str, Any], *, include_usage: bool) -> list[dict[str
 
     The whole response is generated before streaming starts. Content and tool
     calls go in separate deltas, because clients such as autogen read a delta's
-    content and then skip the rest of it: first the content (with the role and
-    the log-probs), then one chunk per tool call, then the chunk with
-    ``finish_reason``, the token ids and the ``turnrl`` object; with
+    content and then skip the rest of it: per choice, in index order, first the
+    content (with the role and the log-probs), then one chunk per tool call, then
+    the chunk with ``finish_reason`` and the token ids; the last choice's final
+    chunk also carries ``prompt_token_ids`` and the ``turnrl`` object. With
     ``include_usage`` a last chunk with no choices carries ``usage``, as OpenAI
     sends it.
     """
-    choice = body["choices"][0]
-    message = choice["message"]
     head = {k: body[k] for k in ("id", "created", "model")}
     head["object"] = "chat.completion.chunk"
+    chunks = []
+    for choice in body["choices"]:
+        chunks += _choice_chunks(head, choice)
+    chunks[-1]["prompt_token_ids"] = body["prompt_token_ids"]
+    chunks[-1]["turnrl"] = body["turnrl"]
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": body["usage"]})
+    return chunks
+
+
+def _choice_chunks(head: dict[str, Any], choice: dict[str, Any]) -> list[dict[str, Any]]:
+    """One choice's chunks: content, tool calls, then its finish."""
+    message = choice["message"]
 
     def chunk(delta: dict[str, Any], **choice_fields: Any) -> dict[str, Any]:
-        fields = {"index": 0, "delta": delta, "finish_reason": None, **choice_fields}
-        return {**head, "choices": [fields]}
+        fields = {"index": choice["index"], "delta": delta, "finish_reason": None}
+        return {**head, "choices": [{**fields, **choice_fields}]}
 
     calls = message.get("tool_calls", [])
     chunks = []
@@ -131,10 +153,5 @@ def stream_chunks(body: dict[str, Any], *, include_usage: bool) -> list[dict[str
         if not chunks:
             delta = {"role": "assistant", "content": None, **delta}
         chunks.append(chunk(delta, logprobs=choice["logprobs"] if not chunks else None))
-    last = chunk({}, finish_reason=choice["finish_reason"], token_ids=choice["token_ids"])
-    last["prompt_token_ids"] = body["prompt_token_ids"]
-    last["turnrl"] = body["turnrl"]
-    chunks.append(last)
-    if include_usage:
-        chunks.append({**head, "choices": [], "usage": body["usage"]})
+    chunks.append(chunk({}, finish_reason=choice["finish_reason"], token_ids=choice["token_ids"]))
     return chunks

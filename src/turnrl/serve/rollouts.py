@@ -35,6 +35,29 @@ PROBLEMS_KEPT = 8
 """Refused calls and refused rewards remembered per rollout (the last ones)."""
 
 
+@dataclass(frozen=True)
+class Offered:
+    """One choice the last call returned, as the role's next request may continue it."""
+
+    key: Any
+    """Key of the assistant message (what the next request must carry to extend it)."""
+    response: str
+    """The sampled text, kept as the assistant turn of the next prompt."""
+    context: list[int]
+    """Ids the next turn extends: prompt_ids + response_ids (+ end-of-turn)."""
+
+
+@dataclass(frozen=True)
+class PendingChoices:
+    """A call with several choices whose record does not yet say which one the agent
+    continued (:mod:`turnrl.serve.choices`)."""
+
+    turn: int
+    """Index of its record in the rollout's records."""
+    records: tuple[TurnRecord, ...]
+    """The record each choice would have, by choice index."""
+
+
 @dataclass
 class Conversation:
     """One role's conversation in a rollout (mutated under the table's lock, or by
@@ -45,12 +68,12 @@ class Conversation:
     tools: tuple[ToolSpec, ...] = ()
     """The conversation's tool set: fixed by the first request that sends tools, kept
     when a later request sends none, replaced only by a different non-empty set."""
-    reply_key: Any = None
-    """Key of the assistant message returned last (``None`` before the first turn)."""
+    offered: tuple[Offered, ...] = ()
+    """The choices returned last, by index (empty before the first turn; one unless the
+    request asked for ``n`` > 1)."""
+    pending: PendingChoices | None = None
+    """The last call's choices while no request has continued one of them (``n`` > 1)."""
     prompt: list[Message] = field(default_factory=list)
-    response: str = ""
-    context: list[int] = field(default_factory=list)
-    """Ids the next turn extends: last prompt_ids + response_ids (+ end-of-turn)."""
     last_request: ChatRequest | None = None
     last_result: dict[str, Any] | None = None
     """The response body of ``last_request`` (returned again to a retry of it)."""

@@ -10,7 +10,7 @@ in place; ``swap_policy`` serves another policy object that tokenises the same.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -63,6 +63,20 @@ class ServedPolicy:
         """One response, sampled in the next micro-batch (blocks until it is)."""
         return self.batcher.submit(
             prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
+        )
+
+    def sample_choices(
+        self,
+        prompt_ids: list[int],
+        *,
+        seeds: Sequence[int | None],
+        max_new_tokens: int,
+        temperature: float,
+    ) -> list[Sampled]:
+        """One response per seed (``None``: unseeded), from one set of weights, sampled in
+        the next micro-batch (blocks until they are)."""
+        return self.batcher.submit_choices(
+            prompt_ids, seeds=seeds, max_new_tokens=max_new_tokens, temperature=temperature
         )
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
