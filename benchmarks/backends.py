@@ -262,14 +262,15 @@ def agents_table(result: dict[str, Any]) -> list[str]:
         return statistics.median(r[key] for r in runs[backend])
 
     lines = [
-        "| gateway on | episodes/s | completion tokens/s | calls per episode "
+        "| gateway on | torch threads | episodes/s | completion tokens/s | calls per episode "
         "| tokens per call | mean batch | CPU/wall | load | episodes/s vs hf | tokens/s vs hf |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for backend, rs in runs.items():
         calls = sum(r["calls"] for r in rs)
         lines.append(
-            f"| {backend} | {spread([r['episodes_per_s'] for r in rs])} | "
+            f"| {backend} | {rs[0].get('torch_threads', '')} | "
+            f"{spread([r['episodes_per_s'] for r in rs], 2)} | "
             f"{spread([r['tokens_per_s'] for r in rs], 0)} | "
             f"{calls / (result['episodes'] * len(rs)):.2f} | "
             f"{sum(r['completion_tokens'] for r in rs) / calls:.1f} | "
