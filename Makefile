@@ -164,8 +164,9 @@ bench-sampling: setup setup-vllm $(SMOL_STAMP)
 	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python benchmarks/backends.py --part step \
 		--backend vllm --model $$model --json $(BENCH_SAMPLING)/step-vllm.json
 	model=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
-	VLLM_CPU_OMP_THREADS_BIND=nobind $(PY) benchmarks/backends.py --part agents --backend hf,vllm \
-		--vllm-python $(VLLM_VENV)/bin/python --agent-model $$model --json $(BENCH_SAMPLING)/agents.json
+	VLLM_CPU_OMP_THREADS_BIND=nobind $(PY) benchmarks/backends.py --part agents \
+		--backend hf,hf-1,vllm --episodes 32 --rounds 3 --vllm-python $(VLLM_VENV)/bin/python \
+		--agent-model $$model --json $(BENCH_SAMPLING)/agents.json
 	$(PY) benchmarks/backends.py --report $(BENCH_SAMPLING)
 
 # A multi-turn RL step on SmolLM2, turnrl (vLLM sampling) against TRL's GRPOTrainer (in the

@@ -56,6 +56,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 RECIPE = ROOT / "examples" / "calculator_smollm2.toml"
 STEP_PARTS = ("seconds_step", "seconds_sampling", "seconds_update")
 TITLE = "Sampling backends: a SmolLM2 RL step and agent episodes/s"
+"""The RESULTS.md section of the RL step part (it held the agents part before)."""
+AGENTS_TITLE = "Sampling backends: agent episodes/s through the gateway on SmolLM2"
+"""The RESULTS.md section of the agents part."""
 AGENT_WINDOW_MS = 50.0
 """The agent loop's default batch window."""
 
@@ -254,47 +257,55 @@ def spread(values: list[float], digits: int = 1) -> str:
 
 
 def agents_table(result: dict[str, Any]) -> list[str]:
-    """The agents part's table: per backend the median and range over the rounds of
-    episodes/s and sampled tokens/s, and the ratios of the medians against hf."""
+    """The agents part's table: per arm the median and range over the rounds of
+    episodes/s and sampled tokens/s, and the ratios of the medians against each hf arm
+    (``hf``, and ``hf-1`` when it ran)."""
     runs = result["runs"]
+    bases = [arm for arm in ("hf", "hf-1") if arm in runs]
 
-    def median(backend: str, key: str) -> float:
-        return statistics.median(r[key] for r in runs[backend])
+    def median(arm: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[arm])
 
+    ratios = "".join(f" | episodes/s, tokens/s vs {base}" for base in bases)
     lines = [
         "| gateway on | torch threads | episodes/s | completion tokens/s | calls per episode "
-        "| tokens per call | mean batch | CPU/wall | load | episodes/s vs hf | tokens/s vs hf |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| tokens per call | mean batch | CPU/wall | load{ratios} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:" + "|---:" * len(bases) + "|",
     ]
-    for backend, rs in runs.items():
+    for arm, rs in runs.items():
         calls = sum(r["calls"] for r in rs)
+        against = "".join(
+            f" | {median(arm, 'episodes_per_s') / median(base, 'episodes_per_s'):.2f}x, "
+            f"{median(arm, 'tokens_per_s') / median(base, 'tokens_per_s'):.2f}x"
+            for base in bases
+        )
         lines.append(
-            f"| {backend} | {rs[0].get('torch_threads', '')} | "
+            f"| {arm} | {rs[0].get('torch_threads', '')} | "
             f"{spread([r['episodes_per_s'] for r in rs], 2)} | "
             f"{spread([r['tokens_per_s'] for r in rs], 0)} | "
             f"{calls / (result['episodes'] * len(rs)):.2f} | "
             f"{sum(r['completion_tokens'] for r in rs) / calls:.1f} | "
             f"{statistics.mean(r['mean_batch'] for r in rs):.1f} | "
             f"{spread([r['cpu_per_wall'] for r in rs], 2)} | "
-            f"{spread([r['load_1min'] for r in rs])} | "
-            f"{median(backend, 'episodes_per_s') / median('hf', 'episodes_per_s'):.2f}x | "
-            f"{median(backend, 'tokens_per_s') / median('hf', 'tokens_per_s'):.2f}x |"
+            f"{spread([r['load_1min'] for r in rs])}{against} |"
         )
     return lines
 
 
-def report(directory: Path) -> str:
-    """The two tables (RL step, agents) of the JSON files in ``directory``."""
+def report(directory: Path) -> dict[str, str]:
+    """The tables of the JSON files in ``directory``, by RESULTS.md section: the RL step
+    part's (:data:`TITLE`) and the agents part's (:data:`AGENTS_TITLE`), each when its
+    files are there."""
 
     def load(name: str) -> dict[str, Any] | None:
         path = directory / f"{name}.json"
         return json.loads(path.read_text()) if path.is_file() else None
 
-    lines = []
+    parts = {}
     steps = {b: load(f"step-{b}") for b in ("hf", "vllm")}
     if all(steps.values()):
         hf_step = steps["hf"]["seconds_step"]
-        lines += [
+        lines = [
             "| backend | s per RL step | sampling | update | tokens per step | turns "
             "| steps measured | step vs hf |",
             "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -306,11 +317,11 @@ def report(directory: Path) -> str:
                 f"{run['turns']:.2f} | {run['steps_measured']} | "
                 f"{hf_step / run['seconds_step']:.2f}x |"
             )
-        lines.append("")
+        parts[TITLE] = "\n".join(lines)
     agents_run = load("agents")
     if agents_run is not None:
-        lines += agents_table(agents_run)
-    return "\n".join(lines)
+        parts[AGENTS_TITLE] = "\n".join(agents_table(agents_run))
+    return parts
 
 
 def main() -> None:
@@ -344,16 +355,17 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.report is not None:
-        body = report(args.report)
-        print(body)
+        parts = report(args.report)
+        print("\n\n".join(parts.values()))
         if args.write:
             from datetime import date
 
             from results_file import write_section
 
             note = f"{args.note}\n\n" if args.note else ""
-            write_section(ROOT / "benchmarks" / "RESULTS.md", TITLE, note + body, args.command,
-                          date.today())  # fmt: skip
+            for title, body in parts.items():
+                write_section(ROOT / "benchmarks" / "RESULTS.md", title, note + body,
+                              args.command, date.today())  # fmt: skip
         return
     if args.part is None or args.backend is None:
         parser.error("--part and --backend (or --report DIR)")
