@@ -235,7 +235,7 @@ def test_turnrl_serve_fronts_the_server_with_exact_tokens(server: str) -> None:
             logprobs=True,
         )
         assert answer.choices[0].finish_reason in ("stop", "length")
-        [record] = gateway.rollout("r1")["records"]
+        [record] = gateway.views.rollout("r1")["records"]
     with torch.no_grad():
         logp, _ = model.response_logprobs(
             [record["prompt_ids"]], [record["response_ids"]], temperature=1.0
@@ -243,3 +243,28 @@ def test_turnrl_serve_fronts_the_server_with_exact_tokens(server: str) -> None:
     gaps = [abs(float(logp[0, t]) - lp) for t, lp in enumerate(record["logprobs"])]
     assert record["response_ids"] and max(gaps) < LOGP_TOL
     serve_cli.close_sampler(model, served)
+
+
+def test_gateway_choices_on_the_server_are_the_single_seeded_calls(
+    client: VLLMServerPolicy,
+) -> None:
+    """``n`` = 3 with a seed through a gateway fronting the server: each choice's tokens
+    are those of a single call with its derived seed (``choice_seeds``)."""
+    from turnrl.serve import Gateway
+    from turnrl.serve.choices import choice_seeds
+    from turnrl.serve.protocol import parse_chat_request
+
+    push_weights(learner(), client, 0)
+    body = {"model": "m", "messages": [{"role": "user", "content": "What is 3*4?"}]}
+    body |= {"max_tokens": 8, "seed": 5}
+    with Gateway(client) as gateway:
+        many = gateway.complete(parse_chat_request({**body, "n": 3}), "many")
+        singles = [
+            gateway.complete(parse_chat_request({**body, "seed": seed}), f"one-{i}")
+            for i, seed in enumerate(choice_seeds(5, 3))
+        ]
+    ids = [c["token_ids"] for c in many["choices"]]
+    assert [c["index"] for c in many["choices"]] == [0, 1, 2]
+    assert ids == [s["choices"][0]["token_ids"] for s in singles]
+    assert len({tuple(i) for i in ids}) == 3
+    assert many["usage"]["completion_tokens"] == sum(len(i) for i in ids)
