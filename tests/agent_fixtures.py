@@ -50,6 +50,16 @@ def two_calls(task: dict[str, Any], llm: Any) -> dict[str, Any]:
     return {"reward": parity(second), "info": {"success": parity(second) == 1.0}}
 
 
+def best_of_three(task: dict[str, Any], llm: Any) -> float:
+    """One call with ``n = 3`` whose choices the agent votes on and never continues:
+    the gateway keeps choice 0 untrained (no later call says which was kept), so no
+    row of the step trains."""
+    client = llm.openai_client()
+    messages = [{"role": "user", "content": task["question"]}]
+    answer = client.chat.completions.create(model=llm.model, messages=messages, max_tokens=8, n=3)
+    return max(parity(choice.message.content or "") for choice in answer.choices)
+
+
 def two_calls_graded(task: dict[str, Any], llm: Any) -> float:
     """``two_calls`` with a reward that differs between almost any two replies (the
     first character's code / 1000), so a group has non-zero advantages (a test that

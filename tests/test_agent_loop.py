@@ -420,3 +420,25 @@ def test_the_example_agent_configs_load_their_agent_and_teacher(
     else:
         assert (config.warm_start.mix, config.warm_start.tool_fraction) == ("per_draw", 0.4)
         assert config.warm_start.easy_tool_fraction == 0.4
+
+
+def test_a_step_with_no_trainable_row_updates_nothing_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    """An agent whose only calls are n > 1 calls it never continues trains nothing
+    (docs/gateway.md): each step keeps its records, skips the update and reports
+    rows_trained = 0; the weights stay the warm start's."""
+    run = AgentTrainer(agent_config(tmp_path, agent="best_of_three"), quiet=True).run()
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert [m["rows_trained"] for m in metrics[1:]] == [0, 0]
+    assert all("loss" not in m for m in metrics[1:])
+    for step in (1, 2):
+        records = read_jsonl(run / "rollouts" / f"step-{step:06d}.jsonl")
+        assert len(records) == 4  # 2 tasks x 2 rollouts x 1 call
+        assert all(r["train"] is False and r["choice"] == 0 for r in records)
+    final = load_latest_checkpoint(run)
+    assert final is not None and final["step"] == 2
+    warm = HFPolicy.from_pretrained(run / "warm_start").model.state_dict()
+    assert final["model"].keys() == warm.keys()
+    assert all(torch.equal(final["model"][k], warm[k]) for k in warm)

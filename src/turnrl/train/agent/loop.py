@@ -86,7 +86,7 @@ from turnrl.train.metrics import advantage_metrics
 from turnrl.train.policy_start import start_training
 from turnrl.train.run import Checkpoint, RunDirectory, build_policy, derive_seed
 from turnrl.train.update.legacy_pipeline import pipeline_of
-from turnrl.train.update.ppo import UpdateBatch, build_update_batch, ppo_update
+from turnrl.train.update.ppo import UpdateBatch, build_update_batch, ppo_update, trainable_rows
 from turnrl.train.validate import validate
 from turnrl.types import Task, TurnRecord
 
@@ -219,9 +219,14 @@ class AgentTrainer(LifecycleRun):
             "seconds_agents": seconds_agents,
             "episodes_per_second": len(results) / max(seconds_agents, 1e-9),
         }
-        if not records:  # every rollout failed and agent.max_failure_fraction allowed it
-            self.write_records(where, [])
-            return {**row, "seconds_step": time.perf_counter() - started}
+        if not trainable_rows(records):
+            # every rollout failed (agent.max_failure_fraction allowed it), or no row
+            # trains (an agent whose only calls were n > 1 choices it never continued):
+            # the step keeps its records and updates nothing; the weights stay
+            if records:
+                logger.warning("%s: no trainable row (every record train=false); no update", where)
+            self.write_records(where, records)
+            return {**row, "rows_trained": 0, "seconds_step": time.perf_counter() - started}
         # 4. credit, then the PPO update while the gateway samples nothing
         t0 = time.perf_counter()
         table = TurnTable.from_records(records, source=where)
