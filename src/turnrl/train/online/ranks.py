@@ -41,7 +41,9 @@ import numpy as np
 import torch
 
 from turnrl.errors import UsageError
+from turnrl.policy import HFPolicy
 from turnrl.policy.factory import build_sampler
+from turnrl.policy.sync import push_weights
 from turnrl.rollout import RolloutBatch
 from turnrl.rollout.runner import plan_episodes, run_planned_episodes
 from turnrl.rollout.strategies import StepExperience
@@ -49,6 +51,7 @@ from turnrl.rollout.tokens import token_metrics
 from turnrl.table import TurnTable
 from turnrl.train import distributed as dist
 from turnrl.train.config import RunConfig
+from turnrl.train.fsdp import ShardedLearner, shard_optimizer
 from turnrl.train.lifecycle import Lifecycle
 from turnrl.train.metrics import advantage_metrics
 from turnrl.train.online.trainer import OnlineTrainer
@@ -138,6 +141,9 @@ class DistributedOnlineTrainer(OnlineTrainer):
             )
         self._records: list[TurnRecord] = []
         self._episode_index: dict[str, int] = {}
+        self.sharded: ShardedLearner | None = None
+        """With ``train.sharding = "fsdp2"`` (after ``setup``): the sharded learner and the
+        whole copy that samples (:mod:`turnrl.train.fsdp`)."""
 
     # ------------------------------------------------------------------ set-up
     def setup(self, checkpoint: Checkpoint | None) -> int:
@@ -152,10 +158,41 @@ class DistributedOnlineTrainer(OnlineTrainer):
                 self.policy.parameters(), lr=cfg.train.lr, weight_decay=0.0
             )
         self._share_state()
+        whole: HFPolicy = self.policy
+        if cfg.train.sharding == "fsdp2":
+            assert self.optimizer is not None
+            self.sharded = ShardedLearner.shard(self.policy)
+            self.optimizer = shard_optimizer(self.optimizer, list(self.policy.parameters()))
+            whole = self.sharded.full
         if not self.world.main:  # rank 0's sampler was built by the one-process set-up
-            self.rollout_policy = build_sampler(cfg.policy, self.policy)
+            self.rollout_policy = build_sampler(cfg.policy, whole)
+        elif self.rollout_policy is self.policy:
+            self.rollout_policy = whole
+        if not self.world.main or self.sharded is not None:
             self._push_weights()
         return self.step
+
+    def _push_weights(self) -> None:
+        """Sharded: every rank gathers the learner whole into its sampling copy, which
+        then pushes to the samplers that are not it; else as one process."""
+        if self.sharded is None:
+            return super()._push_weights()
+        self.sharded.gather()
+        push_weights(self.sharded.full, self.rollout_policy, self.policy_version)
+        if self.pool is not None:
+            push_weights(self.sharded.full, self.pool, self.policy_version)
+
+    def _whole_policy(self) -> HFPolicy:
+        return self.policy if self.sharded is None else self.sharded.full
+
+    def _saved_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Sharded: the whole copy's weights and the optimiser state gathered whole (every
+        rank takes part; rank 0 writes): the format of one process."""
+        if self.sharded is None:
+            return super()._saved_state()
+        assert self.optimizer is not None
+        optimizer = self.sharded.full_optimizer_state(self.optimizer)
+        return self.sharded.full.state_dict(), optimizer
 
     def _share_state(self) -> None:
         assert self.optimizer is not None
@@ -240,12 +277,16 @@ class DistributedOnlineTrainer(OnlineTrainer):
             tree_B.append(tree_ids.setdefault((rank, tree), len(tree_ids)))
             if rank == self.world.rank:
                 positions[b] = position
-        world = self.world
+        world, sharded = self.world, self.sharded is not None
         shard = UpdateShard(
             positions=positions,
             tree_B=tree_B,
-            reduce_gradients=lambda parameters: dist.reduce_gradients(parameters, world),
+            # FSDP2 summed the gradients in its backward already (reduce-scatter)
+            reduce_gradients=(lambda parameters: None)
+            if sharded
+            else (lambda parameters: dist.reduce_gradients(parameters, world)),
             gather=lambda value: dist.gather_objects(value, world),
+            lockstep=sharded,
         )
         return ppo_update(
             self.policy,

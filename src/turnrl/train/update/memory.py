@@ -26,7 +26,12 @@ class ActivationMeter:
     """Peak bytes saved for backward by one wrapped forward (see the module docstring)."""
 
     def __init__(self, model: Any) -> None:
-        self._parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        # an FSDP2-sharded parameter is a DTensor: its storage is this rank's shard (the
+        # gathered whole weights a forward saves count as activations then)
+        self._parameters = {
+            (p.to_local() if hasattr(p, "to_local") else p).untyped_storage().data_ptr()
+            for p in model.parameters()
+        }
         self.peak_bytes = 0
 
     @contextmanager
