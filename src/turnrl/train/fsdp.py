@@ -112,7 +112,9 @@ class ShardedLearner:
         """Copy ``policy`` (whole) for sampling, then shard ``policy``'s model in place:
         each transformer block, then the root; gradients summed over ranks. Call it on
         every rank at the same point, after every rank holds the same weights."""
-        full = HFPolicy(copy.deepcopy(policy.model), policy.tokenizer, end_of_turn=policy.end_of_turn)
+        full = HFPolicy(
+            copy.deepcopy(policy.model), policy.tokenizer, end_of_turn=policy.end_of_turn
+        )
         model = policy.model
         for block in shard_blocks(model):
             fully_shard(block)

@@ -46,7 +46,7 @@ from turnrl.policy.factory import build_sampler
 from turnrl.policy.sync import push_weights
 from turnrl.rollout import RolloutBatch
 from turnrl.rollout.runner import plan_episodes, run_planned_episodes
-from turnrl.rollout.strategies import StepExperience
+from turnrl.rollout.strategies import RolloutPool, StepExperience
 from turnrl.rollout.tokens import token_metrics
 from turnrl.table import TurnTable
 from turnrl.train import distributed as dist
@@ -72,8 +72,6 @@ def check_supported(config: RunConfig, world: dist.World) -> None:
             "the agent loop ([agent]) runs over ranks as turnrl.train.agent.distributed, "
             "not as this environment trainer"
         )
-    if config.rollout.workers > 0:
-        raise UsageError(f"rollout.workers (Ray) cannot be combined with torchrun ranks yet ({n})")
     if config.rollout.strategy != "independent":
         raise UsageError(
             f"rollout.strategy = {config.rollout.strategy!r} does not run {n} yet; only "
@@ -119,11 +117,18 @@ class DistributedOnlineTrainer(OnlineTrainer):
         resume: bool = False,
         overwrite: bool = False,
         quiet: bool = False,
+        pool_factory: Callable[[RunConfig], RolloutPool] | None = None,
     ) -> None:
         self.world = world
 
         def start() -> None:
             check_supported(config, world)
+            if config.rollout.workers > 0 and pool_factory is None:
+                raise UsageError(
+                    "rollout.workers > 0 under torchrun needs a rollout pool on rank 0 "
+                    "(turnrl train builds it; from Python pass pool_factory, e.g. "
+                    "turnrl.integrations.ray_workers.pool_for_config)"
+                )
             OnlineTrainer.__init__(self, config, resume=resume, overwrite=overwrite, quiet=quiet)
 
         # Every rank checked the directory before rank 0 writes anything; any rank's
@@ -141,6 +146,10 @@ class DistributedOnlineTrainer(OnlineTrainer):
             )
         self._records: list[TurnRecord] = []
         self._episode_index: dict[str, int] = {}
+        if world.main and config.rollout.workers > 0:
+            assert pool_factory is not None
+            # started after every rank's checks; its workers start at the first push
+            self.pool = pool_factory(config)
         self.sharded: ShardedLearner | None = None
         """With ``train.sharding = "fsdp2"`` (after ``setup``): the sharded learner and the
         whole copy that samples (:mod:`turnrl.train.fsdp`)."""
@@ -164,12 +173,13 @@ class DistributedOnlineTrainer(OnlineTrainer):
             self.sharded = ShardedLearner.shard(self.policy)
             self.optimizer = shard_optimizer(self.optimizer, list(self.policy.parameters()))
             whole = self.sharded.full
-        if not self.world.main:  # rank 0's sampler was built by the one-process set-up
+        # rank 0's sampler (and pool) got the weights in the one-process set-up; the
+        # whole copy holds them already (copied before sharding)
+        if not self.world.main:
             self.rollout_policy = build_sampler(cfg.policy, whole)
+            push_weights(whole, self.rollout_policy, self.policy_version)
         elif self.rollout_policy is self.policy:
             self.rollout_policy = whole
-        if not self.world.main or self.sharded is not None:
-            self._push_weights()
         return self.step
 
     def _push_weights(self) -> None:
@@ -227,6 +237,16 @@ class DistributedOnlineTrainer(OnlineTrainer):
             assert list(own_tasks) == tasks[owned], "a strategy ran other tasks than its own"
             plan = plan_episodes(tasks, group_size, traj_prefix)
             self._episode_index = {traj: k for k, (_, traj) in enumerate(plan)}
+            if self.config.rollout.workers > 0:
+                options = {"max_new_tokens": max_new_tokens, "temperature": temperature}
+                return self._pool_share(
+                    tasks,
+                    group_size=group_size,
+                    seed=seed,
+                    traj_prefix=traj_prefix,
+                    max_turns=max_turns,
+                    **options,
+                )
             planned = [
                 (k, task, traj)
                 for k, (task, traj) in enumerate(plan)
@@ -243,6 +263,49 @@ class DistributedOnlineTrainer(OnlineTrainer):
             )
 
         return run
+
+    def _pool_share(self, tasks: list[Task], *, group_size: int, **options: Any) -> RolloutBatch:
+        """This rank's episodes of the step, sampled on rank 0's Ray pool: rank 0 runs the
+        whole plan there (the episodes each rank would sample itself, same seeds) and
+        hands rank ``r`` the episodes of its tasks (whole task groups) by scatter. The
+        step's token counts and seconds go with rank 0's share (the others' are 0): the
+        step's metrics are their sums and maxima over ranks."""
+        shares = None
+        if self.world.main:
+            assert self.pool is not None
+            whole = self.pool.run_episodes(
+                self.rollout_policy, self._make_env, tasks, group_size=group_size, **options
+            )
+            shares = [
+                self._share_of(whole, len(tasks), group_size, rank)
+                for rank in range(self.world.size)
+            ]
+        return dist.scatter_objects(shares, self.world)
+
+    def _share_of(
+        self, whole: RolloutBatch, tasks: int, group_size: int, rank: int
+    ) -> RolloutBatch:
+        """Rank ``rank``'s episodes and records of ``whole`` (in ``whole``'s order)."""
+        owned = dist.owned_slice(tasks, dist.World(rank, self.world.size, rank))
+
+        def mine(traj_id: str) -> bool:
+            return owned.start <= self._episode_index[traj_id] // group_size < owned.stop
+
+        if rank > 0:
+            totals: dict[str, Any] = {}
+        else:
+            totals = {
+                "sampled_tokens": whole.sampled_tokens,
+                "context_tokens": whole.context_tokens,
+                "seconds_sampling": whole.seconds_sampling,
+                "seconds_env": whole.seconds_env,
+                "extra": dict(whole.extra),
+            }
+        return RolloutBatch(
+            records=[r for r in whole.records if mine(r.traj_id)],
+            episodes=[dataclasses.replace(e, env=None) for e in whole.episodes if mine(e.traj_id)],
+            **totals,
+        )
 
     def _own_tasks(self, tasks: list[Task]) -> list[Task]:
         return tasks[dist.owned_slice(len(tasks), self.world)]
@@ -347,6 +410,15 @@ class DistributedOnlineTrainer(OnlineTrainer):
         """Rank 0 evaluates (the other ranks wait at the next collective)."""
         return super().evaluate() if self.world.main else {}
 
+    def close(self) -> None:
+        """Stop rank 0's Ray workers (if any), then close as one process does."""
+        try:
+            close = getattr(self.pool, "close", None)
+            if close is not None:
+                close()
+        finally:
+            super().close()
+
 
 def train_distributed(
     config: RunConfig,
@@ -356,11 +428,13 @@ def train_distributed(
     overwrite: bool,
     quiet: bool,
     report: Callable[[Path], None] | None = None,
+    pool_factory: Callable[[RunConfig], RolloutPool] | None = None,
 ) -> int:
     """One rank of ``turnrl train`` under torchrun: join the group, train (a built-in
     environment here, the agent loop with ``[agent]``), rank 0 calls
     ``report(run_dir)``; leave the group. Returns the exit status
-    (:func:`turnrl.train.distributed.run_as_rank`)."""
+    (:func:`turnrl.train.distributed.run_as_rank`). With ``rollout.workers``, rank 0
+    samples on the pool ``pool_factory(config)`` builds (Ray workers)."""
     quiet = quiet or not world.main
 
     def work() -> None:
@@ -375,7 +449,12 @@ def train_distributed(
                 report(run_dir)
             return
         online = DistributedOnlineTrainer(
-            config, world, resume=resume, overwrite=overwrite, quiet=quiet
+            config,
+            world,
+            resume=resume,
+            overwrite=overwrite,
+            quiet=quiet,
+            pool_factory=pool_factory,
         )
         Lifecycle(online, report=report if world.main else None).run()
 

@@ -106,7 +106,7 @@ class OnlineTrainer(LifecycleRun):
                 "torchrun ranks; one process holds the whole model: use 'none' (a run may "
                 "change it on --resume)"
             )
-        if config.rollout.workers > 0 and pool is None:
+        if config.rollout.workers > 0 and pool is None and not self.SPLITS_OVER_RANKS:
             raise ValueError(
                 "rollout.workers > 0 needs a rollout pool: run it with "
                 "turnrl.integrations.ray_workers.train_with_workers"
