@@ -23,9 +23,15 @@ sampler and RNG states) by broadcast, so they need no shared filesystem. At the 
 of a step every rank's episodes, records, advantages and counts are gathered, so the
 metrics row is the global batch's.
 
+With ``train.sharding = "fsdp2"`` the learner is sharded over the ranks
+(:mod:`turnrl.train.fsdp`): a whole copy, gathered after every update, samples,
+evaluates and is saved; the update pads ranks with fewer forwards. With
+``rollout.workers`` rank 0 runs each step's episodes on its Ray pool and hands every
+rank the episodes of its tasks (:meth:`DistributedOnlineTrainer._pool_share`).
+
 Not supported under torchrun yet (refused with one line): tree rollout strategies
-(RTPO learns once per turn position, a count that differs between ranks), Ray
-rollout workers. The agent loop runs over ranks too
+(RTPO learns once per turn position, a count that differs between ranks). The agent
+loop runs over ranks too
 (:mod:`turnrl.train.agent.distributed`; :func:`train_distributed` starts either), and
 so does ``turnrl iterate`` (:mod:`turnrl.train.iterate.distributed`).
 """
