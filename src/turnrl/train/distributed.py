@@ -4,12 +4,12 @@
 command; torchrun tells each its place through the ``RANK``, ``WORLD_SIZE`` and
 ``LOCAL_RANK`` environment variables, which :func:`world_from_env` reads (none set:
 one process, and nothing here is used). This module (and :mod:`turnrl.train.fsdp`,
-for FSDP2) is the only one that talks to ``torch.distributed``: the process group (gloo on CPU, NCCL on CUDA), which tasks of
-a step a rank owns, the gradient sum, the collectives the trainer needs, and turning
-a lost peer into one clear error. What the ranks do with it is
-:mod:`turnrl.train.online.ranks` (built-in environments) and
-:mod:`turnrl.train.agent.distributed` (the agent loop); docs/distributed.md is the
-user's guide.
+for FSDP2) is the only one that talks to ``torch.distributed``: the process group
+(gloo on CPU, NCCL on CUDA), which tasks of a step a rank owns, the gradient sum,
+the collectives the trainer needs, and turning a lost peer into one clear error.
+What the ranks do with it is :mod:`turnrl.train.online.ranks` (built-in
+environments) and :mod:`turnrl.train.agent.distributed` (the agent loop);
+docs/distributed.md is the user's guide.
 
 Gradients: ``torch.distributed.all_reduce`` on ``.grad`` after the backward passes of
 a mini-batch (torch.distributed's own collective), not ``DistributedDataParallel``
