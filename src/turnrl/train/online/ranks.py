@@ -244,14 +244,14 @@ class DistributedOnlineTrainer(OnlineTrainer):
             plan = plan_episodes(tasks, group_size, traj_prefix)
             self._episode_index = {traj: k for k, (_, traj) in enumerate(plan)}
             if self.config.rollout.workers > 0:
-                options = {"max_new_tokens": max_new_tokens, "temperature": temperature}
                 return self._pool_share(
                     tasks,
                     group_size=group_size,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
                     seed=seed,
                     traj_prefix=traj_prefix,
                     max_turns=max_turns,
-                    **options,
                 )
             planned = [
                 (k, task, traj)
