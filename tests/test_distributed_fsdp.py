@@ -5,7 +5,8 @@ tests/test_distributed.py (whose launch helpers these tests share). With FSDP2 e
 rank holds half of each weight, gradient and AdamW state; sampling uses a whole copy
 gathered once per step; a rank with fewer forwards in a mini-batch pads with
 zero-weight forwards. In ``tree-pad`` every mini-batch is one task tree, so in every
-optimiser step one rank holds all its rows and the other runs only padding forwards.
+optimiser step one rank holds all its rows and the other runs only padding forwards;
+``rows-a2tgpo`` needs information gain, computed with the whole copy.
 
 Tolerance: the same as without sharding (``WEIGHT_ATOL = 1e-5`` on weights of order 1
 after each of 3 steps; measured under 1e-7) and every float metric within a relative
@@ -46,7 +47,10 @@ LAYOUTS = {
     "tree-pad": ("train.update=tree", "train.minibatch_size=1"),
     "rows-full-kl": ("train.update=rows", "train.aggregation=rollout-mean", "train.kl_coef=0.05"),
     "tree-lora": ("train.update=tree", "policy.lora_rank=4", "train.lr=3e-3"),
+    "rows-a2tgpo": ("train.update=rows", "credit.estimator=a2tgpo"),
 }
+"""``rows-a2tgpo``: information gain is computed with the whole copy (a forward of the
+sharded learner on one rank alone would wait for the others)."""
 
 
 @pytest.fixture(scope="module")
