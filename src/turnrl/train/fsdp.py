@@ -31,10 +31,11 @@ gradient, no optimiser state: sharding it would save memory but make its forward
 collectives too).
 
 Where it departs from torchtune/TRL's FSDP2 recipes: each rank keeps the sampling copy
-(one full set of weights) beside its shards, so FSDP2 here saves the gradients' and
-AdamW's memory (3 of the 4 copies of the weights a full fine-tune holds), not the
-weights'; a model that does not fit one device for sampling needs a separate engine
-(vLLM, ``policy.backend``), which then gets its weights from the copy.
+(one full set of weights) beside its shards, so a full fine-tune with AdamW holds
+1 + 4/N weight-sized tensors per rank instead of 4: FSDP2 here saves the gradients'
+and AdamW's memory, not the weights'. A model that does not fit one device for
+sampling needs a separate engine (vLLM, ``policy.backend``), which then gets its
+weights from the copy.
 """
 
 from __future__ import annotations
