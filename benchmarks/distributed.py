@@ -2,11 +2,13 @@
 
 Each arm is a real launch, ``python -m torch.distributed.run --standalone
 --nproc-per-node N -m turnrl.cli train ...`` on the calculator recipe (the tiny
-model) with ``rollout.per_episode_seeds = true``, so both arms train on the same
-episodes; 1 rank is the one-process trainer. The times are the run's own
-``seconds_step`` and ``seconds_update`` metrics (rank 0's clock: a step ends when the
-slowest rank's gradients arrived), averaged over the steps after the first.
-Arms alternate (1 2 1 2 ...) so that load from other jobs hits both alike.
+model) with ``rollout.per_episode_seeds = true``, so every arm trains on the same
+episodes; 1 rank is the one-process trainer. Three arms: 1 rank, 2 ranks each holding
+the whole model (``train.sharding = "none"``), 2 ranks with the learner sharded by
+FSDP2 (``"fsdp2"``: a whole copy gathered after each step samples). The times are the
+run's own ``seconds_step`` and ``seconds_update`` metrics (rank 0's clock: a step ends
+when the slowest rank's gradients arrived), averaged over the steps after the first.
+Arms alternate (1, 2, 2 fsdp2, 1, ...) so that load from other jobs hits all alike.
 
     .venv/bin/python benchmarks/distributed.py            # writes the section in RESULTS.md
     .venv/bin/python benchmarks/distributed.py --no-write
@@ -59,10 +61,15 @@ def overrides(args: argparse.Namespace, device: str, size: tuple[int, int]) -> l
     ]
 
 
+ARMS = ((1, "none"), (2, "none"), (2, "fsdp2"))
+"""(ranks, train.sharding) of each arm."""
+
+
 def launch(
-    ranks: int, device: str, size: tuple[int, int], args: argparse.Namespace
+    arm: tuple[int, str], device: str, size: tuple[int, int], args: argparse.Namespace
 ) -> dict[str, float]:
-    """One run on ``ranks`` ranks; mean seconds per step after the first."""
+    """One run of ``arm``; mean seconds per step after the first."""
+    ranks, sharding = arm
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         command = [
@@ -77,6 +84,7 @@ def launch(
             "--config",
             str(ROOT / "examples" / "calculator.toml"),
             *overrides(args, device, size),
+            f"train.sharding={sharding}",
             "--run-dir",
             str(run_dir),
             "--quiet",
@@ -85,7 +93,7 @@ def launch(
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": src}
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode != 0:
-            raise SystemExit(f"{ranks} ranks failed:\n{done.stderr[-3000:]}")
+            raise SystemExit(f"{ranks} ranks ({sharding}) failed:\n{done.stderr[-3000:]}")
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] >= 2]
     return {
@@ -94,30 +102,32 @@ def launch(
     }
 
 
-def measure(
-    device: str, size: tuple[int, int], args: argparse.Namespace
-) -> dict[int, list[dict[str, float]]]:
-    runs: dict[int, list[dict[str, float]]] = {1: [], 2: []}
+Runs = dict[tuple[int, str], list[dict[str, float]]]
+
+
+def measure(device: str, size: tuple[int, int], args: argparse.Namespace) -> Runs:
+    runs: Runs = {arm: [] for arm in ARMS}
     for _ in range(args.repeats):
-        for ranks in runs:
-            runs[ranks].append(launch(ranks, device, size, args))
-            print(f"{device} {size} {ranks} rank(s): {runs[ranks][-1]}", flush=True)
+        for arm in runs:
+            runs[arm].append(launch(arm, device, size, args))
+            print(f"{device} {size} {arm}: {runs[arm][-1]}", flush=True)
     return runs
 
 
-def table(runs: dict[int, list[dict[str, float]]]) -> list[str]:
-    """Means over the runs of each arm; the step time of every run in brackets (noise)."""
-    results = {n: {k: statistics.mean(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()}
-    one = results[1]
+def table(runs: Runs) -> list[str]:
+    """Means over the runs of each arm; the step time of every run in brackets (noise);
+    speed-ups against the 1-rank arm of the same invocation."""
+    results = {a: {k: statistics.mean(r[k] for r in rs) for k in rs[0]} for a, rs in runs.items()}
+    one = results[ARMS[0]]
     lines = [
-        "| ranks | s/step (each run) | update s/step | sampling s/step | step speed-up "
-        "| update speed-up |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| ranks | sharding | s/step (each run) | update s/step | sampling s/step "
+        "| step speed-up | update speed-up |",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
-    for ranks, row in results.items():
-        each = ", ".join(f"{r['step']:.2f}" for r in runs[ranks])
+    for (ranks, sharding), row in results.items():
+        each = ", ".join(f"{r['step']:.2f}" for r in runs[(ranks, sharding)])
         lines.append(
-            f"| {ranks} | {row['step']:.2f} ({each}) | {row['update']:.2f} | "
+            f"| {ranks} | {sharding} | {row['step']:.2f} ({each}) | {row['update']:.2f} | "
             f"{row['sampling']:.2f} | {one['step'] / row['step']:.2f}x | "
             f"{one['update'] / row['update']:.2f}x |"
         )
@@ -146,7 +156,9 @@ def main() -> None:
         f"mini-batches of {args.minibatch} rows, {args.warm_steps} warm-start steps; "
         f"{args.steps} steps per run, mean over steps 2-{args.steps}, mean of {args.repeats} "
         "alternating runs per arm; one torch thread per rank; "
-        f"1-min load average {load:.1f} at start. 1 rank = the one-process trainer.",
+        f"1-min load average {load:.1f} at start. 1 rank = the one-process trainer; "
+        "sharding fsdp2 = the learner sharded over the ranks by FSDP2, a whole copy "
+        "gathered once per step samples.",
         "",
     ]
     for size in sizes:

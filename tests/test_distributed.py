@@ -349,7 +349,6 @@ def test_unsupported_modes_are_refused_in_one_line(tmp_path: Path) -> None:
     cases = {
         "rollout.per_episode_seeds=false": "set rollout.per_episode_seeds = true",
         "rollout.tasks_per_step=3": "tasks_per_step = 3 is not a multiple of the 2",
-        "rollout.workers=2": "cannot be combined with torchrun ranks",
     }
     for override, message in cases.items():
         with pytest.raises(UsageError, match=message):
@@ -360,6 +359,7 @@ def test_unsupported_modes_are_refused_in_one_line(tmp_path: Path) -> None:
     )
     with pytest.raises(UsageError, match=r"\[agent\]\) runs over ranks as turnrl.train.agent"):
         check_supported(agent_run, two)
+    check_supported(config("rollout.workers=2"), two)  # rank 0 drives the pool
     with pytest.raises(UsageError, match="'patr' does not run under torchrun"):
         check_supported(config("rollout.strategy=patr", "rollout.per_episode_seeds=false"), two)
 
@@ -447,18 +447,21 @@ def test_one_process_trainers_refuse_ranks(monkeypatch: pytest.MonkeyPatch, tmp_
     assert not (tmp_path / "run").exists()
 
 
-def test_fsdp2_is_refused_naming_file_line_and_field(tmp_path: Path, capsys: Any) -> None:
-    """FSDP2 itself runs on CPU with gloo (torch 2.13), but not with ranks that sample
-    with the learner (docs/distributed.md): one line, file, line and field, exit 2."""
+def test_fsdp2_beside_the_mismatch_pass_is_refused_naming_file_line_and_field(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """FSDP2 runs (tests/test_distributed_fsdp.py), but not with the learner pass of
+    ``train.log_mismatch`` (a count of forwards that differs between ranks): one line,
+    file, line and field, exit 2, nothing written."""
     from turnrl.cli import main
 
     config = tmp_path / "fsdp.toml"
-    config.write_text('[train]\nsteps = 2\nsharding = "fsdp2"\n')
+    config.write_text('[train]\nsteps = 2\nsharding = "fsdp2"\nlog_mismatch = true\n')
     code = main(["train", "--config", str(config), "--run-dir", str(tmp_path / "run")])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert err[0].startswith(f"turnrl train: error: config error: {config}:3: train.sharding: ")
-    assert "'fsdp2' is not supported yet" in err[0]
+    assert "'fsdp2' cannot be combined with train.log_mismatch" in err[0]
     assert not (tmp_path / "run").exists()
     assert load_config(RunConfig, None, []).train.sharding == "none"

@@ -107,6 +107,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             quiet=args.quiet,
             report=lambda run_dir: _train_report(config, run_dir),
+            pool_factory=_ray_pool if config.rollout.workers > 0 else None,
         )
     # The guard, before Ray workers or models are started (the trainer checks again); it
     # holds the run directory's lock until the command ends.
@@ -117,6 +118,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         guard.close()
     return 0
+
+
+def _ray_pool(config: Any) -> Any:
+    """Rank 0's Ray rollout pool under torchrun (``rollout.workers``)."""
+    from turnrl.integrations.ray_workers import pool_for_config
+
+    return pool_for_config(config)
 
 
 def _train(config: Any, args: argparse.Namespace) -> Any:

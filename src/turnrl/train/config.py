@@ -133,13 +133,13 @@ class CreditConfig:
             p.options("params", get_estimator(self.estimator).fn, self.params, skip=1)
 
 
-FSDP2_REFUSED = (
-    "'fsdp2' is not supported yet: FSDP2 makes every forward a collective of all ranks, "
-    "but turnrl's ranks sample with the learner itself (different episodes and lengths "
-    "per rank; the agent loop's gateway on rank 0 alone), so they would wait for each "
-    "other forever; use 'none' (each rank holds the whole model; docs/distributed.md)"
+FSDP2_NEEDS_ONE_PASS = (
+    "'fsdp2' cannot be combined with train.log_mismatch or train.tis_cap: their "
+    "learner pass before the update runs a number of forwards that differs between "
+    "ranks, and every forward of a sharded learner is a collective of all ranks "
+    "(docs/distributed.md); use 'none'"
 )
-"""Why ``train.sharding = "fsdp2"`` is refused (torch's FSDP2 itself runs on CPU with gloo)."""
+"""Why ``train.sharding = "fsdp2"`` is refused beside the mismatch pass."""
 
 
 @dataclass
@@ -176,9 +176,11 @@ class TrainConfig(PPOConfig):
     """``aggregation = "legacy-verl"``: rows whose prompt has more tokens are dropped (after
     the advantages); 0 drops none."""
     sharding: Literal["none", "fsdp2"] = "none"
-    """How torchrun ranks hold the model (docs/distributed.md): ``none`` (each rank holds
-    all of it, gradients summed over ranks) is the one that runs; ``fsdp2``
-    (``torch.distributed.fsdp.fully_shard``) is refused with the reason."""
+    """How torchrun ranks hold the learner (docs/distributed.md): ``none``: each rank holds
+    all of it, gradients summed over ranks; ``fsdp2``: ``torch.distributed.fsdp.
+    fully_shard`` splits its weights, gradients and AdamW state over the ranks, and a
+    whole copy gathered once per step samples (built-in environments only; needs 2 or
+    more ranks)."""
 
     def check(self, p: Problems) -> None:
         p.at_least("steps", self.steps, 0)
@@ -189,8 +191,8 @@ class TrainConfig(PPOConfig):
         p.at_least("checkpoint_every", self.checkpoint_every, 0)
         p.at_least("keep_checkpoints", self.keep_checkpoints, 1)
         p.at_least("threads", self.threads, 0)
-        if self.sharding == "fsdp2":
-            p.add("sharding", FSDP2_REFUSED)
+        if self.sharding == "fsdp2" and (self.log_mismatch or self.tis_cap > 0):
+            p.add("sharding", FSDP2_NEEDS_ONE_PASS)
         p.at_least("legacy_mini_batch", self.legacy_mini_batch, 0)
         p.at_least("legacy_micro_batch", self.legacy_micro_batch, 1)
         p.at_least("legacy_max_prompt_length", self.legacy_max_prompt_length, 0)
@@ -210,6 +212,7 @@ class RunConfig:
         "train.checkpoint_every",
         "train.keep_checkpoints",
         "train.threads",
+        "train.sharding",
         "rollout.ray_address",
         "agent.concurrency",
         "agent.port",
@@ -340,6 +343,12 @@ class RunConfig:
         from turnrl.train.agent.tasks import check_task_spec, is_task_file
 
         warm, tasks = self.warm_start, self.tasks
+        if self.train.sharding != "none":
+            p.add(
+                "train.sharding",
+                f"{self.train.sharding!r} runs on built-in environments ([env]) only: the "
+                "agent loop's gateway samples on rank 0 alone, with the learner (use 'none')",
+            )
         if warm.mix == "per_draw" and warm.teacher is not None:
             # the teacher runs once per variant of tasks.train's built-in environment
             # (turnrl.train.agent.teacher_mix); without a teacher there is nothing to mix

@@ -3,13 +3,13 @@
 ``torchrun --nproc-per-node N -m turnrl.cli train --config X`` starts N copies of the
 command; torchrun tells each its place through the ``RANK``, ``WORLD_SIZE`` and
 ``LOCAL_RANK`` environment variables, which :func:`world_from_env` reads (none set:
-one process, and nothing here is used). This module is the only one that talks to
-``torch.distributed``: the process group (gloo on CPU, NCCL on CUDA), which tasks of
-a step a rank owns, the gradient sum, the collectives the trainer needs, and turning
-a lost peer into one clear error. What the ranks do with it is
-:mod:`turnrl.train.online.ranks` (built-in environments) and
-:mod:`turnrl.train.agent.distributed` (the agent loop); docs/distributed.md is the
-user's guide.
+one process, and nothing here is used). This module (and :mod:`turnrl.train.fsdp`,
+for FSDP2) is the only one that talks to ``torch.distributed``: the process group
+(gloo on CPU, NCCL on CUDA), which tasks of a step a rank owns, the gradient sum,
+the collectives the trainer needs, and turning a lost peer into one clear error.
+What the ranks do with it is :mod:`turnrl.train.online.ranks` (built-in
+environments) and :mod:`turnrl.train.agent.distributed` (the agent loop);
+docs/distributed.md is the user's guide.
 
 Gradients: ``torch.distributed.all_reduce`` on ``.grad`` after the backward passes of
 a mini-batch (torch.distributed's own collective), not ``DistributedDataParallel``
@@ -30,10 +30,9 @@ computes on the global batch (DDP would average, and would need dummy forwards
 to equalise the counts). A parameter no rank produced a gradient for keeps
 ``grad = None`` (AdamW then skips it, as in one process).
 
-Not here: FSDP2 sharding (``fully_shard``) for models that do not fit one device;
-``train.sharding = "fsdp2"`` is refused (FSDP2 runs on CPU with gloo, but makes every
-forward a collective, and the ranks sample with the learner: docs/distributed.md).
-Every rank holds the whole model.
+FSDP2 sharding (``train.sharding = "fsdp2"``, ``fully_shard``) is
+:mod:`turnrl.train.fsdp`: there FSDP2's own reduce-scatter sums the gradients, and
+:func:`reduce_gradients` is not used.
 """
 
 from __future__ import annotations

@@ -23,9 +23,15 @@ sampler and RNG states) by broadcast, so they need no shared filesystem. At the 
 of a step every rank's episodes, records, advantages and counts are gathered, so the
 metrics row is the global batch's.
 
+With ``train.sharding = "fsdp2"`` the learner is sharded over the ranks
+(:mod:`turnrl.train.fsdp`): a whole copy, gathered after every update, samples,
+evaluates and is saved; the update pads ranks with fewer forwards. With
+``rollout.workers`` rank 0 runs each step's episodes on its Ray pool and hands every
+rank the episodes of its tasks (:meth:`DistributedOnlineTrainer._pool_share`).
+
 Not supported under torchrun yet (refused with one line): tree rollout strategies
-(RTPO learns once per turn position, a count that differs between ranks), Ray
-rollout workers. The agent loop runs over ranks too
+(RTPO learns once per turn position, a count that differs between ranks). The agent
+loop runs over ranks too
 (:mod:`turnrl.train.agent.distributed`; :func:`train_distributed` starts either), and
 so does ``turnrl iterate`` (:mod:`turnrl.train.iterate.distributed`).
 """
@@ -41,14 +47,17 @@ import numpy as np
 import torch
 
 from turnrl.errors import UsageError
+from turnrl.policy import HFPolicy
 from turnrl.policy.factory import build_sampler
+from turnrl.policy.sync import push_weights
 from turnrl.rollout import RolloutBatch
 from turnrl.rollout.runner import plan_episodes, run_planned_episodes
-from turnrl.rollout.strategies import StepExperience
+from turnrl.rollout.strategies import RolloutPool, StepExperience
 from turnrl.rollout.tokens import token_metrics
 from turnrl.table import TurnTable
 from turnrl.train import distributed as dist
 from turnrl.train.config import RunConfig
+from turnrl.train.fsdp import ShardedLearner, shard_optimizer
 from turnrl.train.lifecycle import Lifecycle
 from turnrl.train.metrics import advantage_metrics
 from turnrl.train.online.trainer import OnlineTrainer
@@ -69,8 +78,6 @@ def check_supported(config: RunConfig, world: dist.World) -> None:
             "the agent loop ([agent]) runs over ranks as turnrl.train.agent.distributed, "
             "not as this environment trainer"
         )
-    if config.rollout.workers > 0:
-        raise UsageError(f"rollout.workers (Ray) cannot be combined with torchrun ranks yet ({n})")
     if config.rollout.strategy != "independent":
         raise UsageError(
             f"rollout.strategy = {config.rollout.strategy!r} does not run {n} yet; only "
@@ -116,11 +123,18 @@ class DistributedOnlineTrainer(OnlineTrainer):
         resume: bool = False,
         overwrite: bool = False,
         quiet: bool = False,
+        pool_factory: Callable[[RunConfig], RolloutPool] | None = None,
     ) -> None:
         self.world = world
 
         def start() -> None:
             check_supported(config, world)
+            if config.rollout.workers > 0 and pool_factory is None:
+                raise UsageError(
+                    "rollout.workers > 0 under torchrun needs a rollout pool on rank 0 "
+                    "(turnrl train builds it; from Python pass pool_factory, e.g. "
+                    "turnrl.integrations.ray_workers.pool_for_config)"
+                )
             OnlineTrainer.__init__(self, config, resume=resume, overwrite=overwrite, quiet=quiet)
 
         # Every rank checked the directory before rank 0 writes anything; any rank's
@@ -138,6 +152,13 @@ class DistributedOnlineTrainer(OnlineTrainer):
             )
         self._records: list[TurnRecord] = []
         self._episode_index: dict[str, int] = {}
+        if world.main and config.rollout.workers > 0:
+            assert pool_factory is not None
+            # started after every rank's checks; its workers start at the first push
+            self.pool = pool_factory(config)
+        self.sharded: ShardedLearner | None = None
+        """With ``train.sharding = "fsdp2"`` (after ``setup``): the sharded learner and the
+        whole copy that samples (:mod:`turnrl.train.fsdp`)."""
 
     # ------------------------------------------------------------------ set-up
     def setup(self, checkpoint: Checkpoint | None) -> int:
@@ -152,10 +173,42 @@ class DistributedOnlineTrainer(OnlineTrainer):
                 self.policy.parameters(), lr=cfg.train.lr, weight_decay=0.0
             )
         self._share_state()
-        if not self.world.main:  # rank 0's sampler was built by the one-process set-up
-            self.rollout_policy = build_sampler(cfg.policy, self.policy)
-            self._push_weights()
+        whole: HFPolicy = self.policy
+        if cfg.train.sharding == "fsdp2":
+            assert self.optimizer is not None
+            self.sharded = ShardedLearner.shard(self.policy)
+            self.optimizer = shard_optimizer(self.optimizer, list(self.policy.parameters()))
+            whole = self.sharded.full
+        # rank 0's sampler (and pool) got the weights in the one-process set-up; the
+        # whole copy holds them already (copied before sharding)
+        if not self.world.main:
+            self.rollout_policy = build_sampler(cfg.policy, whole)
+            push_weights(whole, self.rollout_policy, self.policy_version)
+        elif self.rollout_policy is self.policy:
+            self.rollout_policy = whole
         return self.step
+
+    def _push_weights(self) -> None:
+        """Sharded: every rank gathers the learner whole into its sampling copy, which
+        then pushes to the samplers that are not it; else as one process."""
+        if self.sharded is None:
+            return super()._push_weights()
+        self.sharded.gather()
+        push_weights(self.sharded.full, self.rollout_policy, self.policy_version)
+        if self.pool is not None:
+            push_weights(self.sharded.full, self.pool, self.policy_version)
+
+    def _whole_policy(self) -> HFPolicy:
+        return self.policy if self.sharded is None else self.sharded.full
+
+    def _saved_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Sharded: the whole copy's weights and the optimiser state gathered whole (every
+        rank takes part; rank 0 writes): the format of one process."""
+        if self.sharded is None:
+            return super()._saved_state()
+        assert self.optimizer is not None
+        optimizer = self.sharded.full_optimizer_state(self.optimizer)
+        return self.sharded.full.state_dict(), optimizer
 
     def _share_state(self) -> None:
         assert self.optimizer is not None
@@ -190,6 +243,16 @@ class DistributedOnlineTrainer(OnlineTrainer):
             assert list(own_tasks) == tasks[owned], "a strategy ran other tasks than its own"
             plan = plan_episodes(tasks, group_size, traj_prefix)
             self._episode_index = {traj: k for k, (_, traj) in enumerate(plan)}
+            if self.config.rollout.workers > 0:
+                return self._pool_share(
+                    tasks,
+                    group_size=group_size,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    seed=seed,
+                    traj_prefix=traj_prefix,
+                    max_turns=max_turns,
+                )
             planned = [
                 (k, task, traj)
                 for k, (task, traj) in enumerate(plan)
@@ -206,6 +269,49 @@ class DistributedOnlineTrainer(OnlineTrainer):
             )
 
         return run
+
+    def _pool_share(self, tasks: list[Task], *, group_size: int, **options: Any) -> RolloutBatch:
+        """This rank's episodes of the step, sampled on rank 0's Ray pool: rank 0 runs the
+        whole plan there (the episodes each rank would sample itself, same seeds) and
+        hands rank ``r`` the episodes of its tasks (whole task groups) by scatter. The
+        step's token counts and seconds go with rank 0's share (the others' are 0): the
+        step's metrics are their sums and maxima over ranks."""
+        shares = None
+        if self.world.main:
+            assert self.pool is not None
+            whole = self.pool.run_episodes(
+                self.rollout_policy, self._make_env, tasks, group_size=group_size, **options
+            )
+            shares = [
+                self._share_of(whole, len(tasks), group_size, rank)
+                for rank in range(self.world.size)
+            ]
+        return dist.scatter_objects(shares, self.world)
+
+    def _share_of(
+        self, whole: RolloutBatch, tasks: int, group_size: int, rank: int
+    ) -> RolloutBatch:
+        """Rank ``rank``'s episodes and records of ``whole`` (in ``whole``'s order)."""
+        owned = dist.owned_slice(tasks, dist.World(rank, self.world.size, rank))
+
+        def mine(traj_id: str) -> bool:
+            return owned.start <= self._episode_index[traj_id] // group_size < owned.stop
+
+        if rank > 0:
+            totals: dict[str, Any] = {}
+        else:
+            totals = {
+                "sampled_tokens": whole.sampled_tokens,
+                "context_tokens": whole.context_tokens,
+                "seconds_sampling": whole.seconds_sampling,
+                "seconds_env": whole.seconds_env,
+                "extra": dict(whole.extra),
+            }
+        return RolloutBatch(
+            records=[r for r in whole.records if mine(r.traj_id)],
+            episodes=[dataclasses.replace(e, env=None) for e in whole.episodes if mine(e.traj_id)],
+            **totals,
+        )
 
     def _own_tasks(self, tasks: list[Task]) -> list[Task]:
         return tasks[dist.owned_slice(len(tasks), self.world)]
@@ -240,12 +346,16 @@ class DistributedOnlineTrainer(OnlineTrainer):
             tree_B.append(tree_ids.setdefault((rank, tree), len(tree_ids)))
             if rank == self.world.rank:
                 positions[b] = position
-        world = self.world
+        world, sharded = self.world, self.sharded is not None
         shard = UpdateShard(
             positions=positions,
             tree_B=tree_B,
-            reduce_gradients=lambda parameters: dist.reduce_gradients(parameters, world),
+            # FSDP2 summed the gradients in its backward already (reduce-scatter)
+            reduce_gradients=(lambda parameters: None)
+            if sharded
+            else (lambda parameters: dist.reduce_gradients(parameters, world)),
             gather=lambda value: dist.gather_objects(value, world),
+            lockstep=sharded,
         )
         return ppo_update(
             self.policy,
@@ -306,6 +416,15 @@ class DistributedOnlineTrainer(OnlineTrainer):
         """Rank 0 evaluates (the other ranks wait at the next collective)."""
         return super().evaluate() if self.world.main else {}
 
+    def close(self) -> None:
+        """Stop rank 0's Ray workers (if any), then close as one process does."""
+        try:
+            close = getattr(self.pool, "close", None)
+            if close is not None:
+                close()
+        finally:
+            super().close()
+
 
 def train_distributed(
     config: RunConfig,
@@ -315,11 +434,13 @@ def train_distributed(
     overwrite: bool,
     quiet: bool,
     report: Callable[[Path], None] | None = None,
+    pool_factory: Callable[[RunConfig], RolloutPool] | None = None,
 ) -> int:
     """One rank of ``turnrl train`` under torchrun: join the group, train (a built-in
     environment here, the agent loop with ``[agent]``), rank 0 calls
     ``report(run_dir)``; leave the group. Returns the exit status
-    (:func:`turnrl.train.distributed.run_as_rank`)."""
+    (:func:`turnrl.train.distributed.run_as_rank`). With ``rollout.workers``, rank 0
+    samples on the pool ``pool_factory(config)`` builds (Ray workers)."""
     quiet = quiet or not world.main
 
     def work() -> None:
@@ -334,7 +455,12 @@ def train_distributed(
                 report(run_dir)
             return
         online = DistributedOnlineTrainer(
-            config, world, resume=resume, overwrite=overwrite, quiet=quiet
+            config,
+            world,
+            resume=resume,
+            overwrite=overwrite,
+            quiet=quiet,
+            pool_factory=pool_factory,
         )
         Lifecycle(online, report=report if world.main else None).run()
 

@@ -35,6 +35,7 @@ import torch
 
 from turnrl.credit import compute_credit, get_estimator
 from turnrl.envs import make_env
+from turnrl.errors import UsageError
 from turnrl.io import atomic_write_text
 from turnrl.policy import HFPolicy
 from turnrl.policy.factory import build_sampler, close_sampler
@@ -99,7 +100,13 @@ class OnlineTrainer(LifecycleRun):
         pool: RolloutPool | None = None,
     ) -> None:
         validate(config)
-        if config.rollout.workers > 0 and pool is None:
+        if config.train.sharding != "none" and not self.SPLITS_OVER_RANKS:
+            raise UsageError(
+                f"train.sharding = {config.train.sharding!r} shards the learner over "
+                "torchrun ranks; one process holds the whole model: use 'none' (a run may "
+                "change it on --resume)"
+            )
+        if config.rollout.workers > 0 and pool is None and not self.SPLITS_OVER_RANKS:
             raise ValueError(
                 "rollout.workers > 0 needs a rollout pool: run it with "
                 "turnrl.integrations.ray_workers.train_with_workers"
@@ -199,11 +206,9 @@ class OnlineTrainer(LifecycleRun):
 
     def checkpoint(self) -> None:
         """The weights, optimiser, task sampler and counters after the last step."""
-        assert self.optimizer is not None
         self.run_directory.save_checkpoint(
             self.step,
-            self.policy.state_dict(),
-            self.optimizer.state_dict(),
+            *self._saved_state(),
             {
                 "sampler": self.sampler.bit_generator.state,
                 "env_steps": self.env_steps,
@@ -211,6 +216,11 @@ class OnlineTrainer(LifecycleRun):
                 "policy_version": self.policy_version,
             },
         )
+
+    def _saved_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The learner's and the optimiser's state dicts as a checkpoint holds them."""
+        assert self.optimizer is not None
+        return self.policy.state_dict(), self.optimizer.state_dict()
 
     # --------------------------------------------------------------- one step
     def rollouts(
@@ -255,7 +265,8 @@ class OnlineTrainer(LifecycleRun):
         t0 = time.perf_counter()
         if "info_gain" in get_estimator(cfg.credit.estimator).needs:
             self.policy.model.eval()
-            records = add_information_gain(self.policy, records, self._reference_response)
+            scorer = self._whole_policy()
+            records = add_information_gain(scorer, records, self._reference_response)
         table = TurnTable.from_records(records, source=f"step {self.step}")
         credit = compute_credit(table, cfg.credit.estimator, **cfg.credit.params)
         seconds_credit = time.perf_counter() - t0
@@ -353,6 +364,11 @@ class OnlineTrainer(LifecycleRun):
     def _count_reducer(self) -> CountReducer | None:
         """The global batch's loss normaliser from this process's (None: its own)."""
         return None
+
+    def _whole_policy(self) -> HFPolicy:
+        """The learner's current weights for forwards outside the update (information
+        gain): the learner itself, or its whole copy when ranks shard it."""
+        return self.policy
 
     def _write_rollouts(self, records: list[TurnRecord]) -> None:
         """Write the step's records with their advantages to ``rollouts/``."""

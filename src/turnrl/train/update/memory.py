@@ -26,7 +26,12 @@ class ActivationMeter:
     """Peak bytes saved for backward by one wrapped forward (see the module docstring)."""
 
     def __init__(self, model: Any) -> None:
-        self._parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        # an FSDP2-sharded parameter is a DTensor: its storage is this rank's shard; the
+        # whole weights a forward gathers are new Parameters, left out in ``pack``
+        self._parameters = {
+            (p.to_local() if hasattr(p, "to_local") else p).untyped_storage().data_ptr()
+            for p in model.parameters()
+        }
         self.peak_bytes = 0
 
     @contextmanager
@@ -37,7 +42,7 @@ class ActivationMeter:
         def pack(tensor: torch.Tensor) -> torch.Tensor:
             storage = tensor.untyped_storage()
             pointer = storage.data_ptr()
-            if pointer not in self._parameters:
+            if pointer not in self._parameters and not _is_parameter(tensor):
                 storages[pointer] = max(storages.get(pointer, 0), storage.nbytes())
             return tensor
 
@@ -48,6 +53,13 @@ class ActivationMeter:
     @property
     def peak_mib(self) -> float:
         return self.peak_bytes / MIB
+
+
+def _is_parameter(tensor: torch.Tensor) -> bool:
+    """A parameter or a view of one (``weight.t()`` saved by a linear layer): under FSDP2
+    the whole weights a forward gathers live in fresh storages, freed after the module
+    runs, so only their type tells them from activations."""
+    return isinstance(tensor, torch.nn.Parameter) or isinstance(tensor._base, torch.nn.Parameter)
 
 
 @contextmanager

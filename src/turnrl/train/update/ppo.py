@@ -125,6 +125,10 @@ class UpdateShard:
     """Sums the gradients of a mini-batch over ranks (every rank calls it each step)."""
     gather: Callable[[Any], list[Any]]
     """Every rank's value of a picklable object, in rank order (every rank calls it)."""
+    lockstep: bool = False
+    """Every rank runs the same number of forwards and backwards per optimiser step (an
+    FSDP2-sharded learner, whose forwards are collectives): a rank with fewer pads with
+    zero-weight forwards (:func:`padding_forward`), which add nothing to any gradient."""
 
 
 def trainable_rows(records: list[TurnRecord]) -> list[int]:
@@ -235,19 +239,27 @@ def ppo_update(
             batch = replace(batch, old_logp_B_T=learner_B_T)
     meter = ActivationMeter(policy.model)
     computed = 0
+    plan = []  # per epoch: its mini-batches, each the rows of each of its forwards here
+    for _ in range(config.epochs):
+        if tree:
+            minibatches = tree_minibatches(tree_B, config.minibatch_size, generator)
+        else:
+            minibatches = row_minibatches(len(tree_B), config.minibatch_size, generator)
+        if local is not None:
+            minibatches = [[local[p] for p in rows if p in local] for rows in minibatches]
+        plan.append([_forwards(batch, rows, config) if rows else [] for rows in minibatches])
+    padding = [[0] * len(epoch) for epoch in plan]
+    if shard is not None and shard.lockstep:
+        padding = _lockstep_padding(plan, shard)
     policy.model.train()
     with cuda_peak(policy.device) as cuda:
-        for _ in range(config.epochs):
-            if tree:
-                minibatches = tree_minibatches(tree_B, config.minibatch_size, generator)
-            else:
-                minibatches = row_minibatches(len(tree_B), config.minibatch_size, generator)
-            for rows in minibatches:
-                if local is not None:
-                    rows = [local[p] for p in rows if p in local]
+        for epoch, pads in zip(plan, padding, strict=True):
+            for forwards, pad in zip(epoch, pads, strict=True):
                 optimizer.zero_grad(set_to_none=True)
                 parts = []
-                for forward_rows in _forwards(batch, rows, config) if rows else []:
+                for _ in range(pad):
+                    computed += padding_forward(policy, batch, config, temperature)
+                for forward_rows in forwards:
                     with meter.forward():
                         loss, info, tokens = _minibatch_loss(
                             policy,
@@ -255,7 +267,7 @@ def ppo_update(
                             batch,
                             forward_rows,
                             config,
-                            scale=len(minibatches),
+                            scale=len(epoch),
                             temperature=temperature,
                             is_weight_B_T=is_weight_B_T,
                         )
@@ -287,6 +299,32 @@ def ppo_update(
         **cuda,
         **mismatch,
     }
+
+
+def _lockstep_padding(plan: list[list[list[list[int]]]], shard: UpdateShard) -> list[list[int]]:
+    """How many padding forwards this rank runs before each mini-batch of ``plan`` so
+    that every rank runs as many forwards as the busiest one (one gather per update)."""
+    counts = [[len(forwards) for forwards in epoch] for epoch in plan]
+    ranks = shard.gather(counts)
+    return [
+        [max(rank[e][m] for rank in ranks) - mine for m, mine in enumerate(epoch)]
+        for e, epoch in enumerate(counts)
+    ]
+
+
+def padding_forward(
+    policy: TrainablePolicy, batch: UpdateBatch, config: PPOConfig, temperature: float
+) -> int:
+    """One forward and backward that changes no gradient: this rank's shortest row, its
+    loss times 0 (the forward and the backward are collectives of a sharded learner,
+    which every rank must run as often as the others). Returns the positions run."""
+    sizes = [len(c) + len(r) for c, r in zip(batch.contexts, batch.responses, strict=True)]
+    row = int(np.argmin(sizes))
+    logp_B_T, _, tokens = _logprobs(
+        policy, [batch.contexts[row]], [batch.responses[row]], config, temperature
+    )
+    (logp_B_T.sum() * 0.0).backward()
+    return tokens
 
 
 def _forwards(batch: UpdateBatch, rows: list[int], config: PPOConfig) -> list[list[int]]:
@@ -397,9 +435,18 @@ def _clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> fl
     """Clip the gradients' total norm to ``max_norm`` (0: leave them) and return the
     norm before clipping. (torch's ``clip_grad_norm_`` with 0 would zero them.)"""
     if max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+        return float(_whole(torch.nn.utils.clip_grad_norm_(parameters, max_norm)))
     grads = [p.grad.detach() for p in parameters if p.grad is not None]
     if not grads:
         return 0.0
+    if any(hasattr(g, "full_tensor") for g in grads):  # FSDP2 shards: the global norm
+        return float(_whole(torch.nn.utils.get_total_norm(grads)))
     norms = torch.stack([torch.linalg.vector_norm(g) for g in grads])
     return float(torch.linalg.vector_norm(norms))
+
+
+def _whole(value: torch.Tensor) -> torch.Tensor:
+    """A norm computed on FSDP2-sharded gradients (a DTensor replicated on every rank) as
+    a plain tensor; any other tensor unchanged."""
+    full_tensor = getattr(value, "full_tensor", None)
+    return value if full_tensor is None else full_tensor()

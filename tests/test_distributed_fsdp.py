@@ -1,0 +1,188 @@
+"""``train.sharding = "fsdp2"``: the learner sharded over 2 gloo ranks equals one process.
+
+Real ``torchrun`` launches of the CLI on the ``parity`` environment, as
+tests/test_distributed.py (whose launch helpers these tests share). With FSDP2 every
+rank holds half of each weight, gradient and AdamW state; sampling uses a whole copy
+gathered once per step; a rank with fewer forwards in a mini-batch pads with
+zero-weight forwards. In ``tree-pad`` every mini-batch is one task tree, so in every
+optimiser step one rank holds all its rows and the other runs only padding forwards;
+``rows-a2tgpo`` needs information gain, computed with the whole copy.
+
+Tolerance: the same as without sharding (``WEIGHT_ATOL = 1e-5`` on weights of order 1
+after each of 3 steps; measured under 1e-7) and every float metric within a relative
+``METRIC_RTOL``, except what each process computed. A resumed fsdp2 run equals the
+uninterrupted one exactly; checkpoints have the one-process format, so a 2-rank run
+without sharding resumes with it (within the tolerance).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import REPO
+from test_distributed import (
+    METRIC_RTOL,
+    RECIPE,
+    RUN,
+    WEIGHT_ATOL,
+    assert_metrics_close,
+    max_difference,
+    metrics,
+    train,
+    weights,
+)
+from turnrl.errors import ConfigError, UsageError
+from turnrl.train.config import RunConfig, load_config
+from turnrl.train.update.ppo import UpdateShard, _lockstep_padding, padding_forward
+from turnrl.train.validate import validate
+
+assert METRIC_RTOL == 1e-5 and REPO.is_dir()
+
+FSDP = ("train.sharding=fsdp2",)
+LAYOUTS = {
+    "tree-pad": ("train.update=tree", "train.minibatch_size=1"),
+    "rows-full-kl": ("train.update=rows", "train.aggregation=rollout-mean", "train.kl_coef=0.05"),
+    "tree-lora": ("train.update=tree", "policy.lora_rank=4", "train.lr=3e-3"),
+    "rows-a2tgpo": ("train.update=rows", "credit.estimator=a2tgpo", "train.max_grad_norm=0"),
+}
+"""``rows-a2tgpo``: information gain is computed with the whole copy (a forward of the
+sharded learner on one rank alone would wait for the others); no clipping, so the
+reported norm is computed from the shards without ``clip_grad_norm_``."""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Run directories made once for the module: ``{layout}-1`` one process,
+    ``{layout}-fsdp2`` two sharded ranks."""
+    root = tmp_path_factory.mktemp("fsdp")
+
+    class Runs(dict):
+        def __missing__(self, name: str) -> Path:
+            layout, how = name.rsplit("-", 1)
+            run_dir = root / name
+            if how == "1":
+                train(run_dir, 0, *LAYOUTS[layout])
+            else:
+                train(run_dir, 2, *LAYOUTS[layout], *FSDP)
+            self[name] = run_dir
+            return run_dir
+
+    return Runs()
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_fsdp2_ranks_equal_one_process(runs: dict[str, Path], layout: str) -> None:
+    one, two = runs[f"{layout}-1"], runs[f"{layout}-fsdp2"]
+    for step in (1, 2, 3):
+        assert max_difference(weights(one, step), weights(two, step)) <= WEIGHT_ATOL, step
+    assert max_difference(weights(two, 2), weights(two, 3)) > 100 * WEIGHT_ATOL
+    rows = metrics(two)
+    assert all(r["grad_norm"] > 0 for r in rows[1:])  # the global norm (it is compared too)
+    assert [r["episodes"] for r in rows[1:]] == [16, 16, 16]
+    assert_metrics_close(metrics(one), rows)
+    # the checkpoint is the one-process format: plain tensors, the same keys, and the
+    # optimiser state whole
+    saved = torch.load(two / "checkpoints" / "step-000003.pt", weights_only=False)
+    reference = torch.load(one / "checkpoints" / "step-000003.pt", weights_only=False)
+    assert all(type(t) is torch.Tensor for t in saved["model"].values())
+    assert saved["optimizer"]["param_groups"] == reference["optimizer"]["param_groups"]
+    for index, state in reference["optimizer"]["state"].items():
+        for key, value in state.items():
+            got = saved["optimizer"]["state"][index][key]
+            assert type(got) is torch.Tensor and got.shape == value.shape, (index, key)
+            assert float((got.float() - value.float()).abs().max()) <= WEIGHT_ATOL, (index, key)
+
+
+def test_resumed_fsdp2_run_equals_uninterrupted(runs: dict[str, Path], tmp_path: Path) -> None:
+    whole = runs["tree-pad-fsdp2"]
+    cut = tmp_path / "cut"
+    train(cut, 2, *LAYOUTS["tree-pad"], *FSDP, "train.steps=2")
+    train(cut, 2, *LAYOUTS["tree-pad"], *FSDP, resume=True)
+    assert metrics(cut) == metrics(whole)
+    assert max_difference(weights(cut, 3), weights(whole, 3)) == 0.0
+
+
+def test_unsharded_ranks_resume_sharded(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Same checkpoint file: 2 unsharded ranks stopped after step 2, resumed sharded."""
+    whole = runs["tree-pad-1"]
+    cut = tmp_path / "cut"
+    train(cut, 2, *LAYOUTS["tree-pad"], "train.steps=2")
+    train(cut, 2, *LAYOUTS["tree-pad"], *FSDP, resume=True)
+    assert max_difference(weights(cut, 3), weights(whole, 3)) <= WEIGHT_ATOL
+    assert_metrics_close(metrics(whole), metrics(cut))
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_padding_forward_changes_no_gradient() -> None:
+    from turnrl.policy.factory import build_tiny_policy
+    from turnrl.train.update.ppo import PPOConfig, UpdateBatch
+
+    policy = build_tiny_policy(0, hidden=16, layers=1)
+    contexts, responses = [[1, 2, 3, 4], [1, 2]], [[5, 6, 7], [8]]
+    batch = UpdateBatch(
+        contexts=contexts,
+        responses=responses,
+        old_logp_B_T=torch.zeros(2, 3),
+        mask_B_T=torch.ones(2, 3),
+        adv_B=torch.ones(2),
+        clip_factor_B=None,
+        weight_B_T=torch.full((2, 3), 1 / 6),
+        tree_B=torch.tensor([0, 1]),
+    )
+    policy.response_logprobs(contexts, responses)[0].sum().backward()
+    before = {n: p.grad.clone() for n, p in policy.model.named_parameters()}
+    for layout in ("rows", "tree"):
+        computed = padding_forward(policy, batch, PPOConfig(update=layout), temperature=1.0)
+        assert computed == 3  # the shortest row: 2 context + 1 response positions
+    for name, parameter in policy.model.named_parameters():
+        assert torch.equal(parameter.grad, before[name]), name
+
+
+def test_lockstep_padding_tops_every_rank_up_to_the_busiest() -> None:
+    """Plans: per epoch, per mini-batch, the rows of each forward on this rank."""
+    mine = [[[[0, 1]], [], [[2], [3]]], [[[0]], [[1], [2]], []]]
+    other = [[[[0]], [[1], [2], [3]], []], [[], [[0]], [[1]]]]
+    shard = UpdateShard(
+        positions=[],
+        tree_B=[],
+        reduce_gradients=lambda parameters: None,
+        gather=lambda counts: [counts, [[len(m) for m in e] for e in other]],
+        lockstep=True,
+    )
+    assert _lockstep_padding(mine, shard) == [[0, 3, 0], [0, 0, 1]]
+
+
+def test_fsdp2_refusals_name_the_field(tmp_path: Path) -> None:
+    from turnrl.train.online.trainer import OnlineTrainer
+
+    def config(*extra: str) -> RunConfig:
+        overrides = [*RUN, f"run_dir={tmp_path / 'run'}", *extra]
+        loaded = load_config(RunConfig, RECIPE, overrides)
+        validate(loaded, toml_path=RECIPE, overrides=overrides)
+        return loaded
+
+    with pytest.raises(UsageError, match=r"train\.sharding = 'fsdp2' shards the learner over"):
+        OnlineTrainer(config(*FSDP))
+    assert not (tmp_path / "run").exists()
+    for other in ("train.log_mismatch=true", "train.tis_cap=2.0"):
+        with pytest.raises(ConfigError, match=r"train\.sharding: 'fsdp2' cannot be combined with"):
+            config(*FSDP, other)
+    config("train.log_mismatch=true")  # without sharding, fine
+
+
+def test_fsdp2_in_an_agent_run_is_refused(tmp_path: Path, capsys: Any) -> None:
+    from turnrl.cli import main
+
+    agent = REPO / "examples" / "agents" / "calc_openai.toml"
+    code = main(
+        ["train", "--config", str(agent), "--run-dir", str(tmp_path / "r"), "train.sharding=fsdp2"]
+    )
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.sharding: 'fsdp2' runs on built-in environments" in err[0]
