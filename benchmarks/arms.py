@@ -8,11 +8,10 @@ asks them for one round each in turn (A, B, C, A, B, C, ...), so that every rati
 from rounds of the same run and carries its spread.
 
 An arm is a backend name with an optional torch thread count: ``hf``, ``hf-1`` (hf on
-one torch thread: vLLM's CPU engine runs its forward on one in a serving loop, "Reducing
-Torch threads ... for serving"), ``vllm``. The driver and a worker talk over the
-worker's stdin and stdout: the worker prints one ``READY`` line when warmed up, then one
-``RESULT`` line for every ``round`` line it reads, until ``stop`` or the end of stdin
-(libraries print too, so answers are the lines with these prefixes; others are echoed).
+one torch thread), ``vllm``. The driver and a worker talk over the worker's stdin and
+stdout: the worker prints one ``READY`` line when warmed up, then one ``RESULT`` line
+for every ``round`` line it reads, until another line or the end of stdin (libraries
+print too, so answers are the lines with these prefixes; others are echoed).
 """
 
 from __future__ import annotations

