@@ -67,7 +67,7 @@ AGENT_WINDOW_MS = 50.0
 """The agent loop's default batch window."""
 
 
-def step_worker(backend: str, model: str, threads: int) -> None:
+def step_worker(backend: str, model: str, threads: int, steps: int) -> None:
     """One arm's side of ``--part step``: the trainer of the SmolLM2 recipe sampled by
     ``backend`` set up (no step-0 evaluation), one warm-up sample of the first step's
     prompts (vLLM compiles its kernels on first use), then one RL step for every round the
@@ -82,7 +82,7 @@ def step_worker(backend: str, model: str, threads: int) -> None:
     with tempfile.TemporaryDirectory(prefix="turnrl-bench-step-") as run_dir:
         overrides = [
             f"run_dir={run_dir}", f"policy.backend={backend}", f"policy.model={model}",
-            "train.steps=1000", "warm_start.steps=0", "train.eval_every=0",
+            f"train.steps={steps}", "warm_start.steps=0", "train.eval_every=0",
             "train.checkpoint_every=0", f"train.threads={threads}",
         ]  # fmt: skip
         config = load_config(RunConfig, RECIPE, overrides)
@@ -194,7 +194,8 @@ def step_runs(
     """Per-step seconds of the SmolLM2 recipe on each arm, ``steps`` RL steps each in
     alternating rounds (one step of every arm per round) by one worker per arm
     (:func:`step_worker`)."""
-    args = ["--part", "step-worker", "--model", model, "--threads", str(threads)]
+    args = ["--part", "step-worker", "--model", model, "--steps", str(steps)]
+    args += ["--threads", str(threads)]
     ready, runs = arms.alternate(arms.commands(arm_names, vllm_python, __file__, args), steps)
     return {"model": model, "steps": steps, "startup": ready, "runs": runs}
 
@@ -350,7 +351,7 @@ def main() -> None:
         parser.error("--part and --backend (or --report DIR)")
     torch.set_num_threads(args.threads)
     if args.part == "step-worker":
-        step_worker(args.backend, args.model, args.threads)
+        step_worker(args.backend, args.model, args.threads, args.steps)
         return
     if args.part == "agents-worker":
         agent_worker(
