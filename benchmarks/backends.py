@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import arms  # noqa: E402
+from results_file import add_write_options, write_parts  # noqa: E402
 
 RECIPE = ROOT / "examples" / "calculator_smollm2.toml"
 STEP_PARTS = ("seconds_step", "seconds_sampling", "seconds_update")
@@ -328,24 +329,13 @@ def main() -> None:
     parser.add_argument("--warm-steps", type=int, default=200)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS", "2")))
     parser.add_argument("--report", type=Path, metavar="DIR", help="print the tables of DIR")
-    parser.add_argument("--write", action="store_true", help="--report: into RESULTS.md too")
-    parser.add_argument("--note", default="", help="--write: a paragraph before the tables")
-    parser.add_argument(
-        "--command", default="make bench-sampling", help="--write: the command to name"
-    )
+    add_write_options(parser, "make bench-sampling")
     args = parser.parse_args()
     if args.report is not None:
         parts = report(args.report)
         print("\n\n".join(parts.values()))
         if args.write:
-            from datetime import date
-
-            from results_file import write_section
-
-            note = f"{args.note}\n\n" if args.note else ""
-            for title, body in parts.items():
-                write_section(ROOT / "benchmarks" / "RESULTS.md", title, note + body,
-                              args.command, date.today())  # fmt: skip
+            write_parts(parts, args.note, args.command)
         return
     if args.part is None or args.backend is None:
         parser.error("--part and --backend (or --report DIR)")

@@ -39,8 +39,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import arms  # noqa: E402
+from results_file import add_write_options, write_parts  # noqa: E402
 
 COPY_MIB = 512
+TITLE = "Sampling backends: tokens/s on SmolLM2"
+"""The RESULTS.md section of this benchmark."""
 
 
 def memory_bandwidth_gbs(repeats: int = 5) -> float:
@@ -183,9 +186,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="where the driver writes the numbers")
     parser.add_argument("--report", type=Path, metavar="DIR", help="print the table of DIR")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    add_write_options(parser, "make bench-sampling")
     args = parser.parse_args()
     if args.report is not None:
-        print(report(args.report))
+        tables = report(args.report)
+        print(tables)
+        if args.write:
+            write_parts({TITLE: tables}, args.note, args.command)
         return
     if args.worker:
         worker(args)
