@@ -368,6 +368,20 @@ ITERATIVE_PERSONA = _iterate_study(
     tables=(
         Table("arms", "arms", ITERATE_VALUE),
         Table("paired", "paired", ITERATE_VALUE[:1] + ITERATE_VALUE[2:]),
+        Table(
+            "paired-explore",
+            "paired",
+            ITERATE_VALUE[:1] + ITERATE_VALUE[2:],
+            arms=("format-check", "format-check+persona-explore"),
+            baseline="format-check",
+        ),
+        Table(
+            "q-quality",
+            "seeds",
+            Q_QUALITY,
+            extra=Q_EXTRA,
+            arms=("format-check", "format-check+persona-explore"),
+        ),
     ),
     minutes_per_cell=2.0,
     # its arms' results are still the persona-aware rows of iterative-grpo's legacy tables
