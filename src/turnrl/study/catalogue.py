@@ -614,7 +614,8 @@ MEASUREMENTS: dict[str, Measurement] = {
         ),
         Measurement(
             "iterative-persona-following",
-            "python examples/iterative_grpo/persona_following.py",
+            "python examples/iterative_grpo/persona_following.py haggle split_money "
+            "--warm-starts runs/studies/iterative-persona/warm",
             "docs/iterative-grpo.md",
             ("persona",),
             5.0,
