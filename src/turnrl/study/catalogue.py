@@ -234,6 +234,9 @@ ITERATE_VALUE = (
     Metric("eval_return", "eval value", digits=3),
     Metric("eval_success", "eval deal rate", digits=3),
     Metric("eval_malformed_rate", "eval malformed turns", digits=3),
+    # one row per equal batch (an iteration's 128 conversations, an online step's 16):
+    # their mean is the mean value of every conversation the arm deployed
+    Metric("return", "deployed value (all 384)", "mean", digits=3),
 )
 Q_QUALITY = (
     Metric("q_heldout_loss", "held-out MSE", digits=3),
@@ -336,6 +339,21 @@ ITERATIVE_GRPO = _iterate_study(
             ITERATE_VALUE[:1] + ITERATE_VALUE[2:],
             arms=("paper", "format-check", "format-check+std-floor", "q-from-policy"),
             baseline="paper",
+        ),
+        Table(
+            "paired-q-init",
+            "paired",
+            (
+                *ITERATE_VALUE[:1],
+                *ITERATE_VALUE[3:],
+                # iteration 1: both arms fit Q on the same deployed batch
+                Metric("q_heldout_loss", "held-out MSE, iteration 1", "first", 3),
+                Metric(
+                    "q_heldout_within_state_pearson", "within-state corr., iteration 1", "first"
+                ),
+            ),
+            arms=("format-check+std-floor", "q-from-policy"),
+            baseline="format-check+std-floor",
         ),
         Table(
             "q-quality",
