@@ -337,7 +337,7 @@ ITERATIVE_GRPO = _iterate_study(
             "paired-paper",
             "paired",
             ITERATE_VALUE[:1] + ITERATE_VALUE[2:],
-            arms=("paper", "format-check", "format-check+std-floor", "q-from-policy"),
+            arms=(*ITERATIVE_ARMS, "q-from-policy"),
             baseline="paper",
         ),
         Table(
@@ -363,7 +363,6 @@ ITERATIVE_GRPO = _iterate_study(
             arms=("paper", "format-check", "format-check+std-floor", "q-from-policy"),
         ),
     ),
-    doc_tables=("legacy-haggle", "legacy-split_money", "legacy-q-quality"),
     minutes_per_cell=2.0,
 )
 
