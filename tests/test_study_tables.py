@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from turnrl.errors import InputError
-from turnrl.study import markers
+from turnrl.study import markers, provenance
 from turnrl.study.catalogue import STUDIES, known_tables
 from turnrl.study.declaration import Arm, Metric, Study, Table, cells
 from turnrl.study.runner import read_metrics
@@ -104,6 +104,27 @@ def test_a_whole_run_mean_counts_every_row_that_has_the_key(tmp_path: Path) -> N
         "|---|---|---:|---:|",
         "| base | 3 | 0.30 ± 0.20 | 0.30, 0.10, 0.50 |",
     ]
+
+
+def test_provenance_shortens_the_root_a_cell_ran_in(tmp_path: Path) -> None:
+    """A cell run in another checkout (its runs copied here) reads with relative paths."""
+    command = [
+        "/venv/bin/python3",
+        "-m",
+        "turnrl.cli",
+        "train",
+        "--config",
+        "/elsewhere/examples/x.toml",
+        "warm_start.init_from=/elsewhere/runs/studies/s/warm/ws0/warm_start",
+        f"extra={tmp_path}/here.toml",
+        "run_dir=/elsewhere/runs/studies/s/a/seed0",
+    ]
+    text = provenance.block(tmp_path, "run", "summarise", [{"command": command}])
+    assert (
+        "- one cell's exact command: `python -m turnrl.cli train --config examples/x.toml "
+        "warm_start.init_from=runs/studies/s/warm/ws0/warm_start extra=here.toml "
+        "run_dir=runs/studies/s/a/seed0`"
+    ) in text.splitlines()
 
 
 def test_summarise_fills_the_doc_between_markers(tmp_path: Path) -> None:
