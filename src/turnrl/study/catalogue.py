@@ -401,8 +401,6 @@ ITERATIVE_PERSONA = _iterate_study(
         ),
     ),
     minutes_per_cell=2.0,
-    # its arms' results are still the persona-aware rows of iterative-grpo's legacy tables
-    regenerated="python examples/iterative_grpo/run.py at d442a44 and 0c74127 (runs not kept)",
 )
 
 WARM_METRICS = (
