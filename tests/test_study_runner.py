@@ -140,3 +140,39 @@ def test_warm_starts_run_first_and_only_selects_cells(tmp_path: Path) -> None:
     assert f"warm_start.init_from={tmp_path}/runs/studies/fake/warm/ws0/warm_start" in every[1].argv
     outcomes = run_study(study, tmp_path, only=["seed3"])
     assert [o.cell.key for o in outcomes] == ["warm/ws0", "a/ws0-seed3"]
+
+
+def seed_major_study(root: Path) -> Study:
+    """Three arms x two seeds, a warm start per seed (the search-agent study's shape)."""
+    base = fake_study(root)
+    return Study(
+        name=base.name,
+        title=base.title,
+        config=base.config,
+        program=base.program,
+        arms=(Arm("a"), Arm("b"), Arm("c")),
+        seeds=(0, 1),
+        warm_starts=WarmStarts(count=1, per_seed=True),
+        tables=base.tables,
+    )
+
+
+def test_cells_run_seed_major_so_a_study_cut_short_has_whole_seeds(tmp_path: Path) -> None:
+    """Every arm's seed 0 runs before any arm's seed 1, so stopping a study early
+    leaves whole seeds (every arm paired with the baseline)."""
+    outcomes = run_study(seed_major_study(tmp_path), tmp_path, jobs=1)
+    assert [o.cell.key for o in outcomes] == [
+        "warm/ws0",
+        "warm/ws1",
+        "a/seed0",
+        "b/seed0",
+        "c/seed0",
+        "a/seed1",
+        "b/seed1",
+        "c/seed1",
+    ]
+
+
+def test_only_one_seed_runs_its_own_warm_start_and_every_arm(tmp_path: Path) -> None:
+    outcomes = run_study(seed_major_study(tmp_path), tmp_path, jobs=1, only=["seed0"])
+    assert [o.cell.key for o in outcomes] == ["warm/ws0", "a/seed0", "b/seed0", "c/seed0"]

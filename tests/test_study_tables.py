@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from turnrl.errors import InputError
-from turnrl.study import markers
+from turnrl.study import markers, provenance
 from turnrl.study.catalogue import STUDIES, known_tables
 from turnrl.study.declaration import Arm, Metric, Study, Table, cells
 from turnrl.study.runner import read_metrics
 from turnrl.study.summary import summarise
 from turnrl.study.tables import build
+from turnrl.study.values import reduce
 
 ROOT = Path(__file__).resolve().parents[1]
 SUCCESS = Metric("eval_success", "success")
@@ -79,6 +80,51 @@ def test_seed_arm_and_paired_tables(tmp_path: Path) -> None:
     assert row.startswith("| new − base | success | 3 | +0.25, +0.05, +0.30 | +0.20 | [")
     assert row.endswith("| higher, detected |")
     assert "ddof = 1" in arms and "bootstrap" in paired
+
+
+def test_a_whole_run_mean_counts_every_row_that_has_the_key(tmp_path: Path) -> None:
+    """``reduce="mean"``: the mean over every row that logged the key (the evaluation
+    row of step 0 has none), shown per arm as mean ± sd and per seed."""
+    study = two_arm_study(tmp_path)
+    returns = {0: [0.1, 0.2, 0.6], 1: [0.0, 0.0, 0.3], 2: [0.5, 0.5, 0.5]}
+    for cell in cells(study, tmp_path):
+        cell.run_dir.mkdir(parents=True)
+        rows = [{"step": 0, "eval_success": 0.25}] + [
+            {"step": step, "return": value}
+            for step, value in enumerate(returns[cell.seed], start=1)
+        ]
+        (cell.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    deployed = Metric("return", "deployed", "mean")
+    done = [c for c in cells(study, tmp_path) if c.arm == "base"]
+    assert [reduce(read_metrics(c), deployed) for c in done] == pytest.approx([0.3, 0.1, 0.5])
+    table = build(study, Table("arms", "arms", (deployed,)), done, read_metrics)
+    # mean 0.3, sd of (0.3, 0.1, 0.5) = 0.2 (ddof = 1)
+    assert table.splitlines()[:3] == [
+        "| arm | n | deployed (mean ± sd) | per seed |",
+        "|---|---|---:|---:|",
+        "| base | 3 | 0.30 ± 0.20 | 0.30, 0.10, 0.50 |",
+    ]
+
+
+def test_provenance_shortens_the_root_a_cell_ran_in(tmp_path: Path) -> None:
+    """A cell run in another checkout (its runs copied here) reads with relative paths."""
+    command = [
+        "/venv/bin/python3",
+        "-m",
+        "turnrl.cli",
+        "train",
+        "--config",
+        "/elsewhere/examples/x.toml",
+        "warm_start.init_from=/elsewhere/runs/studies/s/warm/ws0/warm_start",
+        f"extra={tmp_path}/here.toml",
+        "run_dir=/elsewhere/runs/studies/s/a/seed0",
+    ]
+    text = provenance.block(tmp_path, "run", "summarise", [{"command": command}])
+    assert (
+        "- one cell's exact command: `python -m turnrl.cli train --config examples/x.toml "
+        "warm_start.init_from=runs/studies/s/warm/ws0/warm_start extra=here.toml "
+        "run_dir=runs/studies/s/a/seed0`"
+    ) in text.splitlines()
 
 
 def test_summarise_fills_the_doc_between_markers(tmp_path: Path) -> None:

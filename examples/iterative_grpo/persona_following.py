@@ -1,11 +1,14 @@
 """Does a persona-aware warm start follow its exploration persona?
 
-For each seed's persona-aware warm start (written by ``run.py``), the mean value on
+For each seed's persona-aware warm start (written by ``run.py``, or with
+``--warm-starts`` by the ``iterative-persona`` study), the mean value on
 the 64 held-out personas of the experiment, with and without the instruction,
 greedy and at temperature 1 (4 conversations per persona); then the value of the
 scripted demonstration styles themselves on the same personas (no model):
 
     python examples/iterative_grpo/persona_following.py haggle split_money
+    python examples/iterative_grpo/persona_following.py haggle split_money \\
+        --warm-starts runs/studies/iterative-persona/warm
     python examples/iterative_grpo/persona_following.py haggle split_money --styles-only
 """
 
@@ -58,6 +61,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("settings", nargs="+")
     parser.add_argument("--out", default=str(ROOT / "runs" / "iterative_grpo"))
+    parser.add_argument(
+        "--warm-starts",
+        help="a study's warm starts, DIR/<setting>/ws<seed>/warm_start, instead of run.py's",
+    )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--styles-only", action="store_true", help="only the scripted styles")
     args = parser.parse_args()
@@ -74,7 +81,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for setting in args.settings:
         for seed in range(args.seeds):
-            warm = Path(args.out) / setting / "persona-iterative-formatcheck" / f"seed{seed}"
+            if args.warm_starts:
+                warm = Path(args.warm_starts) / setting / f"ws{seed}"
+            else:
+                warm = Path(args.out) / setting / "persona-iterative-formatcheck" / f"seed{seed}"
             policy = HFPolicy.from_pretrained(warm / "warm_start")
             cells = [
                 f"{mean_value(policy, setting, instruction, temperature):.3f}"

@@ -234,6 +234,9 @@ ITERATE_VALUE = (
     Metric("eval_return", "eval value", digits=3),
     Metric("eval_success", "eval deal rate", digits=3),
     Metric("eval_malformed_rate", "eval malformed turns", digits=3),
+    # one row per equal batch (an iteration's 128 conversations, an online step's 16):
+    # their mean is the mean value of every conversation the arm deployed
+    Metric("return", "deployed value (all 384)", "mean", digits=3),
 )
 Q_QUALITY = (
     Metric("q_heldout_loss", "held-out MSE", digits=3),
@@ -334,8 +337,23 @@ ITERATIVE_GRPO = _iterate_study(
             "paired-paper",
             "paired",
             ITERATE_VALUE[:1] + ITERATE_VALUE[2:],
-            arms=("paper", "format-check", "format-check+std-floor", "q-from-policy"),
+            arms=(*ITERATIVE_ARMS, "q-from-policy"),
             baseline="paper",
+        ),
+        Table(
+            "paired-q-init",
+            "paired",
+            (
+                *ITERATE_VALUE[:1],
+                *ITERATE_VALUE[3:],
+                # iteration 1: both arms fit Q on the same deployed batch
+                Metric("q_heldout_loss", "held-out MSE, iteration 1", "first", 3),
+                Metric(
+                    "q_heldout_within_state_pearson", "within-state corr., iteration 1", "first"
+                ),
+            ),
+            arms=("format-check+std-floor", "q-from-policy"),
+            baseline="format-check+std-floor",
         ),
         Table(
             "q-quality",
@@ -345,7 +363,6 @@ ITERATIVE_GRPO = _iterate_study(
             arms=("paper", "format-check", "format-check+std-floor", "q-from-policy"),
         ),
     ),
-    doc_tables=("legacy-haggle", "legacy-split_money", "legacy-q-quality"),
     minutes_per_cell=2.0,
 )
 
@@ -368,10 +385,22 @@ ITERATIVE_PERSONA = _iterate_study(
     tables=(
         Table("arms", "arms", ITERATE_VALUE),
         Table("paired", "paired", ITERATE_VALUE[:1] + ITERATE_VALUE[2:]),
+        Table(
+            "paired-explore",
+            "paired",
+            ITERATE_VALUE[:1] + ITERATE_VALUE[2:],
+            arms=("format-check", "format-check+persona-explore"),
+            baseline="format-check",
+        ),
+        Table(
+            "q-quality",
+            "seeds",
+            Q_QUALITY,
+            extra=Q_EXTRA,
+            arms=("format-check", "format-check+persona-explore"),
+        ),
     ),
     minutes_per_cell=2.0,
-    # its arms' results are still the persona-aware rows of iterative-grpo's legacy tables
-    regenerated="python examples/iterative_grpo/run.py at d442a44 and 0c74127 (runs not kept)",
 )
 
 WARM_METRICS = (
@@ -600,7 +629,8 @@ MEASUREMENTS: dict[str, Measurement] = {
         ),
         Measurement(
             "iterative-persona-following",
-            "python examples/iterative_grpo/persona_following.py",
+            "python examples/iterative_grpo/persona_following.py haggle split_money "
+            "--warm-starts runs/studies/iterative-persona/warm",
             "docs/iterative-grpo.md",
             ("persona",),
             5.0,

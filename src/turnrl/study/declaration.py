@@ -77,7 +77,9 @@ class Metric:
 
     ``reduce``: ``"last"`` (the last row that has it; the end of the run),
     ``"first"`` (the first such row; the start), ``"min_after_first"`` (the lowest
-    after the first), ``"mean_after_first"`` (the mean over rows after the first)."""
+    after the first), ``"mean_after_first"`` (the mean over rows after the first),
+    ``"mean"`` (the mean over every row that has it: with one row per equal-sized batch,
+    the mean over the whole run)."""
 
     key: str
     label: str

@@ -8,6 +8,8 @@ import platform
 import subprocess
 from pathlib import Path
 
+from turnrl.study.declaration import STUDIES_DIR
+
 
 def git_commit(root: Path) -> str:
     """``HEAD``'s commit, with ``+ uncommitted changes`` when the tree is dirty."""
@@ -50,11 +52,19 @@ def machine(omp_threads: str | None = None) -> str:
 
 
 def _short(argv: list[str], root: Path) -> str:
-    """A command with the repository root and the interpreter's path shortened."""
-    text = (
-        " ".join(["python", *argv[1:]]) if argv and argv[0].endswith("python") else " ".join(argv)
-    )
-    return text.replace(f"{root}/", "")
+    """A command with the repository root and the interpreter's path shortened. The
+    root is this checkout's and the one the cell ran in (the part of its ``run_dir``
+    before ``runs/studies/``): cells copied from another checkout read the same."""
+    interpreter = bool(argv) and Path(argv[0]).name.startswith("python")
+    text = " ".join(["python", *argv[1:]]) if interpreter else " ".join(argv)
+    roots = {str(root)}
+    marker = f"/{STUDIES_DIR.as_posix()}/"
+    for arg in argv:
+        if arg.startswith("run_dir=") and marker in arg:
+            roots.add(arg.removeprefix("run_dir=").split(marker)[0])
+    for prefix in roots:
+        text = text.replace(f"{prefix}/", "")
+    return text
 
 
 def block(root: Path, run_command: str, summary_command: str, cells: list[dict]) -> str:

@@ -21,6 +21,8 @@ def reduce(rows: Sequence[dict], metric: Metric) -> float:
         return values[0]
     if metric.reduce == "min_after_first":
         return min(values[1:]) if len(values) > 1 else float("nan")
+    if metric.reduce == "mean":
+        return float(np.mean(values))
     if metric.reduce == "mean_after_first":
         return float(np.mean(values[1:])) if len(values) > 1 else float("nan")
     raise UsageError(f"metric {metric.key!r}: unknown reduce {metric.reduce!r}")
