@@ -396,7 +396,7 @@ AGENTS_WARM = Study(
         Arm("steps3000-draw", ("warm_start.steps=3000", "warm_start.mix=per_draw")),
         Arm("steps3000-task", ("warm_start.steps=3000", "warm_start.mix=per_task")),
     ),
-    seeds=(0, 1, 2),
+    seeds=(0, 1, 2, 3, 4),
     overrides=("train.threads=1", "train.steps=0"),
     doc="docs/agents.md",
     tables=(Table("warm", "arms", WARM_METRICS),),
