@@ -3,6 +3,7 @@ killed or failed study resumes without running a finished cell again."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -11,6 +12,8 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+
+import pytest
 
 from turnrl.study.declaration import DONE_FILE, Arm, Metric, Study, Table, WarmStarts, cells
 from turnrl.study.runner import FINISHED, MISSING, PARTIAL, cell_state, run_study
@@ -176,3 +179,29 @@ def test_cells_run_seed_major_so_a_study_cut_short_has_whole_seeds(tmp_path: Pat
 def test_only_one_seed_runs_its_own_warm_start_and_every_arm(tmp_path: Path) -> None:
     outcomes = run_study(seed_major_study(tmp_path), tmp_path, jobs=1, only=["seed0"])
     assert [o.cell.key for o in outcomes] == ["warm/ws0", "a/seed0", "b/seed0", "c/seed0"]
+
+
+def test_warm_starts_with_named_seeds_use_them_as_train_seeds(tmp_path: Path) -> None:
+    study = fake_study(tmp_path)
+    named = dataclasses.replace(study, warm_starts=WarmStarts(count=2, seeds=(0, 3)))
+    every = cells(named, tmp_path)
+    assert [c.key for c in every[:2]] == ["warm/ws0", "warm/ws3"]
+    assert every[1].argv[-2:] == (
+        "train.seed=3",
+        f"run_dir={tmp_path}/runs/studies/fake/warm/ws3",
+    )
+    rl = [c for c in every if not c.is_warm_start]
+    assert [c.key for c in rl] == [f"a/ws{w}-seed{k}" for w in (0, 3) for k in (0, 1, 2, 3)]
+    assert {c.warm_from for c in rl} == {"warm/ws0", "warm/ws3"}
+    ws3 = f"warm_start.init_from={tmp_path}/runs/studies/fake/warm/ws3/warm_start"
+    assert all((ws3 in c.argv) == (c.warm == 3) for c in rl)
+
+
+def test_warm_start_seeds_must_be_count_distinct_seeds() -> None:
+    with pytest.raises(ValueError, match="distinct seeds"):
+        WarmStarts(count=2, seeds=(0, 0))
+    with pytest.raises(ValueError, match="distinct seeds"):
+        WarmStarts(count=3, seeds=(0, 3))
+    with pytest.raises(ValueError, match="exclude each other"):
+        WarmStarts(count=2, seeds=(0, 3), per_seed=True)
+    assert WarmStarts(count=2, seeds=(1, 4)).seeds == (1, 4)

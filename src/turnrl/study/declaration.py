@@ -58,6 +58,11 @@ class WarmStarts:
 
     count: int
     """How many; with ``per_seed`` it is ignored (one per seed)."""
+    seeds: tuple[int, ...] = ()
+    """The warm starts' own seeds, when not ``0 .. count-1``: warm start ``w`` is the run
+    with ``train.seed=w`` under ``ws<w>``. For a recipe whose warm start fails its check
+    on some seeds, the study names the seeds that pass (and its doc the ones that did
+    not). ``count`` must equal their number."""
     per_seed: bool = False
     """One warm start per seed, warm start ``k`` for seed ``k`` (the seed is both)."""
     program: tuple[str, ...] | None = None
@@ -69,6 +74,14 @@ class WarmStarts:
     per_setting: bool = False
     """One warm start per setting as well (with the setting's overrides), under
     ``warm/<setting>/ws<w>``: for settings that change the environment."""
+
+    def __post_init__(self) -> None:
+        if self.seeds and not len(self.seeds) == len(set(self.seeds)) == self.count:
+            raise ValueError(
+                f"WarmStarts: seeds {self.seeds} must be {self.count} distinct seeds (count)"
+            )
+        if self.seeds and self.per_seed:
+            raise ValueError("WarmStarts: seeds and per_seed exclude each other")
 
 
 @dataclass(frozen=True)
@@ -187,11 +200,12 @@ def _fill(template: str, **values: object) -> str:
 
 
 def warm_indices(study: Study) -> list[int]:
+    """The warm starts' seeds (``ws<w>`` is the run with ``train.seed=w``)."""
     if study.warm_starts is None:
         return [0]
     if study.warm_starts.per_seed:
         return list(study.seeds)
-    return list(range(study.warm_starts.count))
+    return list(study.warm_starts.seeds or range(study.warm_starts.count))
 
 
 def _warm_settings(study: Study) -> tuple[Setting, ...]:
