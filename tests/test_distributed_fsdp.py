@@ -9,8 +9,9 @@ optimiser step one rank holds all its rows and the other runs only padding forwa
 ``rows-a2tgpo`` needs information gain, computed with the whole copy.
 
 Tolerance: the same as without sharding (``WEIGHT_ATOL = 1e-5`` on weights of order 1
-after each of 3 steps; measured under 1e-7) and every float metric within a relative
-``METRIC_RTOL``, except what each process computed. A resumed fsdp2 run equals the
+after each of 3 steps; measured under 1e-6) and every float metric within a relative
+``METRIC_RTOL``, except what each process computed and ``rows-a2tgpo``'s
+(:data:`IG_METRIC_RTOL`). A resumed fsdp2 run equals the
 uninterrupted one exactly; checkpoints have the one-process format, so a 2-rank run
 without sharding resumes with it (within the tolerance).
 """
@@ -53,6 +54,15 @@ LAYOUTS = {
 sharded learner on one rank alone would wait for the others); no clipping, so the
 reported norm is computed from the shards without ``clip_grad_norm_``."""
 
+IG_METRIC_RTOL = 1e-4
+"""``rows-a2tgpo``'s metrics from step 2 on: its advantages are built from information
+gain, a difference of two log-probabilities of one answer, computed with weights that
+already differ in the 7th digit (the sharded gradient is summed in another order), and
+normalised within turn groups; both cancellations amplify the difference. Measured:
+advantage, loss and gradient-norm metrics up to 2.6e-5 relative (the same value on
+every run: it is deterministic), with the weights within 1e-6."""
+METRIC_RTOLS = {"rows-a2tgpo": IG_METRIC_RTOL}
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -83,7 +93,7 @@ def test_fsdp2_ranks_equal_one_process(runs: dict[str, Path], layout: str) -> No
     rows = metrics(two)
     assert all(r["grad_norm"] > 0 for r in rows[1:])  # the global norm (it is compared too)
     assert [r["episodes"] for r in rows[1:]] == [16, 16, 16]
-    assert_metrics_close(metrics(one), rows)
+    assert_metrics_close(metrics(one), rows, METRIC_RTOLS.get(layout, METRIC_RTOL))
     # the checkpoint is the one-process format: plain tensors, the same keys, and the
     # optimiser state whole
     saved = torch.load(two / "checkpoints" / "step-000003.pt", weights_only=False)

@@ -42,7 +42,7 @@ import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 
@@ -150,12 +150,41 @@ def shutdown() -> None:
         torch.distributed.destroy_process_group()
 
 
-def run_as_rank(world: World, device: str, work: Callable[[], None], *, command: str) -> int:
+def run_as_rank(world: World, device: str, work: Callable[[], None], *, command: str) -> NoReturn:
     """One rank's whole life under torchrun: join the group (``device`` picks the
-    backend), ``work()``, leave the group. Returns the exit status: 0;
-    :data:`EXIT_RANK_LOST` with one line on stderr (``"{command}: error: ..."``) when
-    another rank stopped; 0 when rank 0 stopped the run and reports why itself
-    (:class:`StoppedByRankZero`). Other errors propagate (the CLI reports them)."""
+    backend), ``work()``, leave the group, end the process (:func:`end_rank_process`)
+    with its exit status: 0; :data:`EXIT_RANK_LOST` with one line on stderr
+    (``"{command}: error: ..."``) when another rank stopped; 0 when rank 0 stopped the
+    run and reports why itself (:class:`StoppedByRankZero`). Other errors propagate
+    (the CLI reports them)."""
+    end_rank_process(_rank_life(world, device, work, command=command))
+
+
+def end_rank_process(status: int) -> NoReturn:
+    """End a rank's process with ``status`` once its work is done and the group left:
+    run the ``atexit`` handlers (Ray's shutdown where Ray was started) and flush the
+    standard streams while the interpreter is whole, then ``os._exit``, skipping the
+    interpreter's finalisation. Why: gloo's worker threads can still release tensors
+    of finished collectives (FSDP2's among them) when the module objects that hold
+    the process group are collected during finalisation; such a thread then takes
+    the GIL of a finalising interpreter, which ends it with ``pthread_exit`` through
+    C++ ``noexcept`` frames: ``terminate called without an active exception``,
+    SIGABRT, exit status != 0 after a run that wrote everything. Everything a run
+    writes is written atomically and closed before this point. The mechanism is the one pytorch PR
+    179291 describes; here a rank of the 2-rank FSDP2 tests once ended so under heavy
+    load (not reproduced in 36 loaded runs since), so this guards against a rare
+    abort rather than a measured one."""
+    import atexit
+    import sys
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(status)
+
+
+def _rank_life(world: World, device: str, work: Callable[[], None], *, command: str) -> int:
+    """:func:`run_as_rank` up to the exit status."""
     import sys
 
     stop_on_sigterm(world)

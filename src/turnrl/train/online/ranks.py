@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -435,10 +435,10 @@ def train_distributed(
     quiet: bool,
     report: Callable[[Path], None] | None = None,
     pool_factory: Callable[[RunConfig], RolloutPool] | None = None,
-) -> int:
+) -> NoReturn:
     """One rank of ``turnrl train`` under torchrun: join the group, train (a built-in
     environment here, the agent loop with ``[agent]``), rank 0 calls
-    ``report(run_dir)``; leave the group. Returns the exit status
+    ``report(run_dir)``; leave the group; end the process with the exit status
     (:func:`turnrl.train.distributed.run_as_rank`). With ``rollout.workers``, rank 0
     samples on the pool ``pool_factory(config)`` builds (Ray workers)."""
     quiet = quiet or not world.main
