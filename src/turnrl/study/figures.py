@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -45,7 +46,11 @@ def plot_curves(
         if axes.get_legend_handles_labels()[0]:
             axes.legend(fontsize=8)
     title = study.title.replace("`", "")
-    figure.suptitle(f"{title}: thin lines are seeds, thick the mean", fontsize=10)
+    # wrapped to the figure's width (about 11 characters per inch at this size): a
+    # long title on one line runs off both edges
+    width = int(11 * 6.4 * len(settings))
+    wrapped = textwrap.fill(f"{title}: thin lines are seeds, thick the mean", width)
+    figure.suptitle(wrapped, fontsize=10)
     figure.tight_layout()
     from turnrl.io import atomic_open
 
