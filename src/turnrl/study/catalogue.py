@@ -134,10 +134,8 @@ GROUPING_LEARNING = Study(
         Table("arms", "arms", GROUPING_OUTCOMES),
         Table("paired", "paired", GROUPING_OUTCOMES),
     ),
-    doc_tables=("legacy-cost0.4-steps60", "legacy-cost0.4-steps30", "legacy-cost0.2-steps60"),
     curve="eval_tool_open_rate",
-    minutes_per_cell=6.0,
-    regenerated="python examples/grouping/run.py --cost C --steps N",
+    minutes_per_cell=1.0,
 )
 
 SEARCH_ARMS = (
@@ -214,7 +212,6 @@ AGENTS_CALC_OPENAI = Study(
     ),
     curve="eval_success",
     minutes_per_cell=3.0,
-    regenerated="python examples/agents/study.py calc_openai",
 )
 
 AGENTS_PARITY = Study(
