@@ -149,6 +149,16 @@ SEARCH_ARMS = (
     ("a2tgpo_no_clip", "a2tgpo", "{beta = 0.0}"),
 )
 
+SEARCH_METRICS = (
+    Metric("eval_success", "success"),
+    Metric("eval_success_hop1", "1-hop"),
+    Metric("eval_success_hop2", "2-hop"),
+    Metric("eval_success_hop3", "3-hop"),
+    Metric("eval_tool_calls", "searches"),
+    Metric("eval_turns", "turns"),
+)
+"""Held-out (greedy) success overall and by hop count, searches and turns per question."""
+
 SEARCH_AGENT = Study(
     name="search-agent",
     title="Search agent (lookup): credit estimators, equal episodes",
@@ -162,8 +172,8 @@ SEARCH_AGENT = Study(
     baseline="grpo",
     doc="docs/search-agent.md",
     tables=(
-        Table("arms", "arms", (Metric("eval_success", "success"),)),
-        Table("paired", "paired", (Metric("eval_success", "success"),)),
+        Table("arms", "arms", SEARCH_METRICS),
+        Table("paired", "paired", SEARCH_METRICS[:1] + SEARCH_METRICS[4:5]),
     ),
     doc_tables=("details",),
     curve="eval_success",
