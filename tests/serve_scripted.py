@@ -6,12 +6,13 @@ path, which the random tiny model would hit only by chance.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import itertools
 import json
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import openai
@@ -20,7 +21,7 @@ from turnrl.envs.calculator import is_correct
 from turnrl.envs.safe_math import calculate
 from turnrl.envs.tools import FinalAnswer, parse_response
 from turnrl.policy import HFPolicy
-from turnrl.serve import GatewayServer
+from turnrl.serve import Gateway, GatewayServer
 from turnrl.types import Sample
 
 CALCULATOR_TOOL = {
@@ -129,6 +130,23 @@ def calculator_agent(client: openai.OpenAI, question: str, *, max_turns: int = 4
                 {"role": "tool", "tool_call_id": call.id, "content": calculate(argument)}
             )
     return 0.0
+
+
+@contextlib.contextmanager
+def serving(policy: Any) -> Iterator[tuple[Gateway, GatewayServer]]:
+    """A gateway over ``policy`` and its HTTP server, both closed on exit."""
+    with Gateway(policy) as gateway, GatewayServer(gateway) as server:
+        yield gateway, server
+
+
+def rollout_client(server: GatewayServer, rollout_id: str) -> openai.OpenAI:
+    """The official client, pointed at the server's URL for one rollout."""
+    return openai.OpenAI(base_url=server.base_url(rollout_id), api_key=server.api_key)
+
+
+def rollout_records(gateway: Gateway, rollout_id: str) -> list[dict[str, Any]]:
+    """The turn records the gateway holds for one rollout."""
+    return gateway.views.rollout(rollout_id)["records"]
 
 
 def auth(server: GatewayServer) -> dict[str, str]:

@@ -20,7 +20,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from serve_scripted import ScriptedPolicy
+from serve_scripted import ScriptedPolicy, rollout_client, rollout_records, serving
 from turnrl.credit.registry import compute_credit
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.records import parse_record, record_to_json
@@ -46,20 +46,12 @@ def tiny() -> HFPolicy:
 
 @pytest.fixture(scope="module")
 def served(tiny: HFPolicy) -> Any:
-    with Gateway(tiny) as gateway, GatewayServer(gateway) as server:
-        yield gateway, server
-
-
-def _client(server: GatewayServer, rollout_id: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url(rollout_id), api_key=server.api_key)
-
-
-def _records(gateway: Gateway, rollout_id: str) -> list[dict[str, Any]]:
-    return gateway.views.rollout(rollout_id)["records"]
+    with serving(tiny) as pair:
+        yield pair
 
 
 def _three_choices(gateway: Gateway, server: GatewayServer, rollout_id: str) -> Any:
-    answer = _client(server, rollout_id).chat.completions.create(**REQUEST, n=3)
+    answer = rollout_client(server, rollout_id).chat.completions.create(**REQUEST, n=3)
     texts = [c.message.content.strip() for c in answer.choices]
     assert len(set(texts)) == 3, "the seeded choices should differ (pick another SEED)"
     return answer
@@ -75,22 +67,22 @@ def test_seeded_choices_are_the_single_calls_with_the_derived_seeds(served: Any)
     seeds = choice_seeds(SEED, 3)
     assert seeds[0] == SEED
     for i, seed in enumerate(seeds):
-        single = _client(server, f"n-single-{i}").chat.completions.create(
+        single = rollout_client(server, f"n-single-{i}").chat.completions.create(
             **{**REQUEST, "seed": seed}
         )
         [one] = single.choices
         assert one.model_extra["token_ids"] == answer.choices[i].model_extra["token_ids"]
         assert one.message.content == answer.choices[i].message.content
         assert one.finish_reason == answer.choices[i].finish_reason
-        [record] = _records(gateway, f"n-single-{i}")
-        holder = _records(gateway, "n-seeded")[0]
+        [record] = rollout_records(gateway, f"n-single-{i}")
+        holder = rollout_records(gateway, "n-seeded")[0]
         entry = record if i == 0 else holder["siblings"][i - 1]
         assert (entry["response_ids"], entry["logprobs"]) == (
             record["response_ids"],
             record["logprobs"],
         )
     # the same request again on a fresh rollout: the same three choices
-    again = _client(server, "n-seeded-again").chat.completions.create(**REQUEST, n=3)
+    again = rollout_client(server, "n-seeded-again").chat.completions.create(**REQUEST, n=3)
     assert [c.model_extra["token_ids"] for c in again.choices] == [
         c.model_extra["token_ids"] for c in answer.choices
     ]
@@ -109,10 +101,10 @@ def test_usage_counts_the_prompt_once_and_every_choice(served: Any) -> None:
 def test_unseeded_choices_are_rows_of_one_batched_call(tiny: HFPolicy) -> None:
     policy = ScriptedPolicy(tiny, lambda context: "forty-two")
     with Gateway(policy) as gateway, GatewayServer(gateway) as server:
-        answer = _client(server, "n-batch").chat.completions.create(
+        answer = rollout_client(server, "n-batch").chat.completions.create(
             model="m", messages=QUESTION, n=4
         )
-        seeded = _client(server, "n-seeds").chat.completions.create(
+        seeded = rollout_client(server, "n-seeds").chat.completions.create(
             model="m", messages=QUESTION, n=3, seed=5
         )
     assert [c.message.content for c in answer.choices] == ["forty-two"] * 4
@@ -128,7 +120,7 @@ def test_unseeded_choices_are_rows_of_one_batched_call(tiny: HFPolicy) -> None:
 def test_before_any_continuation_the_record_holds_choice_0_untrained(served: Any) -> None:
     gateway, server = served
     answer = _three_choices(gateway, server, "n-pending")
-    [record] = _records(gateway, "n-pending")
+    [record] = rollout_records(gateway, "n-pending")
     ids = [c.model_extra["token_ids"] for c in answer.choices]
     assert record["response_ids"] == ids[0]
     assert record["choice"] == 0 and record["continued"] is False
@@ -144,7 +136,7 @@ def test_the_continued_choice_is_recorded_and_trains_the_others_do_not(
     served: Any, tiny: HFPolicy
 ) -> None:
     gateway, server = served
-    client = _client(server, "n-continued")
+    client = rollout_client(server, "n-continued")
     answer = _three_choices(gateway, server, "n-continued")
     chosen = answer.choices[2]
     messages: list[Any] = [
@@ -153,7 +145,7 @@ def test_the_continued_choice_is_recorded_and_trains_the_others_do_not(
         {"role": "user", "content": "Are you sure?"},
     ]
     client.chat.completions.create(**{**REQUEST, "messages": messages, "seed": 99})
-    first, second = _records(gateway, "n-continued")
+    first, second = rollout_records(gateway, "n-continued")
     ids = [c.model_extra["token_ids"] for c in answer.choices]
     assert first["response_ids"] == ids[2]
     assert first["choice"] == 2 and first["continued"] is True
@@ -169,7 +161,7 @@ def test_the_continued_choice_is_recorded_and_trains_the_others_do_not(
     assert second["prompt"][1] == {"role": "assistant", "content": first["response"]}
 
     gateway.reward("n-continued", 1.0)
-    records = [parse_record(r) for r in _records(gateway, "n-continued")]
+    records = [parse_record(r) for r in rollout_records(gateway, "n-continued")]
     assert trainable_rows(records) == [0, 1]
     table = TurnTable.from_records(records)
     advantages = compute_credit(table, "grpo").advantages
@@ -182,7 +174,7 @@ def test_a_choice_never_continued_is_not_trained(served: Any) -> None:
     gateway, server = served
     answer = _three_choices(gateway, server, "n-last")
     gateway.reward("n-last", 1.0)
-    [record] = _records(gateway, "n-last")
+    [record] = rollout_records(gateway, "n-last")
     assert record["response_ids"] == answer.choices[0].model_extra["token_ids"]
     assert (record["continued"], record["train"], record["reward"], record["done"]) == (
         False,
@@ -201,8 +193,10 @@ def test_a_request_that_continues_no_choice_leaves_the_turn_untrained(served: An
         {"role": "assistant", "content": "a summary of the three answers"},
         {"role": "user", "content": "Which one?"},
     ]
-    _client(server, "n-rewritten").chat.completions.create(**{**REQUEST, "messages": messages})
-    first, second = _records(gateway, "n-rewritten")
+    rollout_client(server, "n-rewritten").chat.completions.create(
+        **{**REQUEST, "messages": messages}
+    )
+    first, second = rollout_records(gateway, "n-rewritten")
     assert (first["choice"], first["continued"], first["train"]) == (0, False, False)
     assert second["context_rebuilt"] is True
 
@@ -210,7 +204,7 @@ def test_a_request_that_continues_no_choice_leaves_the_turn_untrained(served: An
 def test_the_choice_fields_survive_a_log_line_and_the_table(served: Any) -> None:
     gateway, server = served
     _three_choices(gateway, server, "n-line")
-    [line] = _records(gateway, "n-line")
+    [line] = rollout_records(gateway, "n-line")
     record = parse_record(json.loads(json.dumps(line)))
     assert record_to_json(record) == line
     assert record.extra["siblings"] == line["siblings"]
@@ -219,11 +213,11 @@ def test_the_choice_fields_survive_a_log_line_and_the_table(served: Any) -> None
 
 def test_a_retried_call_with_choices_is_answered_again_and_recorded_once(served: Any) -> None:
     gateway, server = served
-    client = _client(server, "n-retry")
+    client = rollout_client(server, "n-retry")
     first = client.chat.completions.create(**REQUEST, n=2)
     again = client.chat.completions.create(**REQUEST, n=2)
     assert again.model_dump() == first.model_dump()
-    assert len(_records(gateway, "n-retry")) == 1
+    assert len(rollout_records(gateway, "n-retry")) == 1
 
 
 # ----------------------------------------------------------------------------- streaming
@@ -231,8 +225,8 @@ def test_a_retried_call_with_choices_is_answered_again_and_recorded_once(served:
 
 def test_a_stream_carries_every_choice_by_index(served: Any) -> None:
     _, server = served
-    plain = _client(server, "n-plain").chat.completions.create(**REQUEST, n=2)
-    stream = _client(server, "n-stream").chat.completions.create(
+    plain = rollout_client(server, "n-plain").chat.completions.create(**REQUEST, n=2)
+    stream = rollout_client(server, "n-stream").chat.completions.create(
         **REQUEST, n=2, stream=True, stream_options={"include_usage": True}
     )
     chunks = list(stream)
@@ -270,7 +264,7 @@ def test_n_defaults_to_1_and_accepts_the_bound() -> None:
 def test_over_http_n_17_is_refused_and_recorded_nowhere(served: Any) -> None:
     gateway, server = served
     with pytest.raises(openai.BadRequestError) as caught:
-        _client(server, "n-17").chat.completions.create(**REQUEST, n=17)
+        rollout_client(server, "n-17").chat.completions.create(**REQUEST, n=17)
     assert caught.value.body["param"] == "n"
     assert "n-17" not in [r["rollout_id"] for r in gateway.views.rollouts()]
 

@@ -16,7 +16,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from serve_scripted import ScriptedPolicy
+from serve_scripted import ScriptedPolicy, rollout_client, rollout_records, serving
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.serve import Gateway, GatewayServer
 from turnrl.serve.batcher import Sampled
@@ -48,16 +48,8 @@ def scripted(tiny: HFPolicy) -> Any:
 
 @pytest.fixture(scope="module")
 def sampled(tiny: HFPolicy) -> Any:
-    with Gateway(tiny) as gateway, GatewayServer(gateway) as server:
-        yield gateway, server
-
-
-def _client(server: GatewayServer, rollout_id: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url(rollout_id), api_key=server.api_key)
-
-
-def _records(gateway: Gateway, rollout_id: str) -> list[dict[str, Any]]:
-    return gateway.views.rollout(rollout_id)["records"]
+    with serving(tiny) as pair:
+        yield pair
 
 
 def _ids(tiny: HFPolicy, text: str) -> list[int]:
@@ -71,7 +63,7 @@ def test_a_stop_list_ends_the_response_at_the_completing_token(
     scripted: Any, tiny: HFPolicy
 ) -> None:
     gateway, server = scripted
-    answer = _client(server, "stop-list").chat.completions.create(
+    answer = rollout_client(server, "stop-list").chat.completions.create(
         model="m", messages=QUESTION, stop=SMOLAGENTS_STOPS, logprobs=True
     )
     choice = answer.choices[0]
@@ -81,7 +73,7 @@ def test_a_stop_list_ends_the_response_at_the_completing_token(
     # 25 characters, so the record keeps exactly the first 25 sampled tokens.
     kept = _ids(tiny, REPLY)[:25]
     assert tiny.decode(kept) == "Thought: add\nObservation:"
-    [record] = _records(gateway, "stop-list")
+    [record] = rollout_records(gateway, "stop-list")
     assert record["response_ids"] == kept
     assert record["logprobs"] == [-0.25] * 25
     assert record["response"] == "Thought: add\nObservation:"
@@ -96,7 +88,7 @@ def test_the_next_turn_continues_after_the_kept_tokens_and_an_end_of_turn_id(
     scripted: Any, tiny: HFPolicy
 ) -> None:
     gateway, server = scripted
-    client = _client(server, "stop-next")
+    client = rollout_client(server, "stop-next")
     first = client.chat.completions.create(model="m", messages=QUESTION, stop="Observation:")
     messages: list[Any] = [
         *QUESTION,
@@ -104,7 +96,7 @@ def test_the_next_turn_continues_after_the_kept_tokens_and_an_end_of_turn_id(
         {"role": "user", "content": "Observation: 42"},
     ]
     client.chat.completions.create(model="m", messages=messages, stop="Observation:")
-    before, after = _records(gateway, "stop-next")
+    before, after = rollout_records(gateway, "stop-next")
     context = before["prompt_ids"] + before["response_ids"] + [tiny.eos_token_id]
     assert after["prompt_ids"][: len(context)] == context
     assert after["context_rebuilt"] is False
@@ -116,7 +108,7 @@ def test_a_reply_sent_back_stripped_still_extends_the_context(
     """smolagents strips the content it sends back ("Thought: add\n" -> "Thought: add");
     the context keeps the sampled tokens, newline included, and is not rebuilt."""
     gateway, server = scripted
-    client = _client(server, "stop-stripped")
+    client = rollout_client(server, "stop-stripped")
     first = client.chat.completions.create(model="m", messages=QUESTION, stop="Observation:")
     assert first.choices[0].message.content == "Thought: add\n"
     messages: list[Any] = [
@@ -125,7 +117,7 @@ def test_a_reply_sent_back_stripped_still_extends_the_context(
         {"role": "user", "content": "Observation: 42"},
     ]
     client.chat.completions.create(model="m", messages=messages, stop="Observation:")
-    before, after = _records(gateway, "stop-stripped")
+    before, after = rollout_records(gateway, "stop-stripped")
     context = before["prompt_ids"] + before["response_ids"] + [tiny.eos_token_id]
     assert after["prompt_ids"][: len(context)] == context
     assert after["context_rebuilt"] is False
@@ -134,29 +126,29 @@ def test_a_reply_sent_back_stripped_still_extends_the_context(
 
 def test_a_stop_string_at_the_start_gives_empty_content(scripted: Any) -> None:
     gateway, server = scripted
-    answer = _client(server, "stop-first").chat.completions.create(
+    answer = rollout_client(server, "stop-first").chat.completions.create(
         model="m", messages=QUESTION, stop=["Thou"]
     )
     assert answer.choices[0].message.content == ""
     assert answer.choices[0].finish_reason == "stop"
-    [record] = _records(gateway, "stop-first")
+    [record] = rollout_records(gateway, "stop-first")
     assert len(record["response_ids"]) == 4 and record["response"] == "Thou"
 
 
 def test_a_stop_string_that_never_occurs_changes_nothing(scripted: Any, tiny: HFPolicy) -> None:
     gateway, server = scripted
-    answer = _client(server, "stop-none").chat.completions.create(
+    answer = rollout_client(server, "stop-none").chat.completions.create(
         model="m", messages=QUESTION, stop=["Calling tools:"]
     )
     assert answer.choices[0].message.content == REPLY
-    [record] = _records(gateway, "stop-none")
+    [record] = rollout_records(gateway, "stop-none")
     assert record["response_ids"] == [*_ids(tiny, REPLY), tiny.eos_token_id]
     assert record["stop_reason"] == "stop"
 
 
 def test_the_earliest_completed_stop_string_wins(scripted: Any) -> None:
     _, server = scripted
-    answer = _client(server, "stop-earliest").chat.completions.create(
+    answer = rollout_client(server, "stop-earliest").chat.completions.create(
         model="m", messages=QUESTION, stop=["then", "add"]
     )
     assert answer.choices[0].message.content == "Thought: "
@@ -164,7 +156,7 @@ def test_the_earliest_completed_stop_string_wins(scripted: Any) -> None:
 
 def test_a_streamed_response_stops_the_same_way(scripted: Any) -> None:
     _, server = scripted
-    stream = _client(server, "stop-stream").chat.completions.create(
+    stream = rollout_client(server, "stop-stream").chat.completions.create(
         model="m", messages=QUESTION, stop=SMOLAGENTS_STOPS, stream=True
     )
     chunks = list(stream)
@@ -179,8 +171,8 @@ def test_a_stop_cut_of_a_sampled_response_is_a_prefix_of_the_same_draw(
 ) -> None:
     gateway, server = sampled
     request: dict[str, Any] = {"model": "m", "messages": QUESTION, "seed": 11, "max_tokens": 24}
-    _client(server, "draw-full").chat.completions.create(**request)
-    [full] = _records(gateway, "draw-full")
+    rollout_client(server, "draw-full").chat.completions.create(**request)
+    [full] = rollout_records(gateway, "draw-full")
     ids = [i for i in full["response_ids"] if i != tiny.eos_token_id]
     # A stop string: the text token 6 adds, where it does not occur earlier.
     for k in range(6, len(ids)):
@@ -192,8 +184,8 @@ def test_a_stop_cut_of_a_sampled_response_is_a_prefix_of_the_same_draw(
             break
     else:
         pytest.fail("the draw has no token that adds new text")
-    answer = _client(server, "draw-cut").chat.completions.create(**request, stop=piece)
-    [cut] = _records(gateway, "draw-cut")
+    answer = rollout_client(server, "draw-cut").chat.completions.create(**request, stop=piece)
+    [cut] = rollout_records(gateway, "draw-cut")
     assert cut["response_ids"] == ids[:k]
     assert cut["logprobs"] == full["logprobs"][:k]
     assert answer.choices[0].message.content == head
@@ -279,8 +271,8 @@ def test_the_same_seed_and_context_give_the_same_sample(sampled: Any) -> None:
     gateway, server = sampled
     request: dict[str, Any] = {"model": "m", "messages": QUESTION, "max_tokens": 12}
     for rollout_id, seed in (("seed-a", 3), ("seed-b", 3), ("seed-c", 4)):
-        _client(server, rollout_id).chat.completions.create(**request, seed=seed)
-    [a], [b], [c] = (_records(gateway, r) for r in ("seed-a", "seed-b", "seed-c"))
+        rollout_client(server, rollout_id).chat.completions.create(**request, seed=seed)
+    [a], [b], [c] = (rollout_records(gateway, r) for r in ("seed-a", "seed-b", "seed-c"))
     assert (a["response_ids"], a["logprobs"]) == (b["response_ids"], b["logprobs"])
     assert (a["response_ids"], a["logprobs"]) != (c["response_ids"], c["logprobs"])
 
@@ -289,21 +281,21 @@ def test_max_completion_tokens_is_the_response_budget_and_wins_over_max_tokens(
     scripted: Any,
 ) -> None:
     gateway, server = scripted
-    client = _client(server, "budget")
+    client = rollout_client(server, "budget")
     answer = client.chat.completions.create(model="m", messages=QUESTION, max_completion_tokens=3)
     assert answer.choices[0].message.content == "Tho"
     assert answer.choices[0].finish_reason == "length"
-    again = _client(server, "budget-both").chat.completions.create(
+    again = rollout_client(server, "budget-both").chat.completions.create(
         model="m", messages=QUESTION, max_completion_tokens=2, max_tokens=30
     )
     assert again.choices[0].message.content == "Th"
-    assert [len(r["response_ids"]) for r in _records(gateway, "budget")] == [3]
+    assert [len(r["response_ids"]) for r in rollout_records(gateway, "budget")] == [3]
 
 
 def test_n_above_the_bound_is_a_400_that_says_why(scripted: Any) -> None:
     """``n`` from 1 to 16 is served (tests/test_serve_choices.py); above, a 400."""
     _, server = scripted
-    client = _client(server, "n-big")
+    client = rollout_client(server, "n-big")
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model="m", messages=QUESTION, n=17)
     assert caught.value.body["param"] == "n"

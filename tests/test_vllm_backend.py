@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -199,31 +200,48 @@ def test_serve_admin_reload_pushes_a_directory_into_the_engine(
     assert max_logp_gap(old, ctx, after, 1.0) > 100 * LOGP_TOL
 
 
-def test_gateway_choices_on_the_engine_are_the_single_seeded_calls(engine: VLLMPolicy) -> None:
-    """``n`` = 3 with a seed through a gateway serving the engine: each choice's tokens
-    and log-probs are those of a single call with its derived seed (``choice_seeds``);
-    usage sums the choices; without a seed the three choices are still served."""
-    from turnrl.serve import Gateway
+CHOICES_BODY = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "What is 3*4?"}],
+    "max_tokens": 8,
+    "seed": 5,
+}
+
+
+def seeded_choices_and_single_calls(gateway: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``n`` = 3 with seed 5 under rollout ``many``, and the single calls with the three
+    derived seeds (``choice_seeds``) under ``one-0`` .. ``one-2``; checks that each
+    choice's tokens are its single call's and that usage sums the choices."""
     from turnrl.serve.choices import choice_seeds
     from turnrl.serve.protocol import parse_chat_request
 
-    push_weights(learner(), engine, 0)
-    body = {"model": "m", "messages": [{"role": "user", "content": "What is 3*4?"}]}
-    body |= {"max_tokens": 8, "seed": 5}
-    with Gateway(engine) as gateway:
-        many = gateway.complete(parse_chat_request({**body, "n": 3}), "many")
-        singles = [
-            gateway.complete(parse_chat_request({**body, "seed": seed}), f"one-{i}")
-            for i, seed in enumerate(choice_seeds(5, 3))
-        ]
-        unseeded = gateway.complete(parse_chat_request({**body, "seed": None, "n": 3}), "free")
-        [record] = gateway.views.rollout("many")["records"]
-        single_records = [gateway.views.rollout(f"one-{i}")["records"][0] for i in range(3)]
+    many = gateway.complete(parse_chat_request({**CHOICES_BODY, "n": 3}), "many")
+    singles = [
+        gateway.complete(parse_chat_request({**CHOICES_BODY, "seed": seed}), f"one-{i}")
+        for i, seed in enumerate(choice_seeds(5, 3))
+    ]
     ids = [c["token_ids"] for c in many["choices"]]
     assert [c["index"] for c in many["choices"]] == [0, 1, 2]
     assert ids == [s["choices"][0]["token_ids"] for s in singles]
     assert len({tuple(i) for i in ids}) == 3  # three different draws
     assert many["usage"]["completion_tokens"] == sum(len(i) for i in ids)
+    return many, singles
+
+
+def test_gateway_choices_on_the_engine_are_the_single_seeded_calls(engine: VLLMPolicy) -> None:
+    """``n`` = 3 with a seed through a gateway serving the engine: each choice's tokens
+    and log-probs are those of a single call with its derived seed (``choice_seeds``);
+    usage sums the choices; without a seed the three choices are still served."""
+    from turnrl.serve import Gateway
+    from turnrl.serve.protocol import parse_chat_request
+
+    push_weights(learner(), engine, 0)
+    with Gateway(engine) as gateway:
+        many, _ = seeded_choices_and_single_calls(gateway)
+        unseeded_body = {**CHOICES_BODY, "seed": None, "n": 3}
+        unseeded = gateway.complete(parse_chat_request(unseeded_body), "free")
+        [record] = gateway.views.rollout("many")["records"]
+        single_records = [gateway.views.rollout(f"one-{i}")["records"][0] for i in range(3)]
     assert many["usage"]["prompt_tokens"] == len(many["prompt_token_ids"])
     held = [record, *record["siblings"]]
     assert [h["logprobs"] for h in held] == [r["logprobs"] for r in single_records]

@@ -37,6 +37,7 @@ from test_vllm_backend import (
     learner,
     max_logp_gap,
     perturbed,
+    seeded_choices_and_single_calls,
 )
 from turnrl.errors import SamplerServerError
 from turnrl.policy.sync import push_weights
@@ -251,20 +252,7 @@ def test_gateway_choices_on_the_server_are_the_single_seeded_calls(
     """``n`` = 3 with a seed through a gateway fronting the server: each choice's tokens
     are those of a single call with its derived seed (``choice_seeds``)."""
     from turnrl.serve import Gateway
-    from turnrl.serve.choices import choice_seeds
-    from turnrl.serve.protocol import parse_chat_request
 
     push_weights(learner(), client, 0)
-    body = {"model": "m", "messages": [{"role": "user", "content": "What is 3*4?"}]}
-    body |= {"max_tokens": 8, "seed": 5}
     with Gateway(client) as gateway:
-        many = gateway.complete(parse_chat_request({**body, "n": 3}), "many")
-        singles = [
-            gateway.complete(parse_chat_request({**body, "seed": seed}), f"one-{i}")
-            for i, seed in enumerate(choice_seeds(5, 3))
-        ]
-    ids = [c["token_ids"] for c in many["choices"]]
-    assert [c["index"] for c in many["choices"]] == [0, 1, 2]
-    assert ids == [s["choices"][0]["token_ids"] for s in singles]
-    assert len({tuple(i) for i in ids}) == 3
-    assert many["usage"]["completion_tokens"] == sum(len(i) for i in ids)
+        seeded_choices_and_single_calls(gateway)
