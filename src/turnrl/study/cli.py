@@ -99,6 +99,22 @@ def cmd_summarise(args: argparse.Namespace) -> int:
         print(f"figure: {result.figure}")
     if result.doc_tables:
         print(f"{study.doc}: tables {', '.join(result.doc_tables)} rewritten")
+    print(f"finished cells kept in {result.archive} (commit it)")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from turnrl.study.archive import archive_path, restore
+    from turnrl.study.catalogue import get_study
+
+    study = get_study(args.name)
+    root = repository_root()
+    restored = restore(study, root)
+    print(
+        f"{len(restored)} cells of {study.name} restored from {archive_path(study, root)} "
+        "(cells with a run here are left alone); run the missing ones with "
+        f"`turnrl study run {study.name}`"
+    )
     return 0
 
 
@@ -160,3 +176,8 @@ def add_study_command(subparsers: Any) -> None:
     q = sub.add_parser("summarise", help="tables, figure, provenance; rewrite the doc's tables")
     q.add_argument("name")
     q.set_defaults(handler=cmd_summarise)
+    q = sub.add_parser(
+        "restore", help="write the archived finished cells back where no run directory is"
+    )
+    q.add_argument("name")
+    q.set_defaults(handler=cmd_restore)

@@ -4,7 +4,8 @@ Writes ``runs/studies/<study>/summary.md`` (every table, the notes under them an
 the provenance block), the figure to ``docs/img/study-<study>.png`` when the study
 declares a curve, and each table between its markers in the study's doc, followed
 by the provenance. Only finished cells are summarised; the summary says how many of
-the declared cells that is.
+the declared cells that is. Every finished cell is also kept in the study's archive
+(``turnrl.study.archive``: committed, so that a lost run directory can be restored).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from turnrl.errors import UsageError
 from turnrl.io import atomic_write_text
-from turnrl.study import markers, provenance, tables
+from turnrl.study import archive, markers, provenance, tables
 from turnrl.study.declaration import Study, cells, study_dir
 from turnrl.study.figures import plot_curves
 from turnrl.study.runner import FINISHED, cell_record, cell_state, read_metrics
@@ -27,6 +28,7 @@ class Summary:
     figure: Path | None
     doc_tables: list[str]
     """Marker names filled in the doc."""
+    archive: Path
 
 
 def run_command(study: Study) -> str:
@@ -79,4 +81,4 @@ def summarise(study: Study, root: Path, summary_command: str | None = None) -> S
                 block += f"\n\n<details><summary>provenance</summary>\n\n{prov}\n\n</details>"
             markers.replace_block(doc, study.name, name, block)
             filled.append(name)
-    return Summary(text, path, figure, filled)
+    return Summary(text, path, figure, filled, archive.write_archive(study, root))
