@@ -533,7 +533,8 @@ AGENTS_489 = _agents_489(
 AGENTS_489_NO_PAY = _agents_489(
     "agents-489-no-pay",
     TOOL_DOES_NOT_PAY,
-    "#489 on calc_openai, reward = correctness, the tool never pays: the pipeline vs estimators",
+    "#489 on calc_openai, reward = correctness, the tool never pays on hard problems: the"
+    " pipeline vs estimators",
 )
 
 STUDIES: dict[str, Study] = {
