@@ -224,6 +224,11 @@ AGENTS_CALC_OPENAI = Study(
     minutes_per_cell=3.0,
 )
 
+CALCULATOR_SEEDS_TABLE = Table(
+    "seeds", "seeds", (*DEMO_METRICS, Metric("eval_tool_rate_easy", "tool rate (easy)"))
+)
+"""Per seed: success (all, easy, hard) and tool rate (all, easy), start -> end."""
+
 AGENTS_PARITY = Study(
     name="agents-parity",
     title="The calc_openai agent with the measured recipe: one warm start per seed",
@@ -234,13 +239,7 @@ AGENTS_PARITY = Study(
     seeds=(0, 1, 2, 3, 4),
     overrides=("train.threads=1",),
     doc="docs/agents.md",
-    tables=(
-        Table(
-            "seeds",
-            "seeds",
-            (*DEMO_METRICS, Metric("eval_tool_rate_easy", "tool rate (easy)")),
-        ),
-    ),
+    tables=(CALCULATOR_SEEDS_TABLE,),
     curve="eval_success",
     minutes_per_cell=6.0,
 )
@@ -513,11 +512,7 @@ def _agents_489(name: str, setting: Setting, title: str) -> Study:
                     Metric("eval_tool_rate_hard", "tool rate (hard)"),
                 ),
             ),
-            Table(
-                "seeds",
-                "seeds",
-                (*DEMO_METRICS, Metric("eval_tool_rate_easy", "tool rate (easy)")),
-            ),
+            CALCULATOR_SEEDS_TABLE,
         ),
         curve="eval_tool_rate",
         minutes_per_cell=2.5,
