@@ -47,8 +47,12 @@ DRIVER = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from test_study_runner import fake_study
     from turnrl.study.runner import run_study
+    from turnrl.train.stop_signals import RunInterrupted
     root = pathlib.Path({root!r})
-    run_study(fake_study(root), root, jobs=1)
+    try:
+        run_study(fake_study(root), root, jobs=1)
+    except RunInterrupted as stop:  # as `turnrl study run` exits on SIGTERM/SIGINT
+        sys.exit(stop.exit_code)
     """
 )
 
@@ -66,6 +70,19 @@ def fake_study(root: Path, warm: bool = False) -> Study:
         warm_starts=WarmStarts(count=1) if warm else None,
         tables=(Table("seeds", "seeds", (Metric("eval_success", "success"),)),),
     )
+
+
+def running_commands_with(fragment: str) -> list[str]:
+    """Command lines of the live processes that contain ``fragment`` (read from /proc)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # the process ended while being read
+            continue
+        if fragment in command:
+            found.append(command)
+    return found
 
 
 def invocations(root: Path) -> list[dict]:
@@ -135,6 +152,27 @@ def test_a_killed_study_resumes_without_rerunning_finished_cells(tmp_path: Path)
         ("seed2", True),
         ("seed3", False),
     ]
+
+
+def test_sigterm_stops_the_study_and_leaves_no_cell_running(tmp_path: Path) -> None:
+    """SIGTERM to the study process alone (not its group, as `kill PID` sends it): the
+    hanging cell is terminated, the study exits 143, and the cell resumes later."""
+    fake_study(tmp_path)
+    (tmp_path / "hang-0").write_text("")
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER.format(tests=str(Path(__file__).parent), root=str(tmp_path))],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")},
+    )
+    started = cells(fake_study(tmp_path), tmp_path)[0].run_dir / "config.toml"
+    deadline = time.monotonic() + 120
+    while not started.exists():
+        assert driver.poll() is None and time.monotonic() < deadline, "seed0 never started"
+        time.sleep(0.05)
+    os.kill(driver.pid, signal.SIGTERM)
+    assert driver.wait(timeout=120) == 128 + signal.SIGTERM
+    assert running_commands_with(str(tmp_path / "fake_cell.py")) == []  # none outlived it
+    assert [i["cell"] for i in invocations(tmp_path)] == ["seed0"]
+    assert cell_state(cells(fake_study(tmp_path), tmp_path)[0]) == PARTIAL
 
 
 def test_warm_starts_run_first_and_only_selects_cells(tmp_path: Path) -> None:

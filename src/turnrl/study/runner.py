@@ -103,15 +103,24 @@ def run_study(
 ) -> list[Outcome]:
     """Run every selected cell that is not finished, ``jobs`` processes at a time
     (warm starts first). Returns the outcome of each cell run; failed cells are
-    reported, not retried, and do not stop the others."""
+    reported, not retried, and do not stop the others.
+
+    SIGTERM or SIGINT (in the main thread) raises
+    :class:`~turnrl.train.stop_signals.RunInterrupted`: the running cells are
+    terminated and waited for, and every process they started (an agent's MCP
+    server, say) is killed on the way out, so a stopped study leaves nothing running;
+    its cells are then partial and resume on the next run."""
+    from turnrl.train.stop_signals import stopping_on_signals
+
     todo = [c for c in select(cells(study, root), only) if cell_state(c) != FINISHED]
     phases = [[c for c in todo if c.is_warm_start], [c for c in todo if not c.is_warm_start]]
     outcomes: list[Outcome] = []
-    for phase in phases:
-        outcomes += _run_phase(study, root, phase, max(1, jobs), on_event or _quiet)
-        failed = {o.cell.key for o in outcomes if o.returncode and o.cell.is_warm_start}
-        if failed:
-            phases[1] = [c for c in phases[1] if c.warm_from not in failed]
+    with stopping_on_signals():
+        for phase in phases:
+            outcomes += _run_phase(study, root, phase, max(1, jobs), on_event or _quiet)
+            failed = {o.cell.key for o in outcomes if o.returncode and o.cell.is_warm_start}
+            if failed:
+                phases[1] = [c for c in phases[1] if c.warm_from not in failed]
     return outcomes
 
 
@@ -159,7 +168,11 @@ def _run_phase(
     finally:
         for _cell, process, _, handle in running:  # interrupted: leave no orphan behind
             process.terminate()
-            process.wait()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # a cell that ignores SIGTERM
+                process.kill()
+                process.wait()
             handle.close()  # type: ignore[attr-defined]
     return outcomes
 
