@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from turnrl.errors import InputError
+from turnrl.errors import InputError, UsageError
 from turnrl.study import markers, provenance
 from turnrl.study.catalogue import STUDIES, known_tables
 from turnrl.study.declaration import Arm, Metric, Study, Table, cells
@@ -104,6 +104,29 @@ def test_a_whole_run_mean_counts_every_row_that_has_the_key(tmp_path: Path) -> N
         "|---|---|---:|---:|",
         "| base | 3 | 0.30 ± 0.20 | 0.30, 0.10, 0.50 |",
     ]
+
+
+def test_a_window_mean_smooths_start_and_end(tmp_path: Path) -> None:
+    """``reduce="last:2"``: the end is the mean of the last 2 rows that logged the key,
+    the start the mean of the first 2."""
+    study = two_arm_study(tmp_path)
+    rates = {0: [0.5, 0.25, 0.0, 1.0], 1: [0.0, 0.0, 0.5, 0.5], 2: [1.0, 0.5, 0.5, 0.0]}
+    for cell in cells(study, tmp_path):
+        cell.run_dir.mkdir(parents=True)
+        rows = [{"step": 0, "eval_success": 0.25}] + [
+            {"step": step, "tool_rate": value} for step, value in enumerate(rates[cell.seed], 1)
+        ]
+        (cell.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    smoothed = Metric("tool_rate", "tool rate", "last:2")
+    done = [c for c in cells(study, tmp_path) if c.arm == "base"]
+    assert [reduce(read_metrics(c), smoothed) for c in done] == [0.5, 0.5, 0.25]
+    first = Metric("tool_rate", "tool rate", "first:2")
+    assert [reduce(read_metrics(c), first) for c in done] == [0.375, 0.0, 0.75]
+    table = build(study, Table("arms", "arms", (smoothed,)), done, read_metrics)
+    # start mean (0.375 + 0 + 0.75) / 3 = 0.375; end 0.42 ± 0.14; change +0.04 ± 0.39
+    assert table.splitlines()[2].startswith("| base | 3 | 0.38 | 0.42 ± 0.14 | +0.04 ± ")
+    with pytest.raises(UsageError, match="unknown reduce 'last:0'"):
+        reduce(read_metrics(done[0]), Metric("tool_rate", "tool rate", "last:0"))
 
 
 def test_provenance_shortens_the_root_a_cell_ran_in(tmp_path: Path) -> None:

@@ -59,6 +59,7 @@ def test_greedy_from_the_teacher_s_context_is_compared_token_for_token() -> None
         (1, 3): [5, 8, 0],  # the call's operand miscopied
         (1, 3, 5, 7, 0, 9): [8],  # truncated: not exact
         (1, 4): [5, 6, 0],  # a call where the teacher answered: another decision
+        (1, 4, 4): [0],  # ... but with the teacher's first token forced, its answer
     }
     policy = ScriptedPolicy(replies, [])
     kinds = {"h": "hard", "h2": "hard", "e": "easy"}
@@ -68,9 +69,11 @@ def test_greedy_from_the_teacher_s_context_is_compared_token_for_token() -> None
         TurnCheck("hard", "result", False, True),
         TurnCheck("hard", "call", False, True),
         TurnCheck("hard", "result", False, True),
-        TurnCheck("easy", "direct", False, False),
+        TurnCheck("easy", "direct", False, False, forced_exact=True),
     ]
-    assert policy.calls == [(24, 0.0)] * 3  # batches of 2, 2, 1, greedy
+    assert [c.copied for c in checks] == [True, False, False, False, True]
+    # batches of 2, 2, 1, greedy; then the one undecided turn, one token shorter
+    assert policy.calls == [(24, 0.0)] * 3 + [(23, 0.0)]
 
 
 def test_accuracy_per_kind_and_turn() -> None:
@@ -83,22 +86,42 @@ def test_accuracy_per_kind_and_turn() -> None:
         TurnCheck("easy", "direct", True),
         TurnCheck("easy", "direct", True),
         TurnCheck("easy", "direct", False),
-        TurnCheck("easy", "direct", False, False),  # decided otherwise: apart
-        TurnCheck("easy", "call", False, False),
+        TurnCheck("easy", "direct", False, False, True),  # decided otherwise: apart
+        TurnCheck("easy", "call", False, False, False),
     ]
     assert teacher_forced_accuracy(checks) == {
         "warm_tf_easy_call_n": 0.0,  # no accuracy without a turn decided as the teacher
         "warm_tf_easy_call_other": 1.0,
+        "warm_tf_easy_call_forced": 0.0,
         "warm_tf_easy_direct": 2 / 3,
         "warm_tf_easy_direct_n": 3.0,
         "warm_tf_easy_direct_other": 0.25,
+        "warm_tf_easy_direct_forced": 0.75,  # 2 decided and exact, 1 forced and exact
         "warm_tf_hard_call": 0.5,
         "warm_tf_hard_call_n": 4.0,
         "warm_tf_hard_call_other": 0.0,
+        "warm_tf_hard_call_forced": 0.5,
         "warm_tf_hard_result": 0.0,
         "warm_tf_hard_result_n": 1.0,
         "warm_tf_hard_result_other": 0.0,
+        "warm_tf_hard_result_forced": 0.0,
     }
+
+
+def test_a_kind_never_decided_as_the_teacher_is_judged_with_the_decision_forced() -> None:
+    accuracy = {
+        "warm_tf_hard_call_n": 0.0,
+        "warm_tf_hard_call_other": 1.0,
+        "warm_tf_hard_call_forced": 0.25,
+        "warm_tf_easy_call_n": 0.0,
+        "warm_tf_easy_call_other": 1.0,
+        "warm_tf_easy_call_forced": 0.75,  # copied given the decision: no warning
+    }
+    assert quality_warnings(accuracy, {"eval_success_hard": 0.5}, ["easy", "hard"]) == [
+        "warm start fails on hard problems: operands miscopied into the tool call (0.25 of "
+        "the call turns exact with the teacher's decision forced; greedy decoding never "
+        "takes it) - RL sees zero-advantage groups there"
+    ]
 
 
 def test_a_failing_kind_is_named_with_how_it_fails() -> None:

@@ -92,7 +92,9 @@ class Metric:
     ``"first"`` (the first such row; the start), ``"min_after_first"`` (the lowest
     after the first), ``"mean_after_first"`` (the mean over rows after the first),
     ``"mean"`` (the mean over every row that has it: with one row per equal-sized batch,
-    the mean over the whole run)."""
+    the mean over the whole run), ``"last:N"`` / ``"first:N"`` (the mean of the last /
+    first N rows: a training-step rate over few episodes, smoothed; a table's start of
+    ``"last:N"`` is ``"first:N"``)."""
 
     key: str
     label: str

@@ -30,8 +30,16 @@ def mean_sd_text(values: Sequence[float], digits: int, sign: bool = False) -> st
     return f"{number(mean, digits, sign)} ± {number(sd, digits)}"
 
 
+def _has_start(metric: Metric) -> bool:
+    """Whether ``metric`` is a run's end, shown with its start and change."""
+    return metric.reduce == "last" or metric.reduce.startswith("last:")
+
+
 def _start(metric: Metric) -> Metric:
-    return Metric(metric.key, metric.label, "first", metric.digits)
+    """The start of a run for ``metric``: its first value (the mean of the first N for a
+    mean of the last N)."""
+    window = metric.reduce.partition(":")[2] if metric.reduce.startswith("last:") else ""
+    return Metric(metric.key, metric.label, f"first:{window}" if window else "first", metric.digits)
 
 
 def _groups(study: Study, finished: Sequence[Cell]) -> list[tuple[str, str, list[Cell]]]:
@@ -91,7 +99,7 @@ def arms_table(study: Study, table: Table, finished: Sequence[Cell], rows: Rows)
     header = [*_label_headers(study), "n"]
     left = len(header)
     for m in table.metrics:
-        if m.reduce == "last":
+        if _has_start(m):
             header += [f"{m.label}: start (mean)", "end (mean ± sd)", "change (mean ± sd)"]
             header.append("end per seed")
         else:  # a summary of the whole run: no start and change
@@ -101,7 +109,7 @@ def arms_table(study: Study, table: Table, finished: Sequence[Cell], rows: Rows)
         line = [*_row_label(study, setting, arm), str(len(group))]
         for m in table.metrics:
             end = [reduce(rows(c), m) for c in group]
-            if m.reduce == "last":
+            if _has_start(m):
                 start = [reduce(rows(c), _start(m)) for c in group]
                 change = [e - s for s, e in zip(start, end, strict=True)]
                 line += [

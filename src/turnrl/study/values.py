@@ -25,6 +25,10 @@ def reduce(rows: Sequence[dict], metric: Metric) -> float:
         return float(np.mean(values))
     if metric.reduce == "mean_after_first":
         return float(np.mean(values[1:])) if len(values) > 1 else float("nan")
+    end, _, count = metric.reduce.partition(":")
+    if end in ("first", "last") and count.isdigit() and int(count) > 0:
+        window = values[: int(count)] if end == "first" else values[-int(count) :]
+        return float(np.mean(window))
     raise UsageError(f"metric {metric.key!r}: unknown reduce {metric.reduce!r}")
 
 

@@ -10,7 +10,11 @@ teacher's own demonstrations and names the failure:
   greedy decoding reproduce the teacher's turn token for token (exactly when every
   token is the most likely one after the teacher's own prefix)? Turns whose
   first token (at turn 0: the decision to call or answer) differs from the
-  teacher's are counted apart, as another decision. Per kind of
+  teacher's are counted apart, as another decision; each of them is decoded once
+  more with the teacher's first token forced, so that ``..._forced`` says whether
+  the turn is copied given the teacher's decision, over every turn of its position
+  (under a per-draw mix whose call share is under one half, greedy decoding never
+  decides to call, and only the forced share measures the copy). Per kind of
   problem (the task's first tag: ``easy``, ``hard``) and per turn:
   ``call`` (the first turn of a rollout that went on: the tool call, where
   operands are copied), ``result`` (a later turn: the answer after the tool's
@@ -24,6 +28,7 @@ teacher's own demonstrations and names the failure:
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,6 +59,14 @@ class TurnCheck:
     turn: str
     exact: bool
     decided: bool = True
+    forced_exact: bool | None = None
+    """Reproduced exactly with the teacher's first token forced (``None``: as ``exact``,
+    which it equals on a decided turn: greedy decoding continues the same way)."""
+
+    @property
+    def copied(self) -> bool:
+        """Exact given the teacher's decision (forced where greedy decided otherwise)."""
+        return self.exact if self.forced_exact is None else self.forced_exact
 
 
 def turn_positions(records: Sequence[TurnRecord]) -> list[str]:
@@ -78,41 +91,59 @@ def teacher_forced_checks(
     max_new_tokens: int,
     batch: int = 64,
 ) -> list[TurnCheck]:
-    """Greedy-decode every teacher turn from its exact context and compare token ids."""
+    """Greedy-decode every teacher turn from its exact context and compare token ids;
+    decode the turns decided otherwise again with the teacher's first token forced."""
     positions = turn_positions(records)
+    contexts = [list(r.prompt_ids or ()) for r in records]
+    targets = [list(r.response_ids or ()) for r in records]
+    responses = _greedy(policy, contexts, max_new_tokens, batch)
     checks = []
-    for start in range(0, len(records), batch):
-        chunk = records[start : start + batch]
-        contexts = [list(r.prompt_ids or ()) for r in chunk]
-        samples = policy.sample(  # type: ignore[attr-defined]
-            contexts, max_new_tokens=max_new_tokens, temperature=0.0
-        )
-        for offset, (record, sample) in enumerate(zip(chunk, samples, strict=True)):
-            target = list(record.response_ids or ())
-            exact = list(sample.response_ids) == target
-            turn = positions[start + offset]
-            decided = turn == "result" or sample.response_ids[:1] == target[:1]
-            kind = kind_by_task.get(record.task_id, "all")
-            checks.append(TurnCheck(kind, turn, exact, decided))
+    for record, target, response, turn in zip(records, targets, responses, positions, strict=True):
+        decided = turn == "result" or response[:1] == target[:1]
+        kind = kind_by_task.get(record.task_id, "all")
+        checks.append(TurnCheck(kind, turn, response == target, decided))
+    undecided = [i for i, check in enumerate(checks) if not check.decided and targets[i]]
+    forced = _greedy(
+        policy, [contexts[i] + targets[i][:1] for i in undecided], max_new_tokens - 1, batch
+    )
+    for i, continuation in zip(undecided, forced, strict=True):
+        copied = targets[i][:1] + continuation == targets[i]
+        checks[i] = dataclasses.replace(checks[i], forced_exact=copied)
     return checks
+
+
+def _greedy(
+    policy: object, contexts: list[list[int]], max_new_tokens: int, batch: int
+) -> list[list[int]]:
+    """Greedy responses (token ids) to ``contexts``, ``batch`` at a time."""
+    out: list[list[int]] = []
+    for start in range(0, len(contexts), batch):
+        samples = policy.sample(  # type: ignore[attr-defined]
+            contexts[start : start + batch], max_new_tokens=max_new_tokens, temperature=0.0
+        )
+        out += [list(sample.response_ids) for sample in samples]
+    return out
 
 
 def teacher_forced_accuracy(checks: Iterable[TurnCheck]) -> dict[str, float]:
     """Per kind and turn: ``warm_tf_{kind}_{turn}``, the share reproduced exactly among
     the turns greedy decoding decided as the teacher did (absent when there are none),
-    ``..._n`` their number, and ``..._other`` the share of turns decided otherwise."""
-    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    ``..._n`` their number, ``..._other`` the share of turns decided otherwise, and
+    ``..._forced`` the share reproduced given the teacher's decision, over all of them."""
+    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for check in checks:
         tally = counts[(check.kind, check.turn)]
         tally[0] += int(check.exact and check.decided)
         tally[1] += int(check.decided)
         tally[2] += 1
+        tally[3] += int(check.copied)
     out: dict[str, float] = {}
-    for (kind, turn), (exact, decided, total) in sorted(counts.items()):
+    for (kind, turn), (exact, decided, total, copied) in sorted(counts.items()):
         if decided:
             out[f"warm_tf_{kind}_{turn}"] = exact / decided
         out[f"warm_tf_{kind}_{turn}_n"] = float(decided)
         out[f"warm_tf_{kind}_{turn}_other"] = (total - decided) / total
+        out[f"warm_tf_{kind}_{turn}_forced"] = copied / total
     return out
 
 
@@ -131,6 +162,13 @@ def quality_warnings(
             f"{accuracy[key + '_n']:.0f} teacher-forced {turn} turns exact)"
             for turn in TURN_FAILURES
             if (key := f"warm_tf_{kind}_{turn}") in accuracy and accuracy[key] < FAILS_BELOW
+        ]
+        failing += [  # no turn decided as the teacher: judged with the decision forced
+            f"{TURN_FAILURES[turn]} ({accuracy[key + '_forced']:.2f} of the {turn} turns "
+            "exact with the teacher's decision forced; greedy decoding never takes it)"
+            for turn in TURN_FAILURES
+            if (key := f"warm_tf_{kind}_{turn}") not in accuracy
+            and accuracy.get(key + "_forced", 1.0) < FAILS_BELOW
         ]
         success = greedy.get(f"eval_success_{kind}")
         if success is not None and success == 0.0:
