@@ -704,6 +704,15 @@ MEASUREMENTS: dict[str, Measurement] = {
             35.0,
         ),
         Measurement(
+            "agents-calc-x-credit",
+            "python examples/agents/call_credit.py --teacher "
+            "runs/studies/agents-calc-x-warm/recipe/seed0/rollouts/teacher.jsonl "
+            "runs/studies/agents-calc-x-489/tool-pays/*/ws0-seed*",
+            "docs/grouping-experiment.md",
+            ("openings",),
+            0.5,
+        ),
+        Measurement(
             "agents-solver-checker",
             "turnrl train --config examples/agents/solver_checker.toml train.steps=20 "
             "train.eval_every=10",
