@@ -537,8 +537,8 @@ CALC_X_WARM_METRICS = (
     # greedy decoding takes the majority of a per-draw mix (60% direct): where it never
     # decides to call, warm_tf_*_call is absent and its share decided otherwise is 1
     Metric("warm_tf_hard_call_other", "hard calls decided otherwise", "first"),
-    Metric("warm_tf_hard_result", "hard result exact", "first"),
-    Metric("warm_tf_easy_result", "easy result exact", "first"),
+    WARM_METRICS[1],  # hard result exact
+    WARM_METRICS[3],  # easy result exact
     Metric("warm_tf_easy_direct", "easy direct exact", "first"),
     *WARM_METRICS[4:],
 )
