@@ -18,14 +18,36 @@ and whether credit pushed toward it or away.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from turnrl.errors import InputError
+from turnrl.strict_json import iter_jsonl
+
 Key = tuple[str, str, str, str]
 """(arm, kind, opening, ``teacher``/``new``)."""
+
+
+FIELDS = ("traj_id", "turn", "task_id", "tool_call", "reward")
+"""What every record must have (``advantage`` may be absent or null: 0)."""
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    """The records of one JSONL file; a malformed line or a missing field raises
+    :class:`InputError` naming the file, line and field."""
+    out = []
+    for number, record in iter_jsonl(path):
+        if not isinstance(record, dict):
+            raise InputError(str(path), number, None, "expected a JSON object (a turn record)")
+        for field in FIELDS:
+            if field not in record:
+                raise InputError(str(path), number, field, "missing")
+        out.append(record)
+    return out
 
 
 def openings(run: Path, teacher: set[str]) -> dict[Key, list[tuple[float, float]]]:
@@ -33,8 +55,7 @@ def openings(run: Path, teacher: set[str]) -> dict[Key, list[tuple[float, float]
     out: dict[Key, list[tuple[float, float]]] = defaultdict(list)
     for path in sorted((run / "rollouts").glob("step-*.jsonl")):
         rollouts: dict[str, list[dict]] = defaultdict(list)
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
+        for record in records(path):
             rollouts[record["traj_id"]].append(record)
         for turns in rollouts.values():
             turns.sort(key=lambda r: r["turn"])
@@ -47,6 +68,30 @@ def openings(run: Path, teacher: set[str]) -> dict[Key, list[tuple[float, float]
     return out
 
 
+def table(runs: list[Path], teacher_file: Path) -> list[str]:
+    """The markdown table of every run's openings (see the module docstring)."""
+    teacher = set()
+    for number, record in iter_jsonl(teacher_file):
+        if not isinstance(record, dict) or "task_id" not in record:
+            raise InputError(str(teacher_file), number, "task_id", "missing")
+        teacher.add(record["task_id"])
+    rows: dict[Key, list[tuple[float, float]]] = defaultdict(list)
+    for run in runs:
+        for key, values in openings(run, teacher).items():
+            rows[key] += values
+    lines = [
+        "| arm | kind | opening | problem | rollouts | success | mean advantage (opening) |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    for (arm, kind, opening, seen), values in sorted(rows.items()):
+        outcome, advantage = np.array(values).T
+        lines.append(
+            f"| {arm} | {kind} | {opening} | {seen} | {len(values)} | {outcome.mean():.2f} | "
+            f"{advantage.mean():+.3f} |"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -54,19 +99,10 @@ def main() -> None:
     )
     parser.add_argument("runs", nargs="+", type=Path)
     args = parser.parse_args()
-    teacher = {json.loads(line)["task_id"] for line in args.teacher.read_text().splitlines()}
-    rows: dict[Key, list[tuple[float, float]]] = defaultdict(list)
-    for run in args.runs:
-        for key, values in openings(run, teacher).items():
-            rows[key] += values
-    print("| arm | kind | opening | problem | rollouts | success | mean advantage (opening) |")
-    print("|---|---|---|---|---:|---:|---:|")
-    for (arm, kind, opening, seen), values in sorted(rows.items()):
-        outcome, advantage = np.array(values).T
-        print(
-            f"| {arm} | {kind} | {opening} | {seen} | {len(values)} | {outcome.mean():.2f} | "
-            f"{advantage.mean():+.3f} |"
-        )
+    try:
+        print("\n".join(table(args.runs, args.teacher)))
+    except InputError as err:
+        sys.exit(f"call_credit.py: {err}")
 
 
 if __name__ == "__main__":
