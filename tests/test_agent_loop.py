@@ -381,6 +381,42 @@ def test_the_teacher_warm_start_trains_on_the_agent_s_own_calls(tmp_path: Path) 
     assert all(first_row[k] == v for k, v in check["metrics"].items())
 
 
+def test_held_out_teacher_tasks_are_never_drawn_by_rl(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """With ``hold_out_teacher_tasks`` RL draws only from the tasks after the teacher's
+    first ``teacher_tasks`` (here 2 of 4: every step draws both of the other two)."""
+    config = agent_config(
+        tmp_path,
+        "warm_start.teacher_tasks=2",
+        "warm_start.hold_out_teacher_tasks=true",
+        "train.steps=3",
+    )
+    run = AgentTrainer(config).run()
+    for step in (1, 2, 3):
+        records = read_jsonl(run / "rollouts" / f"step-{step:06d}.jsonl")
+        assert {r["task_id"] for r in records} == {"t-2", "t-3"}
+    assert "RL draws from 2 of 4 training tasks" in capsys.readouterr().out
+
+
+def test_holding_out_teacher_tasks_is_checked(tmp_path: Path) -> None:
+    hold = "warm_start.hold_out_teacher_tasks=true"
+    for overrides, problem in (
+        ((hold,), "needs warm_start.teacher_tasks > 0 (with 0 the teacher had every task)"),
+        (
+            (hold, "tasks.train=calculator", "tasks.n_train=9", "warm_start.teacher_tasks=8"),
+            "leaves 1 of tasks.n_train = 9 for RL after the teacher's 8, fewer than "
+            "rollout.tasks_per_step = 2",
+        ),
+    ):
+        with pytest.raises(ConfigError) as error:
+            validate(agent_config(tmp_path, *overrides))
+        assert error.value.problems == [("warm_start.hold_out_teacher_tasks", problem)]
+    plain = load_config(RunConfig, None, [hold])
+    with pytest.raises(ConfigError, match=r"hold_out_teacher_tasks: is for agent programs"):
+        validate(plain)
+
+
 def test_per_draw_for_an_agent_needs_a_built_in_environment(tmp_path: Path) -> None:
     teacher = f"warm_start.teacher={AGENTS / 'calc_teacher.py'}:teach"
     config = agent_config(tmp_path, teacher, "warm_start.mix=per_draw")

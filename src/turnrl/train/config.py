@@ -310,6 +310,11 @@ class RunConfig:
         self._check_capabilities(p)
         if self.warm_start.teacher is not None:
             p.add("warm_start.teacher", "is for agent programs: set agent.entrypoint or command")
+        if self.warm_start.hold_out_teacher_tasks:
+            p.add(
+                "warm_start.hold_out_teacher_tasks",
+                "is for agent programs (their teacher's tasks): set agent.entrypoint or command",
+            )
 
     def _check_capabilities(self, p: Problems) -> None:
         """The optional environment capabilities the run's strategy and estimator need
@@ -392,3 +397,19 @@ class RunConfig:
         if warm.teacher is not None and not ENTRYPOINT_FORMAT.match(warm.teacher):
             p.add("warm_start.teacher", f"expected 'module:function', got {warm.teacher!r}")
         p.at_least("warm_start.teacher_tasks", warm.teacher_tasks, 0)
+        if warm.hold_out_teacher_tasks:
+            if warm.teacher_tasks == 0:
+                p.add(
+                    "warm_start.hold_out_teacher_tasks",
+                    "needs warm_start.teacher_tasks > 0 (with 0 the teacher had every task)",
+                )
+            elif (
+                not is_task_file(tasks.train)
+                and tasks.n_train - warm.teacher_tasks < self.rollout.tasks_per_step
+            ):
+                p.add(
+                    "warm_start.hold_out_teacher_tasks",
+                    f"leaves {max(tasks.n_train - warm.teacher_tasks, 0)} of tasks.n_train = "
+                    f"{tasks.n_train} for RL after the teacher's {warm.teacher_tasks}, fewer "
+                    f"than rollout.tasks_per_step = {self.rollout.tasks_per_step}",
+                )

@@ -211,6 +211,13 @@ class WarmStartConfig:
     teacher_tasks: int = 0
     """Agent loop only: how many training tasks the agent runs against the teacher (each
     once); 0: all of them."""
+    hold_out_teacher_tasks: bool = False
+    """Agent loop only: RL draws its tasks only from the training tasks the teacher did not
+    demonstrate (the teacher's are the first ``teacher_tasks`` of the training list), so a
+    warm start that memorised its demonstrations' answers meets none of them in RL (on
+    calc_x it had: docs/grouping-experiment.md, "The literal agent"). Read from this
+    section even when RL starts from a shared warm start (``init_from``): which tasks the
+    teacher had depends on ``tasks`` alone."""
 
     def check(self, p: Problems) -> None:
         p.at_least("steps", self.steps, 0)

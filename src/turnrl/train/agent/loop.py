@@ -76,7 +76,7 @@ from turnrl.train.agent.runner import (
     RolloutResult,
     failure_fraction_error,
 )
-from turnrl.train.agent.tasks import load_tasks
+from turnrl.train.agent.tasks import load_tasks, rl_tasks, teacher_tasks
 from turnrl.train.agent.teacher import TeacherGateway, load_teacher, teacher_examples
 from turnrl.train.agent.teacher_mix import teacher_jobs, weighted_examples
 from turnrl.train.agent.warm_quality import check_warm_start
@@ -157,10 +157,13 @@ class AgentTrainer(LifecycleRun):
             seed=derive_seed(tasks.seed, "eval_tasks"),
             kwargs=tasks.kwargs,
         )
-        if config.rollout.tasks_per_step > len(self.train_tasks):
+        warm = config.warm_start
+        self.rl_tasks = rl_tasks(self.train_tasks, warm.teacher_tasks, warm.hold_out_teacher_tasks)
+        """The tasks RL draws from: the training tasks, less the teacher's where held out."""
+        if config.rollout.tasks_per_step > len(self.rl_tasks):
             raise ValueError(
                 f"rollout.tasks_per_step: {config.rollout.tasks_per_step} distinct tasks per "
-                f"step, but {tasks.train} holds {len(self.train_tasks)}"
+                f"step, but RL draws from {len(self.rl_tasks)} of {tasks.train}"
             )
         self.socket = bind_socket(HOST, agent.port)
         try:
@@ -199,11 +202,9 @@ class AgentTrainer(LifecycleRun):
         self.step = step
         where = f"step-{self.step:06d}"
         # 1. tasks
-        picks = self.sampler.choice(
-            len(self.train_tasks), cfg.rollout.tasks_per_step, replace=False
-        )
+        picks = self.sampler.choice(len(self.rl_tasks), cfg.rollout.tasks_per_step, replace=False)
         jobs = plan_rollouts(
-            [self.train_tasks[i] for i in picks], cfg.rollout.group_size, f"s{self.step}-"
+            [self.rl_tasks[i] for i in picks], cfg.rollout.group_size, f"s{self.step}-"
         )
         # 2. the agents, through the gateway
         results = self.run_agents(runner, jobs, where)
@@ -353,8 +354,7 @@ class AgentTrainer(LifecycleRun):
         assert self.teacher is not None
         cfg = self.config
         warm = cfg.warm_start
-        count = warm.teacher_tasks or len(self.train_tasks)
-        chosen = self.train_tasks[:count]
+        chosen = teacher_tasks(self.train_tasks, warm.teacher_tasks)
         probability: dict[str, float] = {}
         if warm.mix == "per_draw":  # one rollout per variant, weighted (teacher_mix)
             mixed = teacher_jobs(
@@ -403,6 +403,11 @@ class AgentTrainer(LifecycleRun):
             self.step = checkpoint.step
             self.calls = int(checkpoint.extra["calls"])
         self.policy.model.eval()
+        if len(self.rl_tasks) < len(self.train_tasks):
+            self.run_directory.log(
+                f"RL draws from {len(self.rl_tasks)} of {len(self.train_tasks)} training tasks "
+                "(the warm start teacher's held out)"
+            )
         self.served = build_sampler(self.config.policy, self.policy)  # #26: the learner, or vLLM
         cfg = self.config
         self._train_side = self._serve(cfg.policy.temperature, self.socket)

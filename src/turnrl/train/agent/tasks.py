@@ -141,3 +141,19 @@ def load_tasks(spec: str, *, n: int, seed: int, kwargs: dict[str, Any] | None = 
         return read_task_file(spec)
     check_task_spec(spec, "tasks")
     return BUILTIN_TASK_SETS[spec](n, seed, **(kwargs or {}))
+
+
+def teacher_tasks(train_tasks: list[Task], teacher_count: int) -> list[Task]:
+    """The training tasks the warm start's teacher demonstrates: the first
+    ``teacher_count`` (``warm_start.teacher_tasks``; 0: all of them)."""
+    return train_tasks[: teacher_count or len(train_tasks)]
+
+
+def rl_tasks(train_tasks: list[Task], teacher_count: int, hold_out: bool) -> list[Task]:
+    """The tasks RL draws from: every training task, or with ``hold_out``
+    (``warm_start.hold_out_teacher_tasks``) those :func:`teacher_tasks` left out."""
+    if not hold_out:
+        return train_tasks
+    if teacher_count <= 0:
+        raise ValueError("holding the teacher's tasks out of RL needs teacher_tasks > 0")
+    return train_tasks[teacher_count:]
