@@ -602,6 +602,31 @@ AGENTS_CALC_X_489 = Study(
     minutes_per_cell=13.0,
 )
 
+TOOL_PAYS_HELD_OUT = Setting(
+    "tool-pays-held-out", (*TOOL_PAYS.overrides, "warm_start.hold_out_teacher_tasks=true")
+)
+"""The tool pays, and RL never draws one of the warm start's teacher problems."""
+
+AGENTS_CALC_X_HELD_OUT = Study(
+    name="agents-calc-x-held-out",
+    title="#489 on calc_x with the warm start's teacher problems held out of RL: the"
+    " pipeline vs grpo_mixed",
+    config=CALC_X,
+    # agents-calc-x-489's pipeline and grpo_mixed arms, warm start, steps and lr, on the
+    # 256 training problems the warm start never saw (it memorised its 256 teacher
+    # problems' answers, on which a direct answer beat a call); 3 seeds, cut to fit
+    arms=(PIPELINE_ARM, _estimator_arm("grpo_mixed", "grpo_mixed")),
+    seeds=(0, 1, 2),
+    warm_starts=AGENTS_CALC_X_489.warm_starts,
+    settings=(TOOL_PAYS_HELD_OUT,),
+    overrides=AGENTS_CALC_X_489.overrides,
+    baseline="pipeline",
+    doc="docs/grouping-experiment.md",
+    tables=AGENTS_CALC_X_489.tables,
+    curve="tool_rate",
+    minutes_per_cell=13.0,
+)
+
 SMOL = "examples/agents/calc_openai_smollm2.toml"
 
 AGENTS_SMOL_489 = Study(
@@ -664,6 +689,7 @@ STUDIES: dict[str, Study] = {
         AGENTS_489_NO_PAY,
         AGENTS_CALC_X_WARM,
         AGENTS_CALC_X_489,
+        AGENTS_CALC_X_HELD_OUT,
         AGENTS_SMOL_489,
     )
 }
