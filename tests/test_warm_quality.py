@@ -117,10 +117,28 @@ def test_a_kind_never_decided_as_the_teacher_is_judged_with_the_decision_forced(
         "warm_tf_easy_call_other": 1.0,
         "warm_tf_easy_call_forced": 0.75,  # copied given the decision: no warning
     }
-    assert quality_warnings(accuracy, {"eval_success_hard": 0.5}, ["easy", "hard"]) == [
+    assert quality_warnings(accuracy, {"eval_success_hard": 0.25}, ["easy", "hard"]) == [
         "warm start fails on hard problems: operands miscopied into the tool call (0.25 of "
         "the call turns exact with the teacher's decision forced; greedy decoding never "
         "takes it) - RL sees zero-advantage groups there"
+    ]
+
+
+def test_an_untaken_route_that_fails_is_no_warning_where_greedy_solves_the_kind() -> None:
+    """SmolLM2's warm start (agents-smol-489): greedy decoding calls on every hard problem
+    and solves it; a direct answer to a 6-digit product, forced, is wrong, as it must be."""
+    accuracy = {
+        "warm_tf_hard_call": 1.0,
+        "warm_tf_hard_call_n": 31.0,
+        "warm_tf_hard_direct_n": 0.0,
+        "warm_tf_hard_direct_other": 1.0,
+        "warm_tf_hard_direct_forced": 0.0,
+    }
+    assert quality_warnings(accuracy, {"eval_success_hard": 1.0}, ["hard"]) == []
+    assert quality_warnings(accuracy, {"eval_success_hard": 0.25}, ["hard"]) == [
+        "warm start fails on hard problems: the direct answer wrong (0.00 of the direct "
+        "turns exact with the teacher's decision forced; greedy decoding never takes it) - "
+        "RL sees zero-advantage groups there"
     ]
 
 
