@@ -786,6 +786,15 @@ MEASUREMENTS: dict[str, Measurement] = {
             0.5,
         ),
         Measurement(
+            "agents-smol-credit",
+            "python examples/agents/call_credit.py --teacher "
+            "runs/studies/agents-smol-489/warm/ws0/rollouts/teacher.jsonl "
+            "runs/studies/agents-smol-489/tool-pays/*/ws0-seed*",
+            "docs/grouping-experiment.md",
+            ("openings",),
+            0.5,
+        ),
+        Measurement(
             "agents-solver-checker",
             "turnrl train --config examples/agents/solver_checker.toml train.steps=20 "
             "train.eval_every=10",
