@@ -786,6 +786,15 @@ MEASUREMENTS: dict[str, Measurement] = {
             0.5,
         ),
         Measurement(
+            "agents-calc-x-held-out-credit",
+            "python examples/agents/call_credit.py --teacher "
+            "runs/studies/agents-calc-x-warm/recipe/seed0/rollouts/teacher.jsonl "
+            "runs/studies/agents-calc-x-held-out/tool-pays-held-out/*/ws0-seed*",
+            "docs/grouping-experiment.md",
+            ("openings",),
+            0.5,
+        ),
+        Measurement(
             "agents-smol-credit",
             "python examples/agents/call_credit.py --teacher "
             "runs/studies/agents-smol-489/warm/ws0/rollouts/teacher.jsonl "
