@@ -602,6 +602,9 @@ AGENTS_CALC_X_489 = Study(
     minutes_per_cell=13.0,
 )
 
+PIPELINE_VS_GRPO_MIXED = (PIPELINE_ARM, _estimator_arm("grpo_mixed", "grpo_mixed"))
+"""The two arms the issue names on the costly agents: the trained pipeline and grpo_mixed."""
+
 TOOL_PAYS_HELD_OUT = Setting(
     "tool-pays-held-out", (*TOOL_PAYS.overrides, "warm_start.hold_out_teacher_tasks=true")
 )
@@ -615,7 +618,7 @@ AGENTS_CALC_X_HELD_OUT = Study(
     # agents-calc-x-489's pipeline and grpo_mixed arms, warm start, steps and lr, on the
     # 256 training problems the warm start never saw (it memorised its 256 teacher
     # problems' answers, on which a direct answer beat a call); 3 seeds, cut to fit
-    arms=(PIPELINE_ARM, _estimator_arm("grpo_mixed", "grpo_mixed")),
+    arms=PIPELINE_VS_GRPO_MIXED,
     seeds=(0, 1, 2),
     warm_starts=AGENTS_CALC_X_489.warm_starts,
     settings=(TOOL_PAYS_HELD_OUT,),
@@ -636,7 +639,7 @@ AGENTS_SMOL_489 = Study(
     config=SMOL,
     # the pipeline and the best arm of agents-489 on the warm start that can use the tool
     # (mean end success on ws6: grpo_mixed 0.86)
-    arms=(PIPELINE_ARM, _estimator_arm("grpo_mixed", "grpo_mixed")),
+    arms=PIPELINE_VS_GRPO_MIXED,
     seeds=(0, 1, 2),
     warm_starts=WarmStarts(count=1, seeds=(0,)),
     settings=(TOOL_PAYS,),
@@ -705,6 +708,18 @@ class Measurement:
     doc: str
     tables: tuple[str, ...]
     minutes: float
+
+
+def _openings(name: str, teacher: str, runs: str) -> Measurement:
+    """examples/agents/call_credit.py's table of the rollouts RL trained on (``runs``, a
+    glob of run directories) split by opening and by the warm start's ``teacher`` file."""
+    return Measurement(
+        name,
+        f"python examples/agents/call_credit.py --teacher {teacher} {runs}",
+        "docs/grouping-experiment.md",
+        ("openings",),
+        0.5,
+    )
 
 
 MEASUREMENTS: dict[str, Measurement] = {
@@ -776,32 +791,20 @@ MEASUREMENTS: dict[str, Measurement] = {
             ("legacy",),
             35.0,
         ),
-        Measurement(
+        _openings(
             "agents-calc-x-credit",
-            "python examples/agents/call_credit.py --teacher "
-            "runs/studies/agents-calc-x-warm/recipe/seed0/rollouts/teacher.jsonl "
+            "runs/studies/agents-calc-x-warm/recipe/seed0/rollouts/teacher.jsonl",
             "runs/studies/agents-calc-x-489/tool-pays/*/ws0-seed*",
-            "docs/grouping-experiment.md",
-            ("openings",),
-            0.5,
         ),
-        Measurement(
+        _openings(
             "agents-calc-x-held-out-credit",
-            "python examples/agents/call_credit.py --teacher "
-            "runs/studies/agents-calc-x-warm/recipe/seed0/rollouts/teacher.jsonl "
+            "runs/studies/agents-calc-x-warm/recipe/seed0/rollouts/teacher.jsonl",
             "runs/studies/agents-calc-x-held-out/tool-pays-held-out/*/ws0-seed*",
-            "docs/grouping-experiment.md",
-            ("openings",),
-            0.5,
         ),
-        Measurement(
+        _openings(
             "agents-smol-credit",
-            "python examples/agents/call_credit.py --teacher "
-            "runs/studies/agents-smol-489/warm/ws0/rollouts/teacher.jsonl "
+            "runs/studies/agents-smol-489/warm/ws0/rollouts/teacher.jsonl",
             "runs/studies/agents-smol-489/tool-pays/*/ws0-seed*",
-            "docs/grouping-experiment.md",
-            ("openings",),
-            0.5,
         ),
         Measurement(
             "agents-solver-checker",
