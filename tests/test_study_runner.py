@@ -244,3 +244,72 @@ def test_warm_start_seeds_must_be_count_distinct_seeds() -> None:
     with pytest.raises(ValueError, match="exclude each other"):
         WarmStarts(count=2, seeds=(0, 3), per_seed=True)
     assert WarmStarts(count=2, seeds=(1, 4)).seeds == (1, 4)
+
+
+def consumer_of(source: Study, *warm_seeds: int) -> Study:
+    """A study whose warm starts are ``source``'s cells of arm ``a`` and ``warm_seeds``."""
+    shared = WarmStarts(count=len(warm_seeds), seeds=warm_seeds, cells_of=source, cells_arm="a")
+    return dataclasses.replace(
+        source, name="consumer", arms=(Arm("b"),), seeds=(7,), warm_starts=shared
+    )
+
+
+def test_warm_starts_can_be_another_studys_cells(tmp_path: Path) -> None:
+    source = fake_study(tmp_path)
+    consumer = consumer_of(source, 1, 3)
+    every = cells(consumer, tmp_path)
+    assert [(c.key, c.is_warm_start) for c in every] == [
+        ("a/seed1", True),
+        ("a/seed3", True),
+        ("b/ws1-seed7", False),
+        ("b/ws3-seed7", False),
+    ]
+    source_dir = tmp_path / "runs/studies/fake/a"
+    assert every[0].run_dir == source_dir / "seed1"
+    assert every[0].argv == cells(source, tmp_path)[1].argv  # the source's own command
+    assert [c.warm_from for c in every[2:]] == ["a/seed1", "a/seed3"]
+    assert f"warm_start.init_from={source_dir}/seed3/warm_start" in every[3].argv
+    outcomes = run_study(consumer, tmp_path, jobs=1)
+    assert [o.cell.key for o in outcomes] == ["a/seed1", "a/seed3", "b/ws1-seed7", "b/ws3-seed7"]
+    # the source study then runs only what the consumer did not
+    assert [o.cell.key for o in run_study(source, tmp_path, jobs=1)] == ["a/seed0", "a/seed2"]
+    assert [i["cell"] for i in invocations(tmp_path)].count("seed1") == 1
+
+
+RESTORED = "runs/studies/fake/a"
+
+
+def test_a_restored_shared_warm_start_runs_again_only_when_a_cell_needs_it(
+    tmp_path: Path,
+) -> None:
+    """A restored cell has no checkpoint: a cell still to run from it needs it run again;
+    with every cell that starts from it finished, it stays as restored."""
+    from turnrl.study.archive import restore, write_archive
+
+    source = fake_study(tmp_path)
+    run_study(source, tmp_path, jobs=1)
+    write_archive(source, tmp_path)
+    for cell in cells(source, tmp_path):
+        for path in cell.run_dir.iterdir():
+            path.unlink()
+        cell.run_dir.rmdir()
+    assert len(restore(source, tmp_path)) == 4
+    before = len(invocations(tmp_path))
+    outcomes = run_study(consumer_of(source, 2), tmp_path, jobs=1)
+    assert [o.cell.key for o in outcomes] == ["a/seed2", "b/ws2-seed7"]
+    assert [i["cell"] for i in invocations(tmp_path)[before:]] == ["seed2", "ws2-seed7"]
+    assert "restored_from" not in json.loads(
+        (tmp_path / f"{RESTORED}/seed2/{DONE_FILE}").read_text()
+    )
+    assert "restored_from" in json.loads((tmp_path / f"{RESTORED}/seed1/{DONE_FILE}").read_text())
+    assert run_study(consumer_of(source, 2), tmp_path, jobs=1) == []  # all finished now
+
+
+def test_warm_starts_from_another_study_name_one_of_its_arms(tmp_path: Path) -> None:
+    source = fake_study(tmp_path)
+    with pytest.raises(ValueError, match="cells_arm 'z' is not an arm of study 'fake'"):
+        WarmStarts(count=1, cells_of=source, cells_arm="z")
+    with pytest.raises(ValueError, match="exclude each other"):
+        WarmStarts(count=1, cells_of=source, cells_arm="a", per_setting=True)
+    with pytest.raises(ValueError, match="warm start 9 is not a cell of study 'fake'"):
+        cells(consumer_of(source, 9), tmp_path)

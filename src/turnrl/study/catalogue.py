@@ -567,6 +567,27 @@ The greedy held-out tool rate stays 0 while a call is less likely than an answer
 warm start's per-draw mix calls on 40%), so it cannot show a drift either way."""
 CALC_X_TRAINING_HARD = Metric("tool_rate_hard", "sampled tool rate, hard (5 steps)", "last:5")
 
+CALC_X_WARM_STARTS = dict(cells_of=AGENTS_CALC_X_WARM, cells_arm="recipe")
+"""The RL studies of calc_x start from agents-calc-x-warm's cells (half an hour each)."""
+
+AGENTS_CALC_X_PARITY = Study(
+    name="agents-calc-x-parity",
+    title="The calc_x agent (autogen + MCP) with the measured recipe, from each warm start",
+    config=CALC_X,
+    # the recipe's RL (dr_grpo, lr 3e-4) from each seed's warm start of agents-calc-x-warm
+    # (seed k from warm start k), cut to fit two cores as agents-calc-x-489: 20 steps
+    # (320 episodes), evaluations at steps 0, 10 and 20
+    arms=(Arm("dr_grpo", ("label=dr_grpo",)),),
+    seeds=AGENTS_CALC_X_WARM.seeds,
+    warm_starts=WarmStarts(count=1, per_seed=True, **CALC_X_WARM_STARTS),
+    overrides=("train.threads=1", "train.steps=20", "train.eval_every=10"),
+    doc="docs/agents.md",
+    tables=(Table("seeds", "seeds", (*DEMO_METRICS, *CALC_X_TRAINING, CALC_X_TRAINING_HARD)),),
+    curve="tool_rate",
+    minutes_per_cell=13.0,
+)
+
+
 AGENTS_CALC_X_489 = Study(
     name="agents-calc-x-489",
     title="#489 on the literal calc_x agent (autogen + MCP), reward = correctness, the tool"
@@ -579,7 +600,7 @@ AGENTS_CALC_X_489 = Study(
     arms=(PIPELINE_ARM, *(_estimator_arm(arm, arm) for arm in ("grpo_mixed", "node"))),
     seeds=(0, 1, 2, 3, 4),
     # the warm starts of agents-calc-x-warm that pass the check (docs/agents.md)
-    warm_starts=WarmStarts(count=1, seeds=(0,)),
+    warm_starts=WarmStarts(count=1, seeds=(0,), **CALC_X_WARM_STARTS),
     settings=(TOOL_PAYS,),
     # lr 3e-4 for every arm: chosen once, on calc_openai (agents-489). Cut to fit two
     # cores: 20 steps of the recipe's 4 problems x 4 rollouts (320 episodes a run), and
@@ -691,6 +712,7 @@ STUDIES: dict[str, Study] = {
         AGENTS_489,
         AGENTS_489_NO_PAY,
         AGENTS_CALC_X_WARM,
+        AGENTS_CALC_X_PARITY,
         AGENTS_CALC_X_489,
         AGENTS_CALC_X_HELD_OUT,
         AGENTS_SMOL_489,

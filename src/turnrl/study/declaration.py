@@ -11,7 +11,10 @@ Warm starts are a level of the matrix: with ``WarmStarts`` declared, warm start
 ``w`` is a run of its own (``train.steps=0`` and ``train.seed=w`` by default)
 under ``runs/studies/<study>/warm/ws<w>``, and every cell of warm start ``w``
 starts from it (``warm_start.init_from=...``). Without it, each cell trains its own
-warm start inside its run (seeded by the cell's seed).
+warm start inside its run (seeded by the cell's seed). A study may instead start from
+another study's cells (``WarmStarts.cells_of``): warm start ``w`` is then that study's
+run of seed ``w``, in that study's directory and with its command, so studies of one
+costly warm start (the autogen + MCP agent's: half an hour) share one run of it.
 
 Nothing here runs anything; :mod:`turnrl.study.runner` does.
 """
@@ -19,7 +22,7 @@ Nothing here runs anything; :mod:`turnrl.study.runner` does.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 TRAIN = ("{python}", "-m", "turnrl.cli", "train", "--quiet")
@@ -74,6 +77,11 @@ class WarmStarts:
     per_setting: bool = False
     """One warm start per setting as well (with the setting's overrides), under
     ``warm/<setting>/ws<w>``: for settings that change the environment."""
+    cells_of: Study | None = None
+    """Another study whose cells are these warm starts: warm start ``w`` is its cell of
+    arm ``cells_arm`` and seed ``w`` (run there, with its command, when it is missing).
+    ``program``, ``overrides`` and the seed override are then that study's."""
+    cells_arm: str = ""
 
     def __post_init__(self) -> None:
         if self.seeds and not len(self.seeds) == len(set(self.seeds)) == self.count:
@@ -82,6 +90,14 @@ class WarmStarts:
             )
         if self.seeds and self.per_seed:
             raise ValueError("WarmStarts: seeds and per_seed exclude each other")
+        if self.cells_of is not None:
+            if self.per_setting:
+                raise ValueError("WarmStarts: cells_of and per_setting exclude each other")
+            if self.cells_arm not in {arm.name for arm in self.cells_of.arms}:
+                raise ValueError(
+                    f"WarmStarts: cells_arm {self.cells_arm!r} is not an arm of study "
+                    f"{self.cells_of.name!r}"
+                )
 
 
 @dataclass(frozen=True)
@@ -229,6 +245,8 @@ def warm_cells(study: Study, root: Path) -> list[Cell]:
     """The shared warm-start runs (none unless ``warm_starts`` is declared)."""
     if study.warm_starts is None:
         return []
+    if study.warm_starts.cells_of is not None:
+        return [_cell_of(study, study.warm_starts, root, warm) for warm in warm_indices(study)]
     cells = []
     program = study.warm_starts.program or study.program
     for setting in _warm_settings(study):
@@ -249,10 +267,25 @@ def warm_cells(study: Study, root: Path) -> list[Cell]:
     return cells
 
 
+def _cell_of(study: Study, warm_starts: WarmStarts, root: Path, warm: int) -> Cell:
+    """Warm start ``warm`` as the cell of ``warm_starts.cells_of`` that is it."""
+    source = warm_starts.cells_of
+    assert source is not None
+    for cell in cells(source, root):
+        if not cell.is_warm_start and cell.arm == warm_starts.cells_arm and cell.seed == warm:
+            return replace(cell, study=study.name, warm=warm, is_warm_start=True, warm_from="")
+    raise ValueError(
+        f"study {study.name!r}: warm start {warm} is not a cell of study {source.name!r} "
+        f"(arm {warm_starts.cells_arm!r}, seeds {source.seeds})"
+    )
+
+
 def cells(study: Study, root: Path) -> list[Cell]:
     """Every cell of the study: warm starts first, then settings x warm starts x seeds
     x arms (so a study cut short has whole pairs of the first seeds)."""
     out = warm_cells(study, root)
+    shared_setting = study.warm_starts is None or not study.warm_starts.per_setting
+    warm_by = {("" if shared_setting else c.setting, c.warm): c for c in out}
     per_seed = study.warm_starts is not None and study.warm_starts.per_seed
     base = study_dir(study, root)
     for setting in study.settings:
@@ -266,9 +299,10 @@ def cells(study: Study, root: Path) -> list[Cell]:
                     warm_override: tuple[str, ...] = ()
                     warm_from = ""
                     if study.warm_starts:
-                        start = warm_dir(study, root, setting, warm)
-                        warm_override = (_fill(study.warm_starts.init_override, warm_dir=start),)
-                        warm_from = "/".join(start.relative_to(base).parts)
+                        start = warm_by["" if shared_setting else setting.name, warm]
+                        init = _fill(study.warm_starts.init_override, warm_dir=start.run_dir)
+                        warm_override = (init,)
+                        warm_from = start.key
                     seed_override = arm.seed_override or study.seed_override
                     argv = (
                         *(

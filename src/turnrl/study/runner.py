@@ -112,7 +112,9 @@ def run_study(
     its cells are then partial and resume on the next run."""
     from turnrl.train.stop_signals import stopping_on_signals
 
-    todo = [c for c in select(cells(study, root), only) if cell_state(c) != FINISHED]
+    selected = select(cells(study, root), only)
+    _clear_restored_warm_starts(selected)
+    todo = [c for c in selected if cell_state(c) != FINISHED]
     phases = [[c for c in todo if c.is_warm_start], [c for c in todo if not c.is_warm_start]]
     outcomes: list[Outcome] = []
     with stopping_on_signals():
@@ -122,6 +124,21 @@ def run_study(
             if failed:
                 phases[1] = [c for c in phases[1] if c.warm_from not in failed]
     return outcomes
+
+
+def _clear_restored_warm_starts(selected: Sequence[Cell]) -> None:
+    """Make missing again each warm start that a cell still to run starts from but that
+    was restored from an archive (``turnrl study restore``): a restored cell has its
+    metrics and marker, not its checkpoint. Only a study that starts from another
+    study's cells meets one (a study's own warm starts are never archived); the files
+    removed are the two the restore wrote, and the archive still holds them."""
+    needed = {c.warm_from for c in selected if not c.is_warm_start and cell_state(c) != FINISHED}
+    for cell in selected:
+        if cell.is_warm_start and cell.key in needed and "restored_from" in cell_record(cell):
+            for name in (DONE_FILE, "metrics.jsonl"):
+                (cell.run_dir / name).unlink(missing_ok=True)
+            if not any(cell.run_dir.iterdir()):
+                cell.run_dir.rmdir()
 
 
 def _quiet(event: str, cell: Cell, outcome: Outcome | None) -> None:
