@@ -577,7 +577,7 @@ AGENTS_CALC_X_PARITY = Study(
     # the recipe's RL (dr_grpo, lr 3e-4) from each seed's warm start of agents-calc-x-warm
     # (seed k from warm start k), cut to fit two cores as agents-calc-x-489: 20 steps
     # (320 episodes), evaluations at steps 0, 10 and 20
-    arms=(Arm("dr_grpo", ("label=dr_grpo",)),),
+    arms=(Arm("dr_grpo", ("label=dr_grpo", "warm_start.teacher=none")),),
     seeds=AGENTS_CALC_X_WARM.seeds,
     warm_starts=WarmStarts(count=1, per_seed=True, **CALC_X_WARM_STARTS),
     overrides=("train.threads=1", "train.steps=20", "train.eval_every=10"),
