@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 
 from turnrl.study.declaration import DONE_FILE, Arm, Metric, Study, Table, WarmStarts, cells
-from turnrl.study.runner import FINISHED, MISSING, PARTIAL, cell_state, run_study
+from turnrl.study.runner import (
+    FINISHED,
+    MISSING,
+    PARTIAL,
+    cell_state,
+    pending_cells,
+    run_study,
+)
 
 FAKE_CELL = textwrap.dedent(
     """
@@ -295,6 +302,11 @@ def test_a_restored_shared_warm_start_runs_again_only_when_a_cell_needs_it(
         cell.run_dir.rmdir()
     assert len(restore(source, tmp_path)) == 4
     before = len(invocations(tmp_path))
+    # what `turnrl study run` counts for its progress bar: the warm start as well
+    assert [c.key for c in pending_cells(consumer_of(source, 2), tmp_path)] == [
+        "a/seed2",
+        "b/ws2-seed7",
+    ]
     outcomes = run_study(consumer_of(source, 2), tmp_path, jobs=1)
     assert [o.cell.key for o in outcomes] == ["a/seed2", "b/ws2-seed7"]
     assert [i["cell"] for i in invocations(tmp_path)[before:]] == ["seed2", "ws2-seed7"]

@@ -67,13 +67,12 @@ def _progress_events(total: int) -> tuple[Any, Any]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from turnrl.study.catalogue import get_study
-    from turnrl.study.declaration import cells
-    from turnrl.study.runner import FINISHED, cell_state, log_path, run_study, select
+    from turnrl.study.runner import log_path, pending_cells, run_study
 
     study = get_study(args.name)
     root = repository_root()
     only = [part for spec in args.only for part in spec.split(",") if part]
-    todo = [c for c in select(cells(study, root), only) if cell_state(c) != FINISHED]
+    todo = pending_cells(study, root, only)
     progress, on_event = _progress_events(len(todo))
     with progress:
         outcomes = run_study(study, root, jobs=args.jobs, only=only, on_event=on_event)

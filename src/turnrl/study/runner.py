@@ -112,9 +112,7 @@ def run_study(
     its cells are then partial and resume on the next run."""
     from turnrl.train.stop_signals import stopping_on_signals
 
-    selected = select(cells(study, root), only)
-    _clear_restored_warm_starts(selected)
-    todo = [c for c in selected if cell_state(c) != FINISHED]
+    todo = pending_cells(study, root, only)
     phases = [[c for c in todo if c.is_warm_start], [c for c in todo if not c.is_warm_start]]
     outcomes: list[Outcome] = []
     with stopping_on_signals():
@@ -124,6 +122,14 @@ def run_study(
             if failed:
                 phases[1] = [c for c in phases[1] if c.warm_from not in failed]
     return outcomes
+
+
+def pending_cells(study: Study, root: Path, only: Sequence[str] = ()) -> list[Cell]:
+    """The selected cells that are not finished, once the restored warm starts they
+    need are made missing again (:func:`_clear_restored_warm_starts`)."""
+    selected = select(cells(study, root), only)
+    _clear_restored_warm_starts(selected)
+    return [c for c in selected if cell_state(c) != FINISHED]
 
 
 def _clear_restored_warm_starts(selected: Sequence[Cell]) -> None:
