@@ -246,8 +246,9 @@ def warm_cells(study: Study, root: Path) -> list[Cell]:
     if study.warm_starts is None:
         return []
     if study.warm_starts.cells_of is not None:
-        return [_cell_of(study, study.warm_starts, root, warm) for warm in warm_indices(study)]
-    cells = []
+        source_cells = cells(study.warm_starts.cells_of, root)  # expanded once, not per warm
+        return [_cell_of(study, source_cells, warm) for warm in warm_indices(study)]
+    out = []
     program = study.warm_starts.program or study.program
     for setting in _warm_settings(study):
         for warm in warm_indices(study):
@@ -263,15 +264,17 @@ def warm_cells(study: Study, root: Path) -> list[Cell]:
                 f"run_dir={run_dir}",
             )
             cell = Cell(study.name, setting.name, "warm", warm, warm, run_dir, argv, True)
-            cells.append(cell)
-    return cells
+            out.append(cell)
+    return out
 
 
-def _cell_of(study: Study, warm_starts: WarmStarts, root: Path, warm: int) -> Cell:
-    """Warm start ``warm`` as the cell of ``warm_starts.cells_of`` that is it."""
+def _cell_of(study: Study, source_cells: list[Cell], warm: int) -> Cell:
+    """Warm start ``warm`` as the cell of ``study.warm_starts.cells_of`` (whose cells are
+    ``source_cells``) that is it."""
+    warm_starts = study.warm_starts
+    assert warm_starts is not None and warm_starts.cells_of is not None
     source = warm_starts.cells_of
-    assert source is not None
-    for cell in cells(source, root):
+    for cell in source_cells:
         if not cell.is_warm_start and cell.arm == warm_starts.cells_arm and cell.seed == warm:
             return replace(cell, study=study.name, warm=warm, is_warm_start=True, warm_from="")
     raise ValueError(
