@@ -446,6 +446,30 @@ AGENTS_WARM = Study(
     minutes_per_cell=6.0,
 )
 
+AGENTS_SOLVER_CHECKER = Study(
+    name="agents-solver-checker",
+    title="Two roles (solver + checker) under role_turn with the measured recipe, per seed",
+    config="examples/agents/solver_checker.toml",
+    # the recipe as it is, as agents-parity: each cell trains its own warm start (the
+    # scripted teacher's 512 problems, 1100 cosine SFT steps), then 40 RL steps of
+    # role_turn without the std (AT-GRPO's groups, the dr_grpo form) at lr 3e-4
+    arms=(Arm("role_turn", ("label=role_turn",)),),
+    seeds=(0, 1, 2),
+    overrides=("train.threads=1",),
+    doc="docs/agents.md",
+    tables=(
+        Table(
+            "seeds",
+            "seeds",
+            (*DEMO_METRICS, Metric("eval_tool_rate_hard", "tool rate (hard)")),
+            # the warm start's teacher-forced check (warm_start_check.json)
+            extra=(WARM_METRICS[0], WARM_METRICS[1]),
+        ),
+    ),
+    curve="eval_tool_rate",
+    minutes_per_cell=12.0,
+)
+
 PIPELINE_ARM = Arm(
     "pipeline",
     (
@@ -706,6 +730,7 @@ STUDIES: dict[str, Study] = {
         SEARCH_AGENT,
         AGENTS_CALC_OPENAI,
         AGENTS_PARITY,
+        AGENTS_SOLVER_CHECKER,
         ITERATIVE_GRPO,
         ITERATIVE_PERSONA,
         AGENTS_WARM,
@@ -827,14 +852,6 @@ MEASUREMENTS: dict[str, Measurement] = {
             "agents-smol-credit",
             "runs/studies/agents-smol-489/warm/ws0/rollouts/teacher.jsonl",
             "runs/studies/agents-smol-489/tool-pays/*/ws0-seed*",
-        ),
-        Measurement(
-            "agents-solver-checker",
-            "turnrl train --config examples/agents/solver_checker.toml train.steps=20 "
-            "train.eval_every=10",
-            "docs/agents.md",
-            ("legacy",),
-            7.0,
         ),
         Measurement(
             "bench-sampling",
