@@ -451,7 +451,7 @@ AGENTS_SOLVER_CHECKER = Study(
     title="Two roles (solver + checker) under role_turn with the measured recipe, per seed",
     config="examples/agents/solver_checker.toml",
     # the recipe as it is, as agents-parity: each cell trains its own warm start (the
-    # scripted teacher's 512 problems, 1100 cosine SFT steps), then 40 RL steps of
+    # scripted teacher's 512 problems, 3000 cosine SFT steps), then 40 RL steps of
     # role_turn without the std (AT-GRPO's groups, the dr_grpo form) at lr 3e-4
     arms=(Arm("role_turn", ("label=role_turn",)),),
     seeds=(0, 1, 2),
@@ -467,7 +467,7 @@ AGENTS_SOLVER_CHECKER = Study(
         ),
     ),
     curve="eval_tool_rate",
-    minutes_per_cell=12.0,
+    minutes_per_cell=25.0,
 )
 
 PIPELINE_ARM = Arm(
