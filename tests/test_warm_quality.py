@@ -3,12 +3,18 @@ warning that names a copy failure (issue #25), on hand-built records."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 
+import pytest
+
+from turnrl.errors import InputError
 from turnrl.train.agent.warm_quality import (
+    WARM_CHECK_FILE,
     TurnCheck,
     check_warm_start,
     quality_warnings,
+    replace_recorded_check,
     teacher_forced_accuracy,
     teacher_forced_checks,
     turn_positions,
@@ -50,6 +56,78 @@ TASKS = [Task("h", {}, ("hard",)), Task("h2", {}, ("hard",)), Task("e", {}, ("ea
 
 def test_turn_positions_follow_each_rollout_s_turns() -> None:
     assert turn_positions(RECORDS) == ["call", "result", "call", "result", "direct"]
+
+
+def solver_checker_record(traj, turn, task, role, prompt, response, call=False):
+    return TurnRecord(
+        task_id=task,
+        traj_id=traj,
+        turn=turn,
+        role=role,
+        prompt_ids=prompt,
+        response_ids=response,
+        tool_call=call,
+    )
+
+
+# examples/agents/solver_checker.py's teacher: on a hard problem the solver guesses, the
+# checker says no, the solver calls the tool (turn 2) and answers; an easy one answered
+SOLVER_CHECKER = [
+    solver_checker_record("t0", 0, "h", "solver", (1, 2), (6,)),  # the guess
+    solver_checker_record("t0", 1, "h", "checker", (1, 2, 6), (3,)),  # "no"
+    solver_checker_record("t0", 2, "h", "solver", (1, 2, 6, 3), (5, 6, 0), call=True),
+    solver_checker_record("t0", 3, "h", "solver", (1, 2, 6, 3, 5, 6, 0, 9), (7,)),
+    solver_checker_record("t1", 0, "e", "solver", (1, 4), (4,)),
+    solver_checker_record("t1", 1, "e", "checker", (1, 4, 4), (2,)),  # "yes"
+]
+
+
+def test_positions_come_from_the_records_tool_calls_per_role() -> None:
+    """The solver's call is its second turn (turn 2 of the rollout): a call, not a
+    result; the guess before it and the checker's verdicts are direct answers."""
+    assert turn_positions(SOLVER_CHECKER) == [
+        "direct",
+        "direct",
+        "call",
+        "result",
+        "direct",
+        "direct",
+    ]
+    # records that do not say whether they called: each rollout's first of several turns
+    unknown = [replace(r, tool_call=None) for r in SOLVER_CHECKER]
+    assert turn_positions(unknown) == ["call", "result", "result", "result", "call", "result"]
+
+
+def test_a_program_of_several_roles_is_checked_per_role() -> None:
+    replies = {
+        (1, 2): [6],  # the guess, as the teacher's
+        (1, 2, 6): [3],  # the checker's no
+        (1, 2, 6, 3): [5, 8, 0],  # the call's operands miscopied
+        (1, 2, 6, 3, 5, 6, 0, 9): [7],  # the result copied
+        (1, 4): [4],
+        (1, 4, 4): [2],
+    }
+    tasks = [Task("h", {}, ("hard",)), Task("e", {}, ("easy",))]
+    metrics, lines = check_warm_start(
+        ScriptedPolicy(replies, []),
+        SOLVER_CHECKER,
+        tasks,
+        {"eval_success_hard": 0.0},
+        max_new_tokens=8,
+    )
+    assert {k: v for k, v in metrics.items() if not k.endswith(("_n", "_other", "_forced"))} == {
+        "warm_tf_easy_checker_direct": 1.0,
+        "warm_tf_easy_solver_direct": 1.0,
+        "warm_tf_hard_checker_direct": 1.0,
+        "warm_tf_hard_solver_call": 0.0,
+        "warm_tf_hard_solver_direct": 1.0,
+        "warm_tf_hard_solver_result": 1.0,
+    }
+    assert lines == [
+        "warm start fails on hard problems: solver: operands miscopied into the tool call "
+        "(0.00 of 1 teacher-forced call turns exact); greedy decoding never solves one "
+        "(eval_success 0.00) - RL sees zero-advantage groups there"
+    ]
 
 
 def test_greedy_from_the_teacher_s_context_is_compared_token_for_token() -> None:
@@ -198,3 +276,33 @@ def test_without_teacher_records_only_the_greedy_check_speaks() -> None:
         "warm start fails on hard problems: greedy decoding never solves one "
         "(eval_success 0.00) - RL sees zero-advantage groups there"
     ]
+
+
+def test_a_recomputed_check_replaces_the_recorded_one_and_nothing_else(tmp_path) -> None:
+    rows = [
+        {"step": 0, "eval_success": 0.5, "warm_tf_hard_call": 0.25, "warm_tf_hard_call_n": 4.0},
+        {"step": 1, "success": 0.75},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    new = {"warm_tf_hard_solver_call": 0.5, "warm_tf_hard_solver_call_n": 2.0}
+    replace_recorded_check(tmp_path, new, ["a warning"], by="a script")
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"step": 0, "eval_success": 0.5, **new},  # the old check's keys are gone
+        {"step": 1, "success": 0.75},
+    ]
+    assert json.loads((tmp_path / WARM_CHECK_FILE).read_text()) == {
+        "metrics": new,
+        "warnings": ["a warning"],
+        "recomputed_by": "a script",
+    }
+
+
+def test_a_run_without_its_warm_start_row_is_refused_by_file_and_field(tmp_path) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(InputError, match=r"metrics.jsonl: field 'step': no step-0 row"):
+        replace_recorded_check(tmp_path, {}, [], by="a script")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": \n')
+    with pytest.raises(InputError, match=r"metrics.jsonl:2: not JSON"):
+        replace_recorded_check(tmp_path, {}, [], by="a script")
+    assert not (tmp_path / WARM_CHECK_FILE).exists()

@@ -462,8 +462,13 @@ AGENTS_SOLVER_CHECKER = Study(
             "seeds",
             "seeds",
             (*DEMO_METRICS, Metric("eval_tool_rate_hard", "tool rate (hard)")),
-            # the warm start's teacher-forced check (warm_start_check.json)
-            extra=(WARM_METRICS[0], WARM_METRICS[1]),
+            # the warm start's teacher-forced check per role (warm_start_check.json),
+            # given the teacher's decision: the solver's hard call (operands copied after
+            # the checker's no), its answer after the tool, its direct easy answer
+            extra=tuple(
+                Metric(f"warm_tf_{kind}_solver_{turn}_forced", f"{kind} {turn} copied", "first")
+                for kind, turn in (("hard", "call"), ("hard", "result"), ("easy", "direct"))
+            ),
         ),
     ),
     curve="eval_tool_rate",

@@ -48,7 +48,6 @@ shared one (:mod:`turnrl.train.run`); this loop adds::
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
 import time
@@ -79,7 +78,7 @@ from turnrl.train.agent.runner import (
 from turnrl.train.agent.tasks import load_tasks, rl_tasks, teacher_tasks
 from turnrl.train.agent.teacher import TeacherGateway, load_teacher, teacher_examples
 from turnrl.train.agent.teacher_mix import teacher_jobs, weighted_examples
-from turnrl.train.agent.warm_quality import check_warm_start
+from turnrl.train.agent.warm_quality import check_warm_start, write_check
 from turnrl.train.config import RunConfig
 from turnrl.train.lifecycle import LifecycleRun, Schedule, seed_process
 from turnrl.train.metrics import advantage_metrics
@@ -99,9 +98,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("turnrl.agent")
-
-WARM_CHECK_FILE = "warm_start_check.json"
-"""The warm start's check before RL: teacher-forced accuracy per kind and warnings."""
 
 FAILURES_DIR = "agent_failures"
 FAILURES_LOG = "agent_failures.jsonl"
@@ -440,8 +436,7 @@ class AgentTrainer(LifecycleRun):
         )
         for line in lines:
             self.run_directory.log(line)
-        report = {"metrics": metrics, "warnings": lines}
-        atomic_write_text(self.run_dir / WARM_CHECK_FILE, json.dumps(report, indent=1) + "\n")
+        write_check(self.run_dir, metrics, lines)
         return metrics
 
     def checkpoint(self) -> None:
