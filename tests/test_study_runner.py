@@ -38,6 +38,9 @@ FAKE_CELL = textwrap.dedent(
         log.write(json.dumps({"cell": run_dir.name, "resume": "--resume" in args}) + "\\n")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text("")
+    if (root / "commit-while-running").exists():  # HEAD moves on while the cell runs
+        import subprocess
+        subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", "2"], cwd=root, check=True)
     while (root / f"hang-{seed}").exists():
         time.sleep(0.05)
     if (root / f"fail-{seed}").exists():
@@ -325,3 +328,29 @@ def test_warm_starts_from_another_study_name_one_of_its_arms(tmp_path: Path) -> 
         WarmStarts(count=1, cells_of=source, cells_arm="a", per_setting=True)
     with pytest.raises(ValueError, match="warm start 9 is not a cell of study 'fake'"):
         cells(consumer_of(source, 9), tmp_path)
+
+
+def head(root: Path) -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_a_cell_records_the_commit_it_started_at_not_the_one_at_its_end(
+    tmp_path, monkeypatch
+) -> None:
+    """A cell imports the code of the commit it starts at; a study running for hours
+    while commits land recorded the later HEAD as each cell's commit."""
+    for who in ("AUTHOR", "COMMITTER"):  # the fake cell commits too (it inherits these)
+        monkeypatch.setenv(f"GIT_{who}_NAME", "t")
+        monkeypatch.setenv(f"GIT_{who}_EMAIL", "t@t")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    study = dataclasses.replace(fake_study(tmp_path), seeds=(0,))
+    (tmp_path / ".gitignore").write_text("*\n")
+    subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", "1"], cwd=tmp_path, check=True)
+    first = head(tmp_path)
+    (tmp_path / "commit-while-running").write_text("")
+    [outcome] = run_study(study, tmp_path)
+    assert outcome.returncode == 0
+    assert head(tmp_path) != first
+    assert json.loads((outcome.cell.run_dir / DONE_FILE).read_text())["commit"] == first

@@ -566,6 +566,10 @@ CALC_X_WARM_METRICS = (
     # greedy decoding takes the majority of a per-draw mix (60% direct): where it never
     # decides to call, warm_tf_*_call is absent and its share decided otherwise is 1
     Metric("warm_tf_hard_call_other", "hard calls decided otherwise", "first"),
+    # ... so the copy is measured with the teacher's decision forced (every seed's run
+    # logs it from 1f684f1 on; seeds 0-2 ran again there)
+    Metric("warm_tf_hard_call_forced", "hard operands copied (forced)", "first"),
+    Metric("warm_tf_easy_call_forced", "easy operands copied (forced)", "first"),
     WARM_METRICS[1],  # hard result exact
     WARM_METRICS[3],  # easy result exact
     Metric("warm_tf_easy_direct", "easy direct exact", "first"),

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from turnrl.io import atomic_write_json, read_jsonl_tolerant
 from turnrl.study.declaration import DONE_FILE, Cell, Study, cells, study_dir
+from turnrl.study.provenance import git_commit
 
 FINISHED, PARTIAL, MISSING = "finished", "partial", "missing"
 
@@ -159,7 +160,7 @@ def _run_phase(
     on_event: Callable[[str, Cell, Outcome | None], None],
 ) -> list[Outcome]:
     pending = list(todo)
-    running: list[tuple[Cell, subprocess.Popen, float, object]] = []
+    running: list[tuple[Cell, subprocess.Popen, float, object, str]] = []
     outcomes: list[Outcome] = []
     try:
         while pending or running:
@@ -171,25 +172,26 @@ def _run_phase(
                 handle = log.open("ab")
                 handle.write(f"$ {' '.join(argv)}\n".encode())
                 handle.flush()
+                commit = git_commit(root)  # the code the cell runs, not what HEAD is later
                 process = subprocess.Popen(
                     argv, cwd=root, stdout=handle, stderr=subprocess.STDOUT, env=_child_env()
                 )
-                running.append((cell, process, time.perf_counter(), handle))
+                running.append((cell, process, time.perf_counter(), handle, commit))
                 on_event("start", cell, None)
             time.sleep(0.05)
             for item in list(running):
-                cell, process, started, handle = item
+                cell, process, started, handle, commit = item
                 if process.poll() is None:
                     continue
                 running.remove(item)
                 handle.close()  # type: ignore[attr-defined]
                 outcome = Outcome(cell, process.returncode, time.perf_counter() - started)
                 if outcome.returncode == 0:
-                    _mark_finished(cell, process.args, outcome.seconds, root)  # type: ignore[arg-type]
+                    _mark_finished(cell, process.args, outcome.seconds, commit)  # type: ignore[arg-type]
                 outcomes.append(outcome)
                 on_event("end", cell, outcome)
     finally:
-        for _cell, process, _, handle in running:  # interrupted: leave no orphan behind
+        for _cell, process, _, handle, _commit in running:  # interrupted: leave no orphan behind
             process.terminate()
             try:
                 process.wait(timeout=60)
@@ -200,15 +202,16 @@ def _run_phase(
     return outcomes
 
 
-def _mark_finished(cell: Cell, argv: list[str], seconds: float, root: Path) -> None:
-    from turnrl.study.provenance import git_commit, machine
+def _mark_finished(cell: Cell, argv: list[str], seconds: float, commit: str) -> None:
+    """The cell's record: its command, time, the commit it was started at, machine."""
+    from turnrl.study.provenance import machine
 
     atomic_write_json(
         cell.run_dir / DONE_FILE,
         {
             "command": argv,
             "seconds": seconds,
-            "commit": git_commit(root),
+            "commit": commit,
             "machine": machine(_child_env()["OMP_NUM_THREADS"]),
             "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         },
