@@ -450,6 +450,8 @@ def test_the_example_agent_configs_load_their_agent_and_teacher(
     # what was measured to work (examples/calculator.toml, issue #25)
     assert config.train.lr == 3e-4
     assert config.warm_start.lr_schedule == "cosine"
+    # 1100 SFT steps miscopied the calls (calc_openai: 5 of 5 seeds; solver_checker seed 0)
+    assert config.warm_start.steps == 3000
     assert config.tasks.kwargs["hard_operands"] == [317, 999]
     if estimator == "role_turn":
         assert config.credit.params == {"use_std": False}  # centred only, as dr_grpo
