@@ -840,13 +840,6 @@ MEASUREMENTS: dict[str, Measurement] = {
             ("gateway",),
             5.0,
         ),
-        Measurement(
-            "agents-calc-x",
-            "python examples/agents/study.py calc_x",
-            "docs/agents.md",
-            ("legacy",),
-            35.0,
-        ),
         _openings(
             "agents-calc-x-credit",
             "runs/studies/agents-calc-x-warm/recipe/seed0/rollouts/teacher.jsonl",
