@@ -22,9 +22,23 @@ from turnrl.train.agent.warm_quality import (
 from turnrl.types import Sample, Task, TurnRecord
 
 
-def record(traj: str, turn: int, task: str, prompt: tuple[int, ...], response: tuple[int, ...]):
+def record(
+    traj: str,
+    turn: int,
+    task: str,
+    prompt: tuple[int, ...],
+    response: tuple[int, ...],
+    role: str = "agent",
+    call: bool | None = None,
+):
     return TurnRecord(
-        task_id=task, traj_id=traj, turn=turn, prompt_ids=prompt, response_ids=response
+        task_id=task,
+        traj_id=traj,
+        turn=turn,
+        role=role,
+        prompt_ids=prompt,
+        response_ids=response,
+        tool_call=call,
     )
 
 
@@ -58,27 +72,15 @@ def test_turn_positions_follow_each_rollout_s_turns() -> None:
     assert turn_positions(RECORDS) == ["call", "result", "call", "result", "direct"]
 
 
-def solver_checker_record(traj, turn, task, role, prompt, response, call=False):
-    return TurnRecord(
-        task_id=task,
-        traj_id=traj,
-        turn=turn,
-        role=role,
-        prompt_ids=prompt,
-        response_ids=response,
-        tool_call=call,
-    )
-
-
 # examples/agents/solver_checker.py's teacher: on a hard problem the solver guesses, the
 # checker says no, the solver calls the tool (turn 2) and answers; an easy one answered
 SOLVER_CHECKER = [
-    solver_checker_record("t0", 0, "h", "solver", (1, 2), (6,)),  # the guess
-    solver_checker_record("t0", 1, "h", "checker", (1, 2, 6), (3,)),  # "no"
-    solver_checker_record("t0", 2, "h", "solver", (1, 2, 6, 3), (5, 6, 0), call=True),
-    solver_checker_record("t0", 3, "h", "solver", (1, 2, 6, 3, 5, 6, 0, 9), (7,)),
-    solver_checker_record("t1", 0, "e", "solver", (1, 4), (4,)),
-    solver_checker_record("t1", 1, "e", "checker", (1, 4, 4), (2,)),  # "yes"
+    record("t0", 0, "h", (1, 2), (6,), "solver", False),  # the guess
+    record("t0", 1, "h", (1, 2, 6), (3,), "checker", False),  # "no"
+    record("t0", 2, "h", (1, 2, 6, 3), (5, 6, 0), "solver", True),
+    record("t0", 3, "h", (1, 2, 6, 3, 5, 6, 0, 9), (7,), "solver", False),
+    record("t1", 0, "e", (1, 4), (4,), "solver", False),
+    record("t1", 1, "e", (1, 4, 4), (2,), "checker", False),  # "yes"
 ]
 
 
