@@ -52,7 +52,7 @@ import logging
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -66,20 +66,23 @@ from turnrl.policy.sync import push_weights
 from turnrl.records import dumps_record
 from turnrl.serve import Gateway, GatewayConfig, GatewayServer, bind_socket
 from turnrl.table import TurnTable
-from turnrl.train.agent.command import KILL_GRACE_S
 from turnrl.train.agent.programs import make_program
 from turnrl.train.agent.rollouts import plan_rollouts, refuse_untrainable, rollout_metrics
-from turnrl.train.agent.runner import (
-    AgentRunner,
-    GatewayLink,
-    RolloutResult,
-    failure_fraction_error,
+from turnrl.train.agent.runner import AgentRunner, RolloutResult, failure_fraction_error
+from turnrl.train.agent.serving import (
+    HOST,
+    ServedAgents,
+    agent_runner,
+    gateway_config,
+    serve_agents,
 )
 from turnrl.train.agent.tasks import load_tasks, rl_tasks, teacher_tasks
 from turnrl.train.agent.teacher import TeacherGateway, load_teacher, teacher_examples
 from turnrl.train.agent.teacher_mix import teacher_jobs, weighted_examples
 from turnrl.train.agent.warm_quality import check_warm_start, write_check
 from turnrl.train.config import RunConfig
+from turnrl.train.eval_tasks import agent_eval_tasks
+from turnrl.train.evaluate import evaluate_agents
 from turnrl.train.lifecycle import LifecycleRun, Schedule, seed_process
 from turnrl.train.metrics import advantage_metrics
 from turnrl.train.policy_start import start_training
@@ -101,21 +104,12 @@ logger = logging.getLogger("turnrl.agent")
 
 FAILURES_DIR = "agent_failures"
 FAILURES_LOG = "agent_failures.jsonl"
-HOST = "127.0.0.1"
 
 
 class AgentRunError(TurnrlError, ValueError):
     """Too many agent rollouts failed: the run stops (the message names the first failure).
     A ``ValueError``: the agent program is bad input, and ``turnrl train`` reports it in
     one line (exit code 2), not as a traceback."""
-
-
-@dataclass(frozen=True)
-class ServedAgents:
-    """One gateway serving the policy and the runner of agents against it."""
-
-    gateway: Gateway
-    runner: AgentRunner
 
 
 class AgentTrainer(LifecycleRun):
@@ -147,12 +141,7 @@ class AgentTrainer(LifecycleRun):
         self.train_tasks = load_tasks(
             tasks.train, n=tasks.n_train, seed=tasks.seed, kwargs=tasks.kwargs
         )
-        self.eval_tasks = load_tasks(
-            tasks.eval if tasks.eval is not None else tasks.train,
-            n=tasks.n_eval,
-            seed=derive_seed(tasks.seed, "eval_tasks"),
-            kwargs=tasks.kwargs,
-        )
+        self.eval_tasks = agent_eval_tasks(tasks)
         warm = config.warm_start
         self.rl_tasks = rl_tasks(self.train_tasks, warm.teacher_tasks, warm.hold_out_teacher_tasks)
         """The tasks RL draws from: the training tasks, less the teacher's where held out."""
@@ -272,15 +261,21 @@ class AgentTrainer(LifecycleRun):
         )
 
     def evaluate(self) -> dict[str, float]:
-        """The same agent on the held-out tasks (the eval gateway's temperature)."""
+        """The same agent on the held-out tasks (the eval gateway's temperature), as
+        ``turnrl eval`` runs it (:func:`~turnrl.train.evaluate.evaluate_agents`)."""
         runner, gateway = self._eval_side.runner, self._eval_side.gateway
         gateway.swap_policy(self.served, version=self.step)  # same weights, version stamped
         where = f"eval-{self.step:06d}"
-        jobs = plan_rollouts(self.eval_tasks, self.config.train.eval_samples, f"e{self.step}-")
-        results = self.run_agents(runner, jobs, where)
-        self.check_failures(results, where)
-        self.write_records(where, [rec for r in results if r.failure is None for rec in r.records])
-        return rollout_metrics(results, prefix="eval_")
+        evaluation = evaluate_agents(
+            runner,
+            self.eval_tasks,
+            samples=self.config.train.eval_samples,
+            prefix=f"e{self.step}-",
+            failure_dir=self.run_dir / FAILURES_DIR / where,
+            check=lambda results: self.check_failures(results, where),
+        )
+        self.write_records(where, evaluation.records)
+        return evaluation.metrics
 
     # ------------------------------------------------------------------ helpers
     def run_agents(
@@ -321,28 +316,10 @@ class AgentTrainer(LifecycleRun):
         atomic_write_text(path, "".join(line + "\n" for line in lines))
 
     def gateway_config(self, temperature: float) -> GatewayConfig:
-        agent = self.config.agent
-        return GatewayConfig(
-            tool_format=agent.tool_format,
-            tools_in_prompt=agent.tools_in_prompt,
-            default_max_tokens=self.config.policy.max_new_tokens,
-            default_temperature=temperature,
-            batch_window_s=agent.batch_window_ms / 1000,
-            max_batch=agent.max_batch,
-            # A safety net behind the runner's own timeout, which decides.
-            rollout_timeout_s=agent.timeout_s + 2 * KILL_GRACE_S + 10,
-            auto_open=False,  # only rollouts this loop opened are served
-        )
+        return gateway_config(self.config, temperature)
 
     def runner(self, gateway: Gateway, server: GatewayServer) -> AgentRunner:
-        agent = self.config.agent
-        return AgentRunner(
-            self.program,
-            GatewayLink(gateway, server),
-            concurrency=agent.concurrency,
-            timeout_s=agent.timeout_s,
-            model=agent.model,
-        )
+        return agent_runner(self.program, self.config, gateway, server)
 
     # ---------------------------------------------------------------- warm start
     def demonstrations(self) -> list[Any]:
@@ -413,11 +390,15 @@ class AgentTrainer(LifecycleRun):
     def _serve(self, temperature: float, sock: socket.socket) -> ServedAgents:
         """A gateway over the served policy at ``temperature``, its server on ``sock`` and
         the runner of agents against it; stopped by :meth:`close`."""
-        gateway = self._servers.enter_context(
-            Gateway(self.served, self.gateway_config(temperature), policy_version=self.step)
+        return serve_agents(
+            self._servers,
+            self.served,
+            self.program,
+            self.config,
+            temperature=temperature,
+            sock=sock,
+            version=self.step,
         )
-        server = self._servers.enter_context(GatewayServer(gateway, sock=sock, list_rollouts=False))
-        return ServedAgents(gateway, self.runner(gateway, server))
 
     def start_metrics(self) -> dict[str, Any]:
         """The warm start's evaluation and its teacher-forced check (the step-0 row)."""

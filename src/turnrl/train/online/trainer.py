@@ -43,10 +43,10 @@ from turnrl.policy.sync import push_weights
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, StrategyContext, get_strategy, run_episodes
 from turnrl.rollout.strategies import RolloutPool, StepExperience
-from turnrl.rollout.tokens import PrefixReuse
 from turnrl.rollout.tree import physical_env_steps
 from turnrl.table import TurnTable
 from turnrl.train.config import RunConfig
+from turnrl.train.evaluate import evaluate_in_env
 from turnrl.train.lifecycle import LifecycleRun, Schedule, seed_process
 from turnrl.train.metrics import advantage_metrics, episode_metrics
 from turnrl.train.policy_start import start_training
@@ -223,28 +223,20 @@ class OnlineTrainer(LifecycleRun):
         return self.policy.state_dict(), self.optimizer.state_dict()
 
     # --------------------------------------------------------------- one step
-    def rollouts(
-        self, tasks: list[Task], group_size: int, temperature: float, seed: int, prefix: str
-    ) -> RolloutBatch:
-        self.policy.model.eval()
-        return run_episodes(
-            PrefixReuse(self.rollout_policy),  # earlier turns and the shared prompt encoded once
-            self._make_env,
-            tasks,
-            group_size=group_size,
-            max_new_tokens=self.config.policy.max_new_tokens,
-            temperature=temperature,
-            seed=seed,
-            traj_prefix=prefix,
-        )
-
     def evaluate(self) -> dict[str, float]:
-        """Success and tool use on the held-out tasks (greedy by default)."""
-        cfg = self.config.train
-        batch = self.rollouts(
-            self.eval_tasks, cfg.eval_samples, cfg.eval_temperature, seed=0, prefix="eval-"
+        """Success and tool use on the held-out tasks (greedy by default), as ``turnrl
+        eval`` computes them (:func:`~turnrl.train.evaluate.evaluate_in_env`)."""
+        cfg = self.config
+        self.policy.model.eval()
+        evaluation = evaluate_in_env(
+            self.rollout_policy,
+            self._make_env,
+            self.eval_tasks,
+            samples=cfg.train.eval_samples,
+            temperature=cfg.train.eval_temperature,
+            max_new_tokens=cfg.policy.max_new_tokens,
         )
-        return {**episode_metrics(batch.episodes, prefix="eval_"), "eval_unseen": self.eval_unseen}
+        return {**evaluation.metrics, "eval_unseen": self.eval_unseen}
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:
         """Several epochs of mini-batch PPO-clip steps on one batch of turns."""
