@@ -317,6 +317,15 @@ def _add_study(subparsers: Any) -> None:
 _EXTRA_COMMANDS.append(_add_study)
 
 
+def _add_eval(subparsers: Any) -> None:
+    from turnrl.report.eval_cli import add_eval_command
+
+    add_eval_command(subparsers)
+
+
+_EXTRA_COMMANDS.append(_add_eval)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -53,7 +53,8 @@ def _fmt(value: float | None) -> str:
     return "" if value is None else f"{value:.4g}"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], *, table_id: str = "") -> str:
+def html_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, table_id: str = "") -> str:
+    """An HTML table of text cells (escaped here), in the report's style."""
     head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
@@ -86,6 +87,15 @@ def _heldout_section(table: HeldOutTable | None) -> str:
         " (mean ± std across runs where a label has several).</p>"
         f'<table id="heldout"><thead><tr><th rowspan="2">metric</th>{header}</tr>'
         f"<tr>{sub}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def html_page(title: str, body: str) -> str:
+    """A whole HTML document around ``body``, in the report's style."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>"
+        f"<body>{body}</body></html>\n"
     )
 
 
@@ -139,7 +149,7 @@ def _finals_section(runs: Sequence[RunData], metrics: Sequence[str], last: int) 
     parts = [
         "<h2>Final values</h2>",
         f'<p class="note">Every metric that changes, per run ({when}).</p>',
-        _table(["metric", *names], rows, table_id="finals"),
+        html_table(["metric", *names], rows, table_id="finals"),
     ]
     groups = group_by_label(runs)
     if any(len(group) > 1 for group in groups.values()):
@@ -153,7 +163,7 @@ def _finals_section(runs: Sequence[RunData], metrics: Sequence[str], last: int) 
                 row.append("" if entry is None else f"{entry[0]:.4g} ± {entry[1]:.2g} ({entry[2]})")
             rows.append(row)
         parts.append('<p class="note">Per label: mean ± std across runs (number of runs).</p>')
-        parts.append(_table(["metric", *labels], rows))
+        parts.append(html_table(["metric", *labels], rows))
     return "".join(parts)
 
 
@@ -165,7 +175,7 @@ def _flat_section(flat: dict[str, float]) -> str:
         f'<details id="flat"><summary>Metrics that never change ({len(flat)})</summary>'
         '<p class="note">One value over every logged step of every run (plotted only '
         "next to metrics that change).</p>"
-        f"{_table(['metric', 'value'], rows)}</details>"
+        f"{html_table(['metric', 'value'], rows)}</details>"
     )
 
 
@@ -173,7 +183,7 @@ def _runs_section(runs: Sequence[RunData]) -> str:
     rows = [[run.name, run.label, str(run.path), str(len(run.records))] for run in runs]
     parts = [
         f'<details id="runs"><summary>Runs and configs ({len(runs)})</summary>',
-        _table(["run", "label", "directory", "steps logged"], rows),
+        html_table(["run", "label", "directory", "steps logged"], rows),
     ]
     for run in runs:
         text = run.config_text if run.config_text is not None else "(no config copy found)"
@@ -215,11 +225,7 @@ def render_report(
             _runs_section(runs),
         ]
     )
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>"
-        f"<body>{body}</body></html>\n"
-    )
+    return html_page(title, body)
 
 
 def write_report(

@@ -1,0 +1,151 @@
+"""``turnrl eval``: on a finished run's last checkpoint and the config's held-out tasks
+it gives the run's last in-training evaluation exactly (an environment run and an agent
+program through the gateway); a task file gives the same numbers on the same tasks; bad
+input is one line naming the file, line and field, exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO, TINY_TRAIN
+from turnrl.cli import main
+from turnrl.train.agent.loop import AgentTrainer
+from turnrl.train.online.trainer import OnlineTrainer
+from turnrl.train.task_split import task_split
+
+CALCULATOR = REPO / "examples" / "calculator.toml"
+SAMPLED_EVAL = ("train.steps=2", "train.eval_temperature=1.0", "train.eval_samples=3")
+"""Two RL steps, then an evaluation of 3 sampled episodes per task: varied outcomes."""
+FIXTURES = Path(__file__).with_name("agent_fixtures.py")
+
+
+def last_eval_row(run: Path) -> dict[str, float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {k: v for k, v in rows[-1].items() if k.startswith("eval_")}
+
+
+def run_eval(*args: str) -> dict[str, Any]:
+    out = Path(args[args.index("-o") + 1])
+    assert main(["eval", *args, "--quiet"]) == 0
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def calculator_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny calculator run (warm start, 2 RL steps, sampled evaluation)."""
+    from turnrl.train.config import RunConfig, load_config
+
+    run = tmp_path_factory.mktemp("calc") / "run"
+    config = load_config(RunConfig, CALCULATOR, [*TINY_TRAIN, *SAMPLED_EVAL, f"run_dir={run}"])
+    return OnlineTrainer(config, quiet=True).run()
+
+
+def test_eval_of_a_finished_run_equals_its_last_in_training_evaluation(
+    calculator_run: Path, tmp_path: Path
+) -> None:
+    expected = last_eval_row(calculator_run)
+    out = tmp_path / "eval"
+    summary = run_eval(
+        "--policy", str(calculator_run), "--config", str(CALCULATOR),
+        *TINY_TRAIN, *SAMPLED_EVAL, "-o", str(out),
+    )  # fmt: skip
+    assert summary["step"] == 2 and summary["samples"] == 3
+    assert summary["metrics"] == expected  # every eval_* key, exactly
+    # the comparison is not between constants: the sampled episodes differ
+    assert 0 < expected["eval_tool_rate_easy"] + expected["eval_malformed_rate"] < 2
+    # the breakdown is the same episodes: its success and per-kind success are the run's
+    breakdown = summary["breakdown"]
+    assert breakdown["all"]["success"] == expected["eval_success"]
+    for kind in ("easy", "hard"):
+        assert breakdown[kind]["success"] == expected[f"eval_success_{kind}"]
+        assert breakdown[kind]["turns"] == expected[f"eval_turns_{kind}"]
+        assert breakdown[kind]["tool_call_rate"] == expected[f"eval_tool_rate_{kind}"]
+    rows = [json.loads(line) for line in (out / "tasks.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(row["samples"] == 3 for row in rows)
+    assert sum(r["successes"] for r in rows) == round(expected["eval_success"] * 12)
+    records = (out / "records.jsonl").read_text().splitlines()
+    assert len(records) == round(expected["eval_turns"] * 12)
+    assert "| all |" in (out / "eval.md").read_text()
+    assert '<table id="eval">' in (out / "eval.html").read_text()
+
+
+def test_a_task_file_of_the_held_out_tasks_gives_the_same_numbers(
+    calculator_run: Path, tmp_path: Path
+) -> None:
+    from turnrl.train.config import RunConfig, load_config
+
+    config = load_config(RunConfig, CALCULATOR, [*TINY_TRAIN, *SAMPLED_EVAL])
+    tasks = tmp_path / "tasks.jsonl"
+    lines = [
+        json.dumps({"task_id": t.task_id, "tags": list(t.tags), **t.payload})
+        for t in task_split(config.env).eval
+    ]
+    tasks.write_text("\n".join(lines) + "\n")
+    summary = run_eval(
+        "--policy", str(calculator_run), "--config", str(CALCULATOR), *TINY_TRAIN,
+        *SAMPLED_EVAL, "--tasks", str(tasks), "-o", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert summary["metrics"] == last_eval_row(calculator_run)
+
+
+def test_a_bad_task_file_line_names_file_line_and_field(
+    calculator_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    good = {"task_id": "calc-1+2", "tags": ["easy"], "question": "Compute 1+2.", "answer": "3"}
+    bad = {"task_id": "calc-2+2", "question": "Compute 2+2.", "expression": "2+2"}
+    tasks.write_text(json.dumps({**good, "expression": "1+2"}) + "\n\n" + json.dumps(bad) + "\n")
+    args = ["eval", "--policy", str(calculator_run), "--tasks", str(tasks)]
+    assert main([*args, "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"turnrl eval: error: {tasks}:3: field 'answer': missing")
+    assert len(err.splitlines()) == 1
+    tasks.write_text(json.dumps({**good, "expression": "1+2"}) + "\n{not json\n")
+    assert main([*args, "-o", str(tmp_path / "out")]) == 2
+    assert f"{tasks}:2: malformed JSON" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_a_parquet_task_file_needs_pyarrow(calculator_run: Path, tmp_path: Path, capsys) -> None:
+    tasks = tmp_path / "tasks.parquet"
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        tasks.write_bytes(b"PAR1")
+        assert main(["eval", "--policy", str(calculator_run), "--tasks", str(tasks)]) == 2
+        assert "needs pyarrow" in capsys.readouterr().err
+        return
+    rows = [{"task_id": "calc-1+2", "tags": ["easy"], "question": "Compute 1+2."}]
+    pq.write_table(pa.Table.from_pylist(rows), tasks)
+    assert main(["eval", "--policy", str(calculator_run), "--tasks", str(tasks)]) == 2
+    assert f"{tasks}: row 1: field 'expression': missing" in capsys.readouterr().err
+
+
+def test_a_directory_that_holds_no_policy_is_refused(tmp_path: Path, capsys) -> None:
+    args = ["eval", "--policy", str(tmp_path), "--config", str(CALCULATOR), *TINY_TRAIN]
+    assert main([*args, "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"--policy: {tmp_path} is neither a run directory" in err
+
+
+def test_eval_of_an_agent_run_through_the_gateway_equals_its_last_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unchanged agent program against a gateway over the run's last checkpoint;
+    ``--config`` defaults to the run's own copy. One call at a time (concurrency 1):
+    in training and here every call is sampled alone, so greedy decoding is exact."""
+    from test_agent_loop import agent_config
+
+    monkeypatch.setenv("TURNRL_TEST_LOG", str(tmp_path / "calls.jsonl"))
+    config = agent_config(tmp_path, "agent.concurrency=1", f"agent.entrypoint={FIXTURES}:two_calls")
+    run = AgentTrainer(config, quiet=True).run()
+    summary = run_eval("--policy", str(run), "-o", str(tmp_path / "out"))
+    expected = last_eval_row(run)
+    assert summary["metrics"] == expected and summary["agent_failures"] == 0
+    assert summary["breakdown"]["all"]["episodes"] == 2
+    assert summary["breakdown"]["all"]["turns"] == expected["eval_turns"] == 2.0
