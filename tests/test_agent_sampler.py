@@ -70,7 +70,7 @@ def test_the_gateway_serves_the_sampler_and_every_update_reaches_it(
     samplers: list[HFPolicy] = []
     closed: list[HFPolicy] = []
 
-    def separate_copy(settings: Any, learner: HFPolicy) -> HFPolicy:
+    def separate_copy(settings: Any, learner: HFPolicy, **options: Any) -> HFPolicy:
         sampler = copy.deepcopy(learner)  # a sampler starts from the learner's weights
         sampler.close = lambda: closed.append(sampler)  # type: ignore[attr-defined]
         samplers.append(sampler)

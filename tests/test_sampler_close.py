@@ -46,7 +46,7 @@ def _separate_copies(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Make the trainer sample with a closable copy of its learner; returns the copies."""
     made: list[Any] = []
 
-    def separate_copy(settings: Any, learner: Any) -> Any:
+    def separate_copy(settings: Any, learner: Any, **options: Any) -> Any:
         sampler = copy.deepcopy(learner)
         sampler.closes = 0
 

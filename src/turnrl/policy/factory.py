@@ -150,10 +150,13 @@ def initial_policy(
     return with_lora(load_policy(init_from, settings), settings)
 
 
-def build_sampler(settings: PolicySettings, learner: HFPolicy, **engine_options: Any) -> Any:
+def build_sampler(
+    settings: PolicySettings, learner: HFPolicy, *, rows: int | None = None, **engine_options: Any
+) -> Any:
     """What rollouts sample with, by ``settings.backend``: ``learner`` itself for
     ``"hf"``; for ``"vllm"`` an in-process vLLM engine started from the learner's current
-    weights (LoRA adapters merged); for ``"vllm-server"`` a client of the vLLM server at
+    weights (LoRA adapters merged), its token budget sized for ``rows`` rows per sampling
+    call (the recipe's most); for ``"vllm-server"`` a client of the vLLM server at
     ``settings.server_url`` (the caller pushes the learner's weights to it next).
     ``engine_options`` go to :meth:`turnrl.policy.vllm.VLLMPolicy.from_policy` or
     :class:`turnrl.policy.vllm_server.VLLMServerPolicy`."""
@@ -163,7 +166,7 @@ def build_sampler(settings: PolicySettings, learner: HFPolicy, **engine_options:
     if backend == "vllm":
         from turnrl.policy.vllm import VLLMPolicy
 
-        return VLLMPolicy.from_policy(learner, **engine_options)
+        return VLLMPolicy.from_policy(learner, rows=rows, **engine_options)
     if backend == "vllm-server":
         from turnrl.policy.vllm_server import VLLMServerPolicy
 

@@ -381,8 +381,8 @@ class AgentTrainer(LifecycleRun):
                 f"RL draws from {len(self.rl_tasks)} of {len(self.train_tasks)} training tasks "
                 "(the warm start teacher's held out)"
             )
-        self.served = build_sampler(self.config.policy, self.policy)  # #26: the learner, or vLLM
-        cfg = self.config
+        cfg = self.config  # #26: the learner, or vLLM (a gateway batches max_batch calls)
+        self.served = build_sampler(cfg.policy, self.policy, rows=cfg.agent.max_batch)
         self._train_side = self._serve(cfg.policy.temperature, self.socket)
         self._eval_side = self._serve(cfg.train.eval_temperature, bind_socket(HOST, 0))
         return self.step

@@ -194,7 +194,9 @@ class OnlineTrainer(LifecycleRun):
             self.env_steps = int(checkpoint.extra["env_steps"])
             self.tokens = int(checkpoint.extra["tokens"])
             self.policy_version = int(checkpoint.extra.get("policy_version", self.step))
-        self.rollout_policy = build_sampler(self.config.policy, self.policy)
+        cfg = self.config  # rows of the largest sampling call: a step's groups, or the eval
+        rows = max(cfg.rollout.tasks_per_step * cfg.rollout.group_size, cfg.env.n_eval_tasks)
+        self.rollout_policy = build_sampler(cfg.policy, self.policy, rows=rows)
         self._push_weights()
         return self.step
 
