@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -110,8 +109,11 @@ def _load_config(args: argparse.Namespace) -> tuple[Any, str]:
         path = str(Path(args.policy) / RUN_CONFIG)
         if not Path(path).is_file():
             raise UsageError(f"--config: {args.policy} holds no {RUN_CONFIG}; name the config")
-    config = load_config(RunConfig, path, list(args.overrides))
-    validate(config, toml_path=path, overrides=args.overrides)
+    overrides = list(args.overrides)
+    if args.backend is not None:  # checked as the config field (installed, supported)
+        overrides.append(f"policy.backend={args.backend}")
+    config = load_config(RunConfig, path, overrides)
+    validate(config, toml_path=path, overrides=overrides)
     if args.temperature is not None and args.temperature < 0:
         raise UsageError(f"--temperature: must be at least 0, got {args.temperature}")
     return config, path
@@ -162,9 +164,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     temperature = (
         config.train.eval_temperature if args.temperature is None else float(args.temperature)
     )
-    settings = (
-        config.policy if args.backend is None else replace(config.policy, backend=args.backend)
-    )
+    settings = config.policy
     if config.agent.enabled:
         run = _agent_evaluation(config, args.tasks, out)
         unseen = None

@@ -20,13 +20,20 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("tasks", "tasks"),
     ("episodes", "episodes"),
     ("success", "success"),
-    ("tool_call_rate", "tool-call rate"),
-    ("success_called", "success (called)"),
-    ("success_direct", "success (direct)"),
-    ("turns", "turns / episode"),
-    ("tokens", "tokens / episode"),
+    ("tool_call_rate", "tool rate"),
+    ("success_called", "ok called"),
+    ("success_direct", "ok direct"),
+    ("turns", "turns"),
+    ("tokens", "tokens"),
 )
-"""The breakdown's columns and their headers; the ``pass@k`` columns follow success."""
+"""The breakdown's columns and their headers (short, for a terminal: :data:`LEGEND`
+says what they are); the ``pass@k`` columns follow success."""
+
+LEGEND = (
+    "tool rate: share of episodes with a tool call; ok called / ok direct: success of "
+    "the episodes that called a tool / answered directly (- where none did); turns and "
+    "tokens (sampled): per episode"
+)
 
 
 def _columns(breakdown: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -40,12 +47,12 @@ def _cell(value: Any) -> str:
         return "-"
     if isinstance(value, int):
         return str(value)
-    return f"{value:.3f}"
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
 
 
 def _rows(breakdown: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
     columns = _columns(breakdown)
-    header = ["episodes of", *(title for _, title in columns)]
+    header = ["kind", *(title for _, title in columns)]
     rows = [
         [group, *(_cell(stats.get(key)) for key, _ in columns)]
         for group, stats in breakdown.items()
@@ -58,7 +65,7 @@ def console_table(breakdown: Mapping[str, Mapping[str, Any]], title: str) -> Any
     from rich.table import Table
 
     header, rows = _rows(breakdown)
-    table = Table(title=title)
+    table = Table(title=title, caption=LEGEND)
     table.add_column(header[0])
     for name in header[1:]:
         table.add_column(name, justify="right")
@@ -72,7 +79,7 @@ def markdown_table(breakdown: Mapping[str, Mapping[str, Any]]) -> str:
     header, rows = _rows(breakdown)
     lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + f"\n\n{LEGEND}.\n"
 
 
 def html_report(
@@ -91,6 +98,7 @@ def html_report(
             *(f'<p class="note">{html.escape(note)}</p>' for note in notes),
             "<h2>Evaluation</h2>",
             html_table(header, rows, table_id="eval"),
+            f'<p class="note">{html.escape(LEGEND)}.</p>',
             "<h2>Metrics as a training run logs them</h2>",
             html_table(["metric", "value"], metric_rows, table_id="eval-metrics"),
         ]
