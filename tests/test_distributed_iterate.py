@@ -88,7 +88,7 @@ def test_iterate_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [0, 1, 2]  # rank 0 alone wrote
     assert all(r["improve_grad_norm"] > 0 for r in rows[1:])
     assert_metrics_close(metrics(one), rows)
-    assert (two / "report.html").is_file() and (two / "final_policy").is_dir()
+    assert (two / "report.html").is_file() and (two / "policy").is_dir()
     # the first iteration deployed the same conversations (same warm start, same seeds)
     deployed = "iter-001/deploy.jsonl"
     assert (one / deployed).read_text() == (two / deployed).read_text()

@@ -197,7 +197,14 @@ def test_tiny_run_end_to_end_without_env_calls_in_improvement(
         assert record["mc_return"] == pytest.approx(sum(later))
     quality = json.loads((run / "iter-002" / "q_quality.json").read_text())
     assert quality["loss"] in ("mse", "bce") and quality["heldout"]["reliability"]
-    for name in ("config.toml", "warm_start", "iter-002/q/q.pt", "iter-002/policy", "final_policy"):
+    saved = (
+        "config.toml",
+        "warm_start",
+        "iter-002/q/q.pt",
+        "iter-002/policy",
+        "policy/config.json",
+    )
+    for name in saved:
         assert (run / name).exists(), name
 
 
@@ -221,7 +228,7 @@ def test_from_logs_without_env_stops_after_improving(tmp_path: Path) -> None:
     assert [m["step"] for m in metrics] == [0, 1]
     assert metrics[1]["conversations"] == 2 and metrics[1]["return"] == pytest.approx(0.125)
     assert "eval_return" not in metrics[1]
-    assert (run / "final_policy" / "config.json").exists()
+    assert (run / "policy" / "config.json").exists()
     deployed = (run / "iter-001" / "deploy.jsonl").read_text().splitlines()
     assert len(deployed) == 4  # one record per assistant message
 
@@ -334,7 +341,7 @@ def test_killed_run_resumes_to_the_same_numbers(tmp_path: Path, tiny_iterate) ->
     straight = IterativeGRPO(config(tmp_path / "a"), quiet=True).run()
     killed = IterativeGRPO(config(tmp_path / "b"), quiet=True).run(stop_after=1)
     assert [m["step"] for m in rows(killed)] == [0, 1]
-    assert not (killed / "final_policy").exists()
+    assert not (killed / "policy").exists()
     # A crash half-way through writing iteration 2's metrics line: dropped on resume.
     with (killed / "metrics.jsonl").open("a") as handle:
         handle.write('{"step": 2, "conversa')

@@ -201,7 +201,7 @@ def _iterate_report(config: Any, run_dir: Any) -> None:
     from turnrl.report import write_report
 
     report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
-    print(f"final policy: {run_dir / 'final_policy'}")
+    print(f"final policy: {run_dir / 'policy'}")
     print(f"report: {report}")
 
 
@@ -315,6 +315,15 @@ def _add_study(subparsers: Any) -> None:
 
 
 _EXTRA_COMMANDS.append(_add_study)
+
+
+def _add_export(subparsers: Any) -> None:
+    from turnrl.train.export_cli import add_export_command
+
+    add_export_command(subparsers)
+
+
+_EXTRA_COMMANDS.append(_add_export)
 
 
 def _add_eval(subparsers: Any) -> None:

@@ -164,6 +164,10 @@ class TrainConfig(PPOConfig):
     """Save a checkpoint every this many steps (and at the end; 0: only at the end)."""
     keep_checkpoints: int = 2
     """How many of the most recent checkpoints to keep on disk."""
+    export_every: int = 0
+    """Export the policy as a Hugging Face model directory to ``policy/step-N/`` every this
+    many steps (a checkpoint is saved at each; docs/export.md); 0: never. The final policy
+    is always exported to ``policy/``."""
     threads: int = 0
     """Torch intra-op threads; 0 keeps torch's default. 1 lets several runs share a machine."""
     legacy_mini_batch: int = 0
@@ -190,6 +194,7 @@ class TrainConfig(PPOConfig):
         p.at_least("log_rollouts_every", self.log_rollouts_every, 0)
         p.at_least("checkpoint_every", self.checkpoint_every, 0)
         p.at_least("keep_checkpoints", self.keep_checkpoints, 1)
+        p.at_least("export_every", self.export_every, 0)
         p.at_least("threads", self.threads, 0)
         if self.sharding == "fsdp2" and (self.log_mismatch or self.tis_cap > 0):
             p.add("sharding", FSDP2_NEEDS_ONE_PASS)
@@ -211,6 +216,7 @@ class RunConfig:
         "train.log_rollouts_every",
         "train.checkpoint_every",
         "train.keep_checkpoints",
+        "train.export_every",
         "train.threads",
         "train.sharding",
         "rollout.ray_address",

@@ -14,8 +14,10 @@ any of them the same way::
         row = trainer.train_step(step)
         if eval due or last step: row |= trainer.evaluate()
         append_metrics(row)
-        if checkpoint due or last step: trainer.checkpoint()
-    trainer.finish()                           # only when the last step was reached
+        if checkpoint or export due, or last step: trainer.checkpoint()
+        if export due: run_directory.export_policy(step)     # policy/step-N/
+    trainer.finish()                           # only when the last step was reached:
+                                               # the final policy as policy/
     report(run_dir)                            # only when the last step was reached
     ... and trainer.close() in any case (an error, a stop signal: ``finally``)
 
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast, runtime_checkable
 
 from turnrl.train.run import Checkpoint, RunDirectory
-from turnrl.train.schedule import Schedule
+from turnrl.train.schedule import Schedule, due
 
 __all__ = ["Lifecycle", "LifecycleRun", "Schedule", "Trainer", "seed_process", "stopping"]
 
@@ -140,8 +142,11 @@ class Lifecycle:
                 if schedule.evaluates(step):
                     row.update(trainer.evaluate())
                 run.append_metrics(row)
-                if schedule.checkpoints(step):
+                exports = due(step, run.export_every)
+                if schedule.checkpoints(step) or exports:  # an export is made from one
                     trainer.checkpoint()
+                if exports:
+                    run.export_policy(step)
                 if schedule.progress_bar:
                     bar.update(task, advance=1, description=trainer.describe(row))
                 else:
@@ -151,13 +156,17 @@ class Lifecycle:
 
 class LifecycleRun:
     """What the three trainers share around :class:`Lifecycle`: ``run()`` and the
-    phases most of them leave at their default (nothing to finish; closing releases
-    the run directory's lock). A trainer that holds more overrides :meth:`close`."""
+    phases most of them leave at their default (finishing exports the final policy;
+    closing releases the run directory's lock). A trainer that holds more overrides
+    :meth:`close`."""
 
     run_directory: RunDirectory
+    schedule: Any
 
     def finish(self) -> None:
-        """Nothing beyond the last checkpoint."""
+        """Export the last checkpoint's policy as ``policy/``, a Hugging Face model
+        directory (:mod:`turnrl.train.export`)."""
+        self.run_directory.export_policy(self.schedule.steps, final=True)
 
     def close(self) -> None:
         """Release the run directory's lock."""

@@ -28,6 +28,8 @@ Files of a run directory (written here; trainers add their own)::
     warm_start_losses.json
     metrics.jsonl      one line per step; step 0 is the evaluation after the warm start
     checkpoints/       model + optimiser + RNG + the trainer's extra state, atomically
+    policy/            the final policy as a Hugging Face directory (``turnrl export``'s
+                       format); ``policy/step-N/``: ``train.export_every``'s exports
 
 Seeds: every random stream of a run derives from the config's seed through
 :func:`turnrl.train.seeds.derive_seed`, by stream name. The task split
@@ -418,6 +420,33 @@ class RunDirectory:
         """The saved warm-start policy (to resume, or as a frozen reference), on the
         config's device and in its precision."""
         return load_policy(self.warm_start_dir, getattr(self.config, "policy", None))
+
+    # ------------------------------------------------------------------ export
+    @property
+    def export_every(self) -> int:
+        """``train.export_every`` of the run's config (0, never, for a config without it:
+        ``turnrl iterate`` saves every iteration's policy already)."""
+        return int(getattr(getattr(self.config, "train", None), "export_every", 0) or 0)
+
+    def export_policy(self, step: int, *, final: bool = False) -> Path:
+        """Export checkpoint ``step`` as a Hugging Face model directory
+        (:mod:`turnrl.train.export`): to ``policy/step-N/``, or with ``final`` to
+        ``policy/`` itself (its ``step-N/`` exports kept). Returns the directory."""
+        from turnrl.train.export import EXPORT_DIR, export_run, step_export_name
+
+        self.check_present()
+        out = self.path / EXPORT_DIR
+        if not final:
+            out = out / step_export_name(step)
+        written, _ = export_run(
+            self.path,
+            out,
+            warm_start=self.warm_start_dir,
+            step=step,
+            overwrite=True,
+            keep_step_exports=final,
+        )
+        return written
 
     # ----------------------------------------------------------------- output
     def progress(self, *, enabled: bool = True) -> Any:

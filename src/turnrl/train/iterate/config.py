@@ -232,7 +232,7 @@ class IterateConfig:
     """Checkpoints kept in ``checkpoints/`` (one per finished iteration; older deleted)."""
     save_policies: bool = True
     """Save the improved policy of every iteration (``iter-NNN/policy``); the last one is
-    always saved as ``final_policy``."""
+    always exported as ``policy/`` (docs/export.md)."""
     env: IterateEnvConfig = field(default_factory=IterateEnvConfig)
     """Environment section."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)

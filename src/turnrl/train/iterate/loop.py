@@ -37,7 +37,8 @@ Run directory::
     iter-NNN/policy/     the improved policy (``save_policies``)
     checkpoints/         policy, optimiser, task sampler and RNG state after each
                          finished iteration (:mod:`turnrl.train.checkpoint`)
-    final_policy/        the last improved policy
+    policy/              the last improved policy, as a Hugging Face model directory
+                         (``turnrl export``'s format, docs/export.md)
 
 The order of a run is :class:`~turnrl.train.lifecycle.Lifecycle`'s (an iteration is
 a step; every one evaluates and checkpoints). A killed run continues with
@@ -454,9 +455,9 @@ class IterativeGRPO(LifecycleRun):
         return describe_row(row)
 
     def finish(self) -> None:
-        """Save the last improved policy as ``final_policy/``."""
-        with replace_directory(self.run_dir / "final_policy") as directory:
-            self.policy.save(directory)
+        """Export the last improved policy as ``policy/`` (a Hugging Face model directory,
+        as every trainer's; :mod:`turnrl.train.export`)."""
+        super().finish()
         if not self.has_env and self.config.iterations > 1:
             self.run_directory.log("no environment configured: stopped after improving on the logs")
 

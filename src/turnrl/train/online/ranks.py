@@ -103,6 +103,9 @@ class _RankRun(RunDirectory):
     def save_checkpoint(self, step: int, *args: Any, **kwargs: Any) -> Path:
         return self.path
 
+    def export_policy(self, step: int, *, final: bool = False) -> Path:
+        return self.path
+
     def progress(self, *, enabled: bool = True) -> Any:
         return super().progress(enabled=False)
 
