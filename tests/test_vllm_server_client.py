@@ -110,3 +110,88 @@ def test_serve_refuses_vllm_server_without_a_url() -> None:
     args = argparse.Namespace(backend="vllm-server", server_url="")
     with pytest.raises(serve_cli.ServeOptionError, match="--server-url"):
         serve_cli.build_served(object(), args)
+
+
+class FakeVLLMServer:
+    """A vLLM server's routes the LoRA push uses (no dev routes), recording every call;
+    the adapters it holds are those loaded and not unloaded since."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        self.calls: list[tuple[str, str, object]] = []
+        self.adapters: set[str] = set()
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def answer(self, status: int, body: object) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                fake.calls.append(("GET", self.path, None))
+                if self.path == "/v1/models":
+                    self.answer(200, {"data": [{"id": "base", "max_model_len": 4096}]})
+                else:
+                    self.answer(404, {"detail": "Not Found"})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                body = json.loads(self.rfile.read(length) or b"null")
+                fake.calls.append(("POST", self.path, body))
+                if self.path == "/v1/load_lora_adapter":
+                    fake.adapters.add(body["lora_name"])
+                elif self.path == "/v1/unload_lora_adapter":
+                    fake.adapters.discard(body["lora_name"])
+                else:
+                    self.answer(404, {"detail": "Not Found"})
+                    return
+                self.answer(200, "ok")
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_each_lora_push_unloads_the_previous_versions_adapter() -> None:
+    """Three pushes of a LoRA learner to a server without dev routes: each loads the
+    version's adapter, requests then name it, and the previous version's adapter is
+    unloaded, so the server holds one adapter, not one per step (#38's planted bug:
+    old adapters never unloaded)."""
+    from turnrl.policy import factory
+    from turnrl.train.config import PolicyConfig
+
+    learner = factory.build_policy(PolicyConfig(lora_rank=2, lora_alpha=4.0), 0)
+    server = FakeVLLMServer()
+    client = VLLMServerPolicy.from_policy(learner, server.url, timeout_s=10)
+    try:
+        for version in (1, 2, 3):
+            push_weights(learner, client, version)
+            assert server.adapters == {f"turnrl-v{version}"}
+            assert client.served_model == f"turnrl-v{version}"
+    finally:
+        client.close()
+        server.close()
+    routes = [(path, body["lora_name"]) for method, path, body in server.calls if "lora" in path]
+    assert routes == [
+        ("/v1/load_lora_adapter", "turnrl-v1"),
+        ("/v1/load_lora_adapter", "turnrl-v2"),
+        ("/v1/unload_lora_adapter", "turnrl-v1"),
+        ("/v1/load_lora_adapter", "turnrl-v3"),
+        ("/v1/unload_lora_adapter", "turnrl-v2"),
+    ]
+    assert not client.weights_dir.exists()  # the client's own directory is removed
