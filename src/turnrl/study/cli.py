@@ -144,16 +144,30 @@ def cmd_interval(args: argparse.Namespace) -> int:
     return 0
 
 
+def jobs_option(text: str) -> int:
+    """``--jobs``: a whole number >= 1 (0 processes at a time would never run a cell)."""
+    try:
+        jobs = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {jobs}")
+    return jobs
+
+
 def add_study_command(subparsers: Any) -> None:
     p = subparsers.add_parser("study", help="declared studies: list, run (resumably), summarise")
     sub = p.add_subparsers(dest="study_command", required=True)
     q = sub.add_parser("list", help="every study, its cells and how long it takes here")
-    q.add_argument("--jobs", type=int, default=1, help="cores the time estimate assumes")
+    q.add_argument("--jobs", type=jobs_option, default=1, help="cores the time estimate assumes")
     q.set_defaults(handler=cmd_list)
     q = sub.add_parser("run", help="run the cells a study is missing (finished ones are kept)")
     q.add_argument("name")
     q.add_argument(
-        "--jobs", type=int, default=os.cpu_count() or 1, help="processes at once (default: cores)"
+        "--jobs",
+        type=jobs_option,
+        default=os.cpu_count() or 1,
+        help="processes at once (default: cores)",
     )
     q.add_argument(
         "--only",

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from turnrl.errors import InputError
 from turnrl.io import atomic_write_json, read_jsonl_tolerant
 from turnrl.study.declaration import DONE_FILE, Cell, Study, cells, study_dir
 from turnrl.study.provenance import git_commit
@@ -45,7 +46,18 @@ def cell_state(cell: Cell) -> str:
 def cell_record(cell: Cell) -> dict:
     """What the runner wrote when the cell finished (empty when it has not)."""
     path = cell.run_dir / DONE_FILE
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    redo = "delete it to run the cell again"
+    try:
+        record = json.loads(path.read_bytes())
+    except json.JSONDecodeError as err:  # cut short by a full disk, a copy, a crash
+        raise InputError(str(path), err.lineno, None, f"damaged JSON ({err.msg}); {redo}") from None
+    except UnicodeDecodeError:
+        raise InputError(str(path), None, None, f"damaged: not UTF-8 text; {redo}") from None
+    if not isinstance(record, dict):
+        raise InputError(str(path), 1, None, f"damaged: not a JSON object; {redo}")
+    return record
 
 
 def cell_seconds(cell: Cell) -> float | None:
