@@ -213,3 +213,22 @@ def _command(name: str) -> int:
 
 if __name__ == "__main__":
     sys.exit(_command(sys.argv[1]))
+
+
+# ------------------------------------------------------------- rewards of NumPy types
+
+
+def numpy_reward(task: dict[str, Any], llm: Any) -> Any:
+    """Returns the reward ``HOSTILE_REWARD`` names: a NumPy scalar (``float32``,
+    ``float64``, ``int64``, ``bool``, ``nan``) or a string."""
+    import numpy as np
+
+    _one_call(llm)
+    return {
+        "float32": np.float32(0.5),
+        "float64": np.float64(0.5),
+        "int64": np.int64(1),
+        "bool": np.bool_(True),
+        "nan": np.float32("nan"),
+        "string": "0.5",
+    }[os.environ["HOSTILE_REWARD"]]

@@ -77,7 +77,8 @@ def cmd_estimators(args: argparse.Namespace) -> int:
 
 def _load_run_config(cls: type, args: argparse.Namespace) -> Any:
     """The config of ``turnrl train``/``iterate``: TOML file, overrides and ``--run-dir``,
-    validated (every problem located in the file or the override) before any work."""
+    validated (every problem located in the file or the override) before any work; a
+    ``vllm-server`` backend's server must answer then too."""
     from turnrl.train.config import load_config
     from turnrl.train.validate import validate
 
@@ -86,6 +87,10 @@ def _load_run_config(cls: type, args: argparse.Namespace) -> Any:
         overrides.append(f"run_dir={args.run_dir}")
     config = load_config(cls, args.config, overrides)
     validate(config, toml_path=args.config, overrides=overrides)
+    if config.policy.backend == "vllm-server":  # before the warm start, not after it
+        from turnrl.policy.vllm_server import check_server_reachable
+
+        check_server_reachable(config.policy.server_url)
     return config
 
 

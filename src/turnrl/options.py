@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -131,6 +132,25 @@ def fits(value: Any, tp: Any) -> str | None:
     except Unsupported:
         return None
     return None
+
+
+def is_real(value: Any) -> bool:
+    """A real number an agent may hand over: an int, a float, or any other
+    ``numbers.Real`` (NumPy's ``float32``, ``float64``, ``int64``... scalars, a
+    ``Fraction``); not a bool (Python's or NumPy's) and not a string."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def finite_real(value: Any) -> float | None:
+    """``value`` as a float when it is a finite real number (:func:`is_real`), else
+    ``None`` (also for an integer too large for a float)."""
+    if not is_real(value):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 _OPTION_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)

@@ -20,6 +20,7 @@ layer.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any, Protocol
 from turnrl.policy.device import resolve_device, resolve_dtype
 from turnrl.policy.hf import HFPolicy
 from turnrl.policy.pretrained import MODEL_SOURCES, resolve_model_path
-from turnrl.policy.tiny import build_tiny_model, build_tiny_tokenizer
+from turnrl.policy.tiny import MAX_POSITIONS, build_tiny_model, build_tiny_tokenizer
 
 __all__ = [
     "BACKENDS",
@@ -118,6 +119,23 @@ def model_source(model: str) -> Path | None:
 
     Raises ``ValueError`` (naming ``policy.model``) for anything else."""
     return None if model == "tiny" else resolve_model_path(model)
+
+
+def model_context(model: str) -> int | None:
+    """Positions (prompt plus response) the model ``policy.model`` names accepts, when
+    known without loading it: the tiny model's, or ``max_position_embeddings`` of a local
+    directory's ``config.json``. ``None`` for a named pretrained model (not converted
+    just to be checked) and a directory without a readable number there."""
+    if model == "tiny":
+        return MAX_POSITIONS
+    if model in MODEL_SOURCES:
+        return None
+    try:
+        config = json.loads((Path(model).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    context = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return context if isinstance(context, int) and not isinstance(context, bool) else None
 
 
 def build_policy(settings: PolicySettings, seed: int) -> HFPolicy:

@@ -42,6 +42,9 @@ SPECIAL_TOKENS = (PAD, UNK, IM_START, IM_END)
 ALPHABET = "\n" + "".join(chr(c) for c in range(32, 127))
 """Ordinary tokens: newline and the printable ASCII characters (space to ``~``)."""
 
+MAX_POSITIONS = 4096
+"""Context of the tiny model (prompt plus response), in tokens."""
+
 ROLE_MARKERS = {"system": "s", "user": "u", "assistant": "a", "tool": "t"}
 
 CHAT_TEMPLATE = (
@@ -120,7 +123,7 @@ def build_tiny_model(
     heads: int = 4,
     kv_heads: int = 2,
     intermediate: int = 192,
-    max_positions: int = 4096,
+    max_positions: int = MAX_POSITIONS,
 ) -> Qwen2ForCausalLM:
     """A randomly initialised small ``Qwen2ForCausalLM`` matching ``tokenizer``.
 

@@ -61,10 +61,13 @@ from turnrl.policy.hf import transformers_progress_off
 from turnrl.policy.vllm import engine_sample, request_seeds, response_budget
 from turnrl.types import Sample
 
-__all__ = ["VLLMServerPolicy", "parse_completion"]
+__all__ = ["VLLMServerPolicy", "call_server", "check_server_reachable", "parse_completion"]
 
 TIMEOUT_S = 600.0
 """Default seconds one HTTP call may take (a batch of long samples on a slow server)."""
+
+REACHABLE_TIMEOUT_S = 10.0
+"""Seconds the start-up check waits for ``GET /v1/models`` (the server is idle then)."""
 
 ADAPTER_PREFIX = "turnrl-v"
 """LoRA adapters are loaded as ``turnrl-v{version}``."""
@@ -99,6 +102,60 @@ def parse_completion(body: Any, where: str) -> tuple[list[int], list[float]]:
     if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
         raise bad("choices[0].logprobs.token_logprobs", "expected numbers")
     return ids, [float(v) for v in values]
+
+
+def call_server(
+    url: str,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    api_key: str | None = None,
+    timeout_s: float = TIMEOUT_S,
+) -> Any:
+    """One HTTP call to the server at ``url``; the decoded JSON answer (``None`` for an
+    empty one, the text for one that is not JSON). A :class:`SamplerServerError` naming
+    the URL when there is no answer or an HTTP error."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    where = f"{method} {url}{path}"
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            text = answer.read().decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", errors="replace")[:300]
+        raise SamplerServerError(f"{where}: HTTP {exc.code}: {detail}", status=exc.code) from None
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise SamplerServerError(f"{where}: no answer ({reason})") from None
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text  # some vLLM routes answer plain text (load_lora_adapter)
+
+
+def check_server_reachable(
+    url: str, *, field: str = "policy.server_url", timeout_s: float = REACHABLE_TIMEOUT_S
+) -> None:
+    """Refuse, before any work (a warm start), a server URL where nothing answers
+    ``GET /v1/models``: one :class:`SamplerServerError` naming ``field``, the URL and how
+    to start the server, instead of a failure after the warm start. An HTTP error is an
+    answer (the client names it when it starts)."""
+    root = url.rstrip("/").removesuffix("/v1")
+    try:
+        call_server(root, "GET", "/v1/models", timeout_s=timeout_s)
+    except SamplerServerError as err:
+        if err.status is not None:  # it answered (an HTTP error is for the client to say)
+            return
+        raise SamplerServerError(
+            f"{field} = {url!r}: {err}; start the vLLM server first (docs/backends.md), "
+            "or give another URL",
+        ) from None
 
 
 def save_full_weights(model: Any, directory: Path) -> None:
@@ -169,29 +226,9 @@ class VLLMServerPolicy(ChatEncoding):
     # --------------------------------------------------------------------- HTTP
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         """One HTTP call; the decoded JSON answer (``None`` for an empty one)."""
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method)
-        request.add_header("Content-Type", "application/json")
-        if self.api_key:
-            request.add_header("Authorization", f"Bearer {self.api_key}")
-        where = f"{method} {self.url}{path}"
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
-                text = answer.read().decode("utf-8", errors="replace")
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode("utf-8", errors="replace")[:300]
-            raise SamplerServerError(
-                f"{where}: HTTP {exc.code}: {detail}", status=exc.code
-            ) from None
-        except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise SamplerServerError(f"{where}: no answer ({reason})") from None
-        if not text.strip():
-            return None
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return text  # some vLLM routes answer plain text (load_lora_adapter)
+        return call_server(
+            self.url, method, path, body, api_key=self.api_key, timeout_s=self.timeout_s
+        )
 
     def _models(self) -> list[dict[str, Any]]:
         body = self._call("GET", "/v1/models")

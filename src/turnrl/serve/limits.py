@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from turnrl.options import finite_real
 from turnrl.serve.config import GatewayConfig
 from turnrl.serve.errors import bad_request
-from turnrl.serve.protocol import ChatRequest, is_finite_number
+from turnrl.serve.protocol import ChatRequest
 
 MAX_ID_LENGTH = 256
 """Longest rollout or task id accepted."""
@@ -53,10 +54,12 @@ def check_id(value: Any, what: str) -> str:
 
 
 def check_reward(value: Any, param: str = "reward") -> float:
-    """A finite number (bools and huge integers are refused), as a float."""
-    if not is_finite_number(value):
+    """A finite real number, as a float: a JSON number, or (from an in-process agent) a
+    NumPy scalar such as ``float32``; bools, strings and huge integers are refused."""
+    number = finite_real(value)
+    if number is None:
         raise bad_request(f"{param} must be a finite number, got {value!r}", param)
-    return float(value)
+    return number
 
 
 def max_request_chars(config: GatewayConfig, max_context: int | None) -> int | None:

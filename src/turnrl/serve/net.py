@@ -14,12 +14,15 @@ import errno
 import ipaddress
 import socket
 
+from turnrl.errors import UsageError
+
 LISTEN_BACKLOG = 2048
 """Pending connections the socket queues (uvicorn's default)."""
 
 
-class BindError(ValueError):
-    """The host or port cannot be bound (the message says which and why)."""
+class BindError(UsageError):
+    """The host or port cannot be bound (the message says which and why): bad input a
+    user fixes, so ``turnrl`` prints it as one line (exit code 2)."""
 
 
 class PortInUseError(BindError):

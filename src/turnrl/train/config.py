@@ -34,6 +34,7 @@ from turnrl.config_toml import (
     load_config,
 )
 from turnrl.entrypoints import ENTRYPOINT_FORMAT
+from turnrl.train import bounds
 from turnrl.train.agent.config import AgentConfig, TasksConfig
 from turnrl.train.sections import (
     Aggregation,
@@ -107,6 +108,20 @@ class RolloutConfig:
 
         p.at_least("group_size", self.group_size, 1)
         p.at_least("tasks_per_step", self.tasks_per_step, 1)
+        p.at_most("group_size", self.group_size, bounds.MAX_GROUP_SIZE, bounds.WHY)
+        p.at_most("tasks_per_step", self.tasks_per_step, bounds.MAX_TASKS_PER_STEP, bounds.WHY)
+        rollouts = self.group_size * self.tasks_per_step
+        within = (
+            self.group_size <= bounds.MAX_GROUP_SIZE
+            and self.tasks_per_step <= bounds.MAX_TASKS_PER_STEP
+        )
+        if within and rollouts > bounds.MAX_ROLLOUTS_PER_STEP:
+            p.add(
+                "group_size",
+                f"{self.group_size} x rollout.tasks_per_step = {self.tasks_per_step} is "
+                f"{rollouts} rollouts per step; must be <= {bounds.MAX_ROLLOUTS_PER_STEP} "
+                f"({bounds.WHY})",
+            )
         p.at_least("workers", self.workers, 0)
         if p.one_of("strategy", self.strategy, list_strategies()):
             p.options("params", get_strategy(self.strategy), self.params, skip=3)
@@ -191,6 +206,7 @@ class TrainConfig(PPOConfig):
         p.at_least("eval_every", self.eval_every, 0)
         p.at_least("eval_temperature", self.eval_temperature, 0)
         p.at_least("eval_samples", self.eval_samples, 1)
+        p.at_most("eval_samples", self.eval_samples, bounds.MAX_EVAL_SAMPLES, bounds.WHY)
         p.at_least("log_rollouts_every", self.log_rollouts_every, 0)
         p.at_least("checkpoint_every", self.checkpoint_every, 0)
         p.at_least("keep_checkpoints", self.keep_checkpoints, 1)
@@ -227,6 +243,8 @@ class RunConfig:
     )
     """Fields a resumed run may change (``--resume``); any other difference from the
     run's ``config.toml`` is refused (:class:`turnrl.train.run.RunDirectory`)."""
+    STEPS_KEY: ClassVar[str] = "train.steps"
+    """The run's step count: ``--resume`` may not lower it below the steps done."""
 
     run_dir: str = "runs/default"
     """Directory for metrics, checkpoints, records and the config copy."""
@@ -306,7 +324,7 @@ class RunConfig:
 
     def _check_env_run(self, p: Problems) -> None:
         pool = self.env.n_train_tasks
-        if self.rollout.tasks_per_step > pool >= 1:
+        if bounds.MAX_TASKS_PER_STEP >= self.rollout.tasks_per_step > pool >= 1:
             p.add(
                 "rollout.tasks_per_step",
                 f"{self.rollout.tasks_per_step} distinct tasks per step, but the task pool "
@@ -403,6 +421,7 @@ class RunConfig:
         if warm.teacher is not None and not ENTRYPOINT_FORMAT.match(warm.teacher):
             p.add("warm_start.teacher", f"expected 'module:function', got {warm.teacher!r}")
         p.at_least("warm_start.teacher_tasks", warm.teacher_tasks, 0)
+        p.at_most("warm_start.teacher_tasks", warm.teacher_tasks, bounds.MAX_TASK_POOL, bounds.WHY)
         if warm.hold_out_teacher_tasks:
             if warm.teacher_tasks == 0:
                 p.add(

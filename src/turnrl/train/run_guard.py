@@ -94,6 +94,28 @@ def check_resumable(path: Path, config: Any) -> None:
             f"{'; '.join(changes)}. Only {', '.join(allowed) or 'nothing'} may change on "
             "resume; use another run_dir, or --overwrite to replace the run"
         )
+    check_steps_not_fewer(path, config)
+
+
+def check_steps_not_fewer(path: Path, config: Any) -> None:
+    """Refuse to resume with fewer steps than the run's newest checkpoint has done (the
+    config class names its step count in ``STEPS_KEY``): nothing would run, and the
+    saved ``config.toml`` would claim a shorter run than its metrics hold."""
+    from turnrl.train.checkpoint import list_checkpoints
+
+    key = getattr(type(config), "STEPS_KEY", None)
+    saved = list_checkpoints(path)
+    if key is None or not saved:
+        return
+    steps = config
+    for part in key.split("."):
+        steps = getattr(steps, part)
+    done, newest = saved[-1]
+    if steps < done:
+        raise RunDirectoryError(
+            f"cannot resume {path}: {key} = {steps} is fewer than the {done} steps it has "
+            f"done ({newest.name}); give {key} >= {done}, or use another run_dir"
+        )
 
 
 def check_not_inside(path: Path, warm: WarmStartConfig | None) -> None:

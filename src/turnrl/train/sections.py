@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from turnrl.errors import ConfigError
 from turnrl.options import check_options
+from turnrl.train import bounds
 from turnrl.train.validate import Problems
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "rollout-mean", "legacy-verl"]
@@ -65,8 +66,9 @@ class EnvConfig:
 
         if not self.name and self.ALLOW_NO_ENV:
             return
-        p.at_least("n_train_tasks", self.n_train_tasks, 1)
-        p.at_least("n_eval_tasks", self.n_eval_tasks, 1)
+        for name in ("n_train_tasks", "n_eval_tasks"):
+            p.at_least(name, getattr(self, name), 1)
+            p.at_most(name, getattr(self, name), bounds.MAX_TASK_POOL, bounds.WHY)
         if self.name not in ENVS and ENTRYPOINT_FORMAT.match(self.name.strip()):
             try:  # a user's environment, "module:factory": import it now, before any work
                 get_env_spec(self.name)
@@ -76,12 +78,31 @@ class EnvConfig:
         if p.one_of("name", self.name, sorted(ENVS)):
             spec = ENVS[self.name]
             p.options("env_kwargs", spec.make_env, self.env_kwargs)
+            self._check_env_values(spec.make_env, p)
             if not check_options(spec.make_tasks, self.task_kwargs, skip=2):
                 try:  # values the generator refuses (a reversed range...), before any work
                     spec.make_tasks(1, self.seed, **self.task_kwargs)
                 except ValueError as err:
                     p.add("task_kwargs", str(err))
             p.options("task_kwargs", spec.make_tasks, self.task_kwargs, skip=2)
+
+    def _check_env_values(self, make_env: Any, p: Problems) -> None:
+        """Values the environment refuses (``max_turns = 0``...), before any work: every
+        episode needs a turn, and the factory is built once here (cheap) when its options
+        fit, so a value it raises on is named now, not in a traceback after the warm
+        start."""
+        turns = self.env_kwargs.get("max_turns")
+        if isinstance(turns, int) and not isinstance(turns, bool) and turns < 1:
+            p.add("env_kwargs.max_turns", f"must be >= 1 (an episode needs a turn), got {turns}")
+            return
+        if check_options(make_env, self.env_kwargs) or not make_env.__module__.startswith(
+            "turnrl."
+        ):  # a user's factory is built when the run needs it (it may be costly)
+            return
+        try:
+            make_env(**self.env_kwargs)
+        except (ValueError, TypeError) as err:
+            p.add("env_kwargs", str(err))
 
 
 @dataclass
@@ -152,6 +173,9 @@ class PolicyConfig:
         p.at_least("hidden", self.hidden, 1)
         p.at_least("layers", self.layers, 1)
         p.at_least("heads", self.heads, 1)
+        if self.model == "tiny":
+            p.at_most("hidden", self.hidden, bounds.MAX_TINY_HIDDEN, bounds.WHY)
+            p.at_most("layers", self.layers, bounds.MAX_TINY_LAYERS, bounds.WHY)
         if self.model == "tiny" and self.heads >= 1 and self.hidden % self.heads:
             p.add("heads", f"{self.heads} heads do not divide hidden = {self.hidden}")
         elif self.model == "tiny" and self.heads >= 1 and self.backend == "vllm":
@@ -168,7 +192,9 @@ class PolicyConfig:
             p.add("server_url", "'vllm-server' needs the vLLM server's http:// or https:// URL")
         p.above("temperature", self.temperature, 0)
         p.at_least("max_new_tokens", self.max_new_tokens, 1)
+        self._check_context(p)
         p.at_least("lora_rank", self.lora_rank, 0)
+        p.at_most("lora_rank", self.lora_rank, bounds.MAX_LORA_RANK, bounds.WHY)
         if self.lora_rank > 0:
             p.above("lora_alpha", self.lora_alpha, 0)
             if not self.lora_targets:
@@ -177,6 +203,22 @@ class PolicyConfig:
             resolve_device(self.device)
         except ValueError as err:
             p.add("device", str(err))
+
+    def _check_context(self, p: Problems) -> None:
+        """``max_new_tokens`` leaves room for a prompt in the model's context (known for
+        ``tiny`` and a local model directory; a named model is checked when loaded): a
+        response of the whole context has no prompt before it, so no turn could be
+        sampled, and the run would say so only after the warm start."""
+        from turnrl.policy.factory import model_context
+
+        context = model_context(self.model)
+        if context is not None and self.max_new_tokens >= context:
+            p.add(
+                "max_new_tokens",
+                f"{self.max_new_tokens} new tokens leave no room for a prompt in the "
+                f"{context}-position context of policy.model = {self.model!r}; give "
+                f"policy.max_new_tokens < {context}",
+            )
 
     def _check_vllm_heads(self, p: Problems) -> None:
         """The tiny model's head size is one vLLM's CPU attention runs (the default 4
@@ -236,7 +278,9 @@ class WarmStartConfig:
     def check(self, p: Problems) -> None:
         p.at_least("steps", self.steps, 0)
         p.above("lr", self.lr, 0)
+        p.at_most("lr", self.lr, bounds.MAX_WARM_START_LR, "a larger supervised rate diverges")
         p.at_least("batch_size", self.batch_size, 1)
+        p.at_most("batch_size", self.batch_size, bounds.MAX_BATCH, bounds.WHY)
         p.within("tool_fraction", self.tool_fraction, 0.0, 1.0)
         p.within("easy_tool_fraction", self.easy_tool_fraction, 0.0, 1.0)
         if self.init_from is not None and not Path(self.init_from).expanduser().is_dir():
@@ -317,6 +361,7 @@ class PPOConfig:
         p.at_least("tis_cap", self.tis_cap, 0.0)
         p.above("lr", self.lr, 0)
         p.at_least("minibatch_size", self.minibatch_size, 1)
+        p.at_most("minibatch_size", self.minibatch_size, bounds.MAX_BATCH, bounds.WHY)
         p.at_least("epochs", self.epochs, 1)
         p.at_least("clip_low", self.clip_low, 0)
         p.at_least("clip_high", self.clip_high, 0)

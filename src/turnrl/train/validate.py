@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+import unicodedata
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -64,6 +65,11 @@ class Problems:
         """``value >= minimum`` (NaN fails)."""
         if not value >= minimum:
             self.add(name, f"must be >= {minimum}, got {value!r}")
+
+    def at_most(self, name: str, value: float, maximum: float, why: str = "") -> None:
+        """``value <= maximum`` (NaN fails); ``why`` is said after the bound."""
+        if not value <= maximum:
+            self.add(name, f"must be <= {maximum!r}, got {value!r}{f' ({why})' if why else ''}")
 
     def above(self, name: str, value: float, minimum: float) -> None:
         """``value > minimum`` (NaN fails)."""
@@ -153,6 +159,45 @@ def _check_types(config: Any, prefix: str, problems: list[tuple[str, str]]) -> N
             why = fits(value, hints[f.name])
             if why is not None:
                 problems.append((f"{path}{f.name}", why))
+                continue
+            bad_text = _text_problem(value, plain=True)
+            if bad_text is not None:
+                problems.append((f"{path}{f.name}{bad_text[0]}", bad_text[1]))
+
+
+def _text_problem(value: Any, *, plain: bool) -> tuple[str, str] | None:
+    """Where (a key suffix: ``.name``, ``[2]``) and why a string of the config cannot be
+    used, or None.
+
+    Every string, also inside lists and tables, must be valid UTF-8 (a byte that is not,
+    from the command line, arrives as a lone surrogate) and hold no DEL: the saved
+    ``config.toml`` could hold neither, so the run would train and then never resume. A
+    plain string field (``run_dir``, ``label``, ``policy.model``...) holds no control
+    character at all: it names a file, a run or a model, and a report or a terminal
+    would show it garbled.
+    """
+    if isinstance(value, Mapping | list | tuple):
+        items = value.items() if isinstance(value, Mapping) else enumerate(value)
+        for key, item in items:
+            where = f".{key}" if isinstance(value, Mapping) else f"[{key}]"
+            found = _text_problem(key, plain=False) or _text_problem(item, plain=False)
+            if found is not None:
+                return where + found[0], found[1]
+        return None
+    if not isinstance(value, str):
+        return None
+    for position, char in enumerate(value):
+        code = ord(char)
+        if 0xDC80 <= code <= 0xDCFF:  # surrogateescape: an undecodable byte
+            why = f"is not valid UTF-8 (byte 0x{code - 0xDC00:02x} at character {position})"
+        elif 0xD800 <= code <= 0xDFFF:
+            why = f"holds a lone surrogate \\u{code:04x} at character {position}"
+        elif code == 0x7F or (plain and unicodedata.category(char) == "Cc"):
+            why = f"holds the control character U+{code:04X} at character {position}"
+        else:
+            continue
+        return "", why
+    return None
 
 
 def _run_checks(config: Any, prefix: str, problems: list[tuple[str, str]]) -> None:

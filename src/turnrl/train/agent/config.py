@@ -13,7 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from turnrl.entrypoints import ENTRYPOINT_FORMAT
+from turnrl.train import bounds
 from turnrl.train.validate import Problems
+
+GATEWAY_HOST = "127.0.0.1"
+"""The agent loop's gateway listens on loopback only (``agent.port``)."""
 
 
 @dataclass
@@ -76,11 +80,24 @@ class AgentConfig:
         if not self.model:
             p.add("model", "must name a model (it becomes the turns' role)")
         p.at_least("concurrency", self.concurrency, 1)
+        p.at_most("concurrency", self.concurrency, bounds.MAX_CONCURRENCY, bounds.WHY)
         p.above("timeout_s", self.timeout_s, 0)
         p.within("max_failure_fraction", self.max_failure_fraction, 0.0, 1.0)
         p.within("port", self.port, 0, 65535)
+        if 1 <= self.port <= 65535:
+            self._check_port_free(p)
         p.at_least("max_batch", self.max_batch, 1)
         p.at_least("batch_window_ms", self.batch_window_ms, 0)
+
+    def _check_port_free(self, p: Problems) -> None:
+        """The gateway's port is free now, before any work (the trainer binds it next; a
+        port taken in between still fails there with one line)."""
+        from turnrl.serve.net import BindError, bind_socket
+
+        try:
+            bind_socket(GATEWAY_HOST, self.port).close()
+        except BindError as err:
+            p.add("port", str(err))
 
 
 @dataclass
@@ -106,5 +123,6 @@ class TasksConfig:
     ``calculator``."""
 
     def check(self, p: Problems) -> None:
-        p.at_least("n_train", self.n_train, 1)
-        p.at_least("n_eval", self.n_eval, 1)
+        for name in ("n_train", "n_eval"):
+            p.at_least(name, getattr(self, name), 1)
+            p.at_most(name, getattr(self, name), bounds.MAX_TASK_POOL, bounds.WHY)

@@ -14,13 +14,13 @@ picks one.
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from turnrl.entrypoints import load_object
 from turnrl.errors import ConfigError
+from turnrl.options import finite_real, is_real
 from turnrl.train.update.credit_check import MAX_ABS_REWARD
 
 
@@ -123,11 +123,6 @@ class AgentProgram(Protocol):
         ...
 
 
-def is_number(value: Any) -> bool:
-    """An int or float, not a bool."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def reward_of(output: AgentOutput, posted: float | None) -> tuple[float, dict[str, Any]]:
     """The rollout's reward and info, or :class:`AgentFailed` saying why there is none.
 
@@ -149,7 +144,7 @@ def reward_of(output: AgentOutput, posted: float | None) -> tuple[float, dict[st
             raise AgentFailed("returned a dict without 'reward'", output.details)
         value = value.get("reward")
     if posted is not None:
-        if value is not None and not (is_number(value) and float(value) == posted):
+        if value is not None and not (is_real(value) and float(value) == posted):
             raise AgentFailed(
                 f"the agent posted reward {posted:g} and returned {value!r}; a rollout has "
                 "one reward (post it or return it)",
@@ -158,11 +153,16 @@ def reward_of(output: AgentOutput, posted: float | None) -> tuple[float, dict[st
         return check_reward_range(posted, output.details), info
     if value is None:
         raise AgentFailed("no reward (nothing returned or printed, nothing posted)", output.details)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise AgentFailed(f"the reward must be a number, got {value!r}", output.details)
-    if not math.isfinite(value):
+    if not is_real(value):
+        raise AgentFailed(
+            f"the reward must be a number (an int, a float or a NumPy scalar), got "
+            f"{value!r} ({type(value).__name__})",
+            output.details,
+        )
+    number = finite_real(value)
+    if number is None:
         raise AgentFailed(f"the reward is not finite ({value!r})", output.details)
-    return check_reward_range(float(value), output.details), info
+    return check_reward_range(number, output.details), info
 
 
 def check_reward_range(reward: float, details: str = "") -> float:
