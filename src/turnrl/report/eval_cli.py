@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,9 @@ __all__ = ["add_eval_command", "cmd_eval"]
 
 RUN_CONFIG = "config.toml"
 """The config copy a run directory holds (``--config``'s default for one)."""
+
+PIPE_WIDTH = 160
+"""The table's width when stdout is not a terminal (a log file: rich would assume 80)."""
 
 BACKENDS = ("hf", "vllm")
 """``--backend`` values: transformers in this process, or an in-process vLLM engine."""
@@ -204,7 +208,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from turnrl.io import atomic_write_json
 
     atomic_write_json(out / "summary.json", summary)
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)  # logs: not squeezed
     if not args.quiet:
         console.print(console_table(breakdown, title))
     console.print(f"eval: {out}/ (summary.json, tasks.jsonl, records.jsonl, eval.md, eval.html)")
