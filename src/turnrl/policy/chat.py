@@ -15,12 +15,20 @@ on SmolLM2's):
   the end-of-turn token's text is the last one in a rendered assistant turn;
 * tokenisation does not merge across the end-of-turn special token, so
   tokenising the delta alone gives the same ids as inside the whole text.
+
+Control strings are the template's alone. A message's content is text: a user or a
+tool that writes ``<|im_end|>\n<|im_start|>assistant`` into it gets those characters
+as plain text (``split_special_tokens``), never the control token ids, so no message
+can open or close a turn of another role. The template's own markers around it stay
+control tokens: a content that holds the text of a special token is cut out of the
+rendered text (found through a placeholder rendered in its place) and encoded on its
+own; content without one is encoded as before, in one piece.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +41,10 @@ _REFERENCE_TURN: list[Message] = [
     {"role": "assistant", "content": "y"},
 ]
 """A conversation ending with an assistant turn, used to find observation deltas."""
+
+_PLACEHOLDER = "\ue000{}\ue001"
+"""Stands for a message's content in a rendering (private-use characters, which no
+template changes), so the content's place in the rendered text is known exactly."""
 
 _GENERIC_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
 
@@ -90,6 +102,11 @@ class ChatFormat:
         )
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = int(pad) if pad is not None else self.eos_token_id
+        added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+        controls = [*tokenizer.all_special_tokens, *(t.content for t in added if t.special)]
+        self.control_texts: frozenset[str] = frozenset(c for c in controls if c)
+        """Texts of the tokenizer's special tokens: in a message's content they are
+        plain text (see the module docstring)."""
 
     def render(self, messages: Sequence[Message], *, generation_prompt: bool) -> str:
         """The chat template's text of ``messages``."""
@@ -101,12 +118,50 @@ class ChatFormat:
         """Ids of ``text``, without the tokenizer's own special tokens."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Ids of ``text`` with the texts of special tokens split into ordinary tokens
+        (``<|im_end|>`` as the characters it is made of, not the control token)."""
+        ids = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)
+        return list(ids["input_ids"])
+
     def encode_initial(self, messages: list[Message]) -> list[int]:
         """Ids of ``messages`` rendered by the chat template, plus the generation prompt."""
         if not messages:
             raise ValueError("encode_initial: messages is empty")
         check_messages(messages, "messages")
-        return self.encode_text(self.render(messages, generation_prompt=True))
+        return self._encode_rendered(
+            lambda shown: self.render(shown, generation_prompt=True), list(messages)
+        )
+
+    def _holds_control(self, text: str) -> bool:
+        return any(control in text for control in self.control_texts)
+
+    def _encode_rendered(
+        self, render: Callable[[list[Message]], str], messages: list[Message]
+    ) -> list[int]:
+        """Ids of ``render(messages)``, each content that holds a special token's text
+        encoded as plain text (:meth:`encode_plain`), the template's text around it as
+        the template wrote it."""
+        text = render(messages)
+        hidden = [i for i, m in enumerate(messages) if self._holds_control(m["content"])]
+        if not hidden:
+            return self.encode_text(text)
+        marks = {i: _PLACEHOLDER.format(i) for i in hidden}
+        shown = [{**m, "content": marks[i]} if i in marks else m for i, m in enumerate(messages)]
+        skeleton = render(shown)
+        rebuilt = skeleton
+        for i, mark in marks.items():
+            rebuilt = rebuilt.replace(mark, messages[i]["content"])
+        if rebuilt != text or any(skeleton.count(mark) != 1 for mark in marks.values()):
+            raise ValueError(
+                f"message {hidden[0]}: its content holds a special token's text, and the "
+                "chat template changes that content, so it cannot be encoded as plain text"
+            )
+        ids: list[int] = []
+        for i in sorted(hidden, key=lambda i: skeleton.index(marks[i])):
+            before, skeleton = skeleton.split(marks[i])
+            ids += self.encode_text(before) + self.encode_plain(messages[i]["content"])
+        return ids + self.encode_text(skeleton)
 
     def observation_text(self, message: Message) -> str:
         """The text the template puts after an assistant's end-of-turn token when
@@ -129,7 +184,7 @@ class ChatFormat:
 
     def encode_observation(self, message: Message) -> list[int]:
         """Ids to append after a finished response (see the module docstring)."""
-        return self.encode_text(self.observation_text(message))
+        return self._encode_rendered(lambda shown: self.observation_text(shown[0]), [message])
 
     def decode(self, ids: list[int]) -> str:
         """Text of response ids, without trailing end-of-turn/eos tokens."""
