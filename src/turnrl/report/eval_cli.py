@@ -47,7 +47,8 @@ def add_eval_command(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "eval",
         help="evaluate a saved policy (a run's last checkpoint or a model directory)",
-        description=__doc__.split("\n")[0],
+        description="Evaluate a saved policy on held-out tasks: the numbers a training run "
+        "logs, pass@k, success by route and by task kind, turns and tokens (docs/eval.md).",
     )
     p.add_argument(
         "--policy",
@@ -75,6 +76,7 @@ def add_eval_command(subparsers: Any) -> None:
     p.add_argument(
         "--temperature",
         type=float,
+        metavar="T",
         help="sampling temperature (default: train.eval_temperature; 0 is greedy)",
     )
     p.add_argument(
@@ -192,6 +194,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         f"{samples} sample(s) per task at temperature {temperature:g}; "
         f"backend {settings.backend}"
     ]
+    if samples > 1 and temperature == 0:
+        notes.append("greedy decoding: the samples of a task are the same, pass@k = pass@1")
     breakdown = _write_outputs(out, evaluation, metrics, samples, title, notes)
     summary = {
         "policy": saved.source,
@@ -211,6 +215,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)  # logs: not squeezed
     if not args.quiet:
         console.print(console_table(breakdown, title))
+        for note in notes[1:]:
+            console.print(note)
     console.print(f"eval: {out}/ (summary.json, tasks.jsonl, records.jsonl, eval.md, eval.html)")
     return 0
 
@@ -293,6 +299,7 @@ def _write_outputs(
     atomic_write_text(
         out / "records.jsonl", "".join(dumps_record(r) + "\n" for r in evaluation.records)
     )
-    atomic_write_text(out / "eval.md", f"# {title}\n\n{notes[0]}\n\n{markdown_table(table)}")
+    header = "".join(f"{note}\n\n" for note in notes)
+    atomic_write_text(out / "eval.md", f"# {title}\n\n{header}{markdown_table(table)}")
     atomic_write_text(out / "eval.html", html_report(table, metrics, title=title, notes=notes))
     return table
