@@ -232,3 +232,15 @@ def numpy_reward(task: dict[str, Any], llm: Any) -> Any:
         "nan": np.float32("nan"),
         "string": "0.5",
     }[os.environ["HOSTILE_REWARD"]]
+
+
+# ------------------------------------------------------------------- a diverging update
+
+
+def random_reward(task: dict[str, Any], llm: Any) -> float:
+    """One call, then a random reward in [0, 1): the group's rewards differ, so every
+    advantage is non-zero and an update with a huge learning rate diverges."""
+    import random
+
+    _one_call(llm)
+    return random.random()

@@ -41,6 +41,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from turnrl.train.run import Checkpoint, RunDirectory
 from turnrl.train.schedule import Schedule, due
+from turnrl.train.update.divergence import DivergedUpdateError
 
 __all__ = ["Lifecycle", "LifecycleRun", "Schedule", "Trainer", "seed_process", "stopping"]
 
@@ -138,7 +139,10 @@ class Lifecycle:
             for step in range(done + 1, schedule.steps + 1):
                 if stop_after is not None and step > stop_after:
                     return False
-                row = trainer.train_step(step)
+                try:
+                    row = trainer.train_step(step)
+                except DivergedUpdateError as err:
+                    raise err.at_step(step) from None
                 if schedule.evaluates(step):
                     row.update(trainer.evaluate())
                 run.append_metrics(row)

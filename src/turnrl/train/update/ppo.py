@@ -39,6 +39,11 @@ before the first step the learner recomputes every row's log-probs, the ``mismat
 metrics compare them with the sampler's, and with ``tis_cap > 0`` they become the PPO
 ratio's denominator while truncated importance weights correct for the sampler
 (:func:`turnrl.train.update.loss.truncated_is_weights`).
+
+A diverged update is refused (:mod:`turnrl.train.update.divergence`): each optimiser
+step whose loss or gradient norm is not finite raises before ``optimizer.step()``, and
+weights left non-finite by the update, or so large that a forward of the batch's
+shortest row overflows, raise after it; either way no checkpoint of it is saved.
 """
 
 from __future__ import annotations
@@ -56,6 +61,12 @@ from turnrl.rollout.tokens import trie_size
 from turnrl.table import TurnTable
 from turnrl.train.config import PPOConfig
 from turnrl.train.update.credit_check import check_finite_credit
+from turnrl.train.update.divergence import (
+    DivergedUpdateError,
+    check_finite_parameters,
+    check_finite_step,
+    non_finite_parameters,
+)
 from turnrl.train.update.legacy_pipeline import AGGREGATION as LEGACY_AGGREGATION
 from turnrl.train.update.legacy_pipeline import LegacyPipeline, legacy_aggregation_weights
 from turnrl.train.update.loss import (
@@ -277,9 +288,19 @@ def ppo_update(
                 if shard is not None:
                     shard.reduce_gradients(parameters)
                 norm = _clip_grad_norm(parameters, config.max_grad_norm)
+                where = f"optimiser step {len(steps) + 1} of the update"
+                # the norm is the global one on every rank; a loss is this rank's share
+                loss_here = sum(p["loss"] for p in parts) if shard is None else 0.0
+                check_finite_step(loss_here, norm, where)
                 optimizer.step()
                 steps.append((parts, norm))
     policy.model.eval()
+    bad = non_finite_parameters(parameters)
+    if shard is not None:  # every rank decides alike (FSDP2 ranks hold different shards)
+        bad = sum(shard.gather(bad))
+    check_finite_parameters(parameters, f"the update's {len(steps)} optimiser steps", bad)
+    if shard is None or not shard.lockstep:  # a sharded forward is a collective: skipped
+        _check_finite_forward(policy, batch, config, temperature, shard, len(steps))
     counts = {
         **update_token_counts(batch, config.epochs),
         "update_tokens_computed": float(computed),
@@ -325,6 +346,35 @@ def padding_forward(
     )
     (logp_B_T.sum() * 0.0).backward()
     return tokens
+
+
+def _check_finite_forward(
+    policy: TrainablePolicy,
+    batch: UpdateBatch,
+    config: PPOConfig,
+    temperature: float,
+    shard: UpdateShard | None,
+    steps: int,
+) -> None:
+    """Refuse finite weights the update made too large to use: one forward of the
+    batch's shortest row must give finite log-probs (weights near 1e30 overflow in the
+    first matrix product, and every sample would be NaN)."""
+    sizes = [len(c) + len(r) for c, r in zip(batch.contexts, batch.responses, strict=True)]
+    finite = True
+    if sizes:
+        row = int(np.argmin(sizes))
+        with torch.no_grad():
+            logp_B_T, mask_B_T, _ = _logprobs(
+                policy, [batch.contexts[row]], [batch.responses[row]], config, temperature
+            )
+        finite = bool(torch.isfinite(logp_B_T[mask_B_T > 0]).all())
+    if shard is not None:  # every rank decides alike
+        finite = all(shard.gather(finite))
+    if not finite:
+        raise DivergedUpdateError(
+            f"the policy's log-probabilities are not finite after the update's {steps} "
+            "optimiser steps (its weights overflow a forward)"
+        )
 
 
 def _forwards(batch: UpdateBatch, rows: list[int], config: PPOConfig) -> list[list[int]]:

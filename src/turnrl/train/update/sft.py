@@ -45,6 +45,7 @@ import torch
 from turnrl.envs import demonstration, get_env_spec
 from turnrl.policy.trainable import TrainablePolicy
 from turnrl.policy.tree_layout import split_rows
+from turnrl.train.update.divergence import check_finite_parameters, check_finite_step
 from turnrl.types import Message, Task
 
 
@@ -147,6 +148,10 @@ def supervised_warm_start(
     the tree layout with forwards of at most that many positions (same loss).
     ``lr_schedule``: ``"constant"`` or ``"cosine"`` (step ``i`` of ``steps`` at
     ``lr * (1 + cos(pi * i / steps)) / 2``).
+
+    A step whose loss or gradient norm is not finite, or weights left non-finite,
+    raise :class:`~turnrl.train.update.divergence.DivergedUpdateError` (nothing of a
+    diverged warm start is saved).
     """
     if not examples:
         raise ValueError("no demonstration examples to train on")
@@ -161,13 +166,15 @@ def supervised_warm_start(
             group["lr"] = lr * lr_factor(lr_schedule, step, steps)
         optimizer.zero_grad(set_to_none=True)
         loss = _nll_backward(policy, batch, max_tokens_per_batch)
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0))
+        check_finite_step(loss, norm, f"warm start step {step + 1}")
         optimizer.step()
         losses.append(loss)
         if progress is not None:
             bar, task_id = progress  # type: ignore[misc]
             bar.update(task_id, advance=1, description=f"warm start  loss {losses[-1]:.3f}")
     policy.model.eval()
+    check_finite_parameters(list(policy.parameters()), f"the warm start's {steps} steps")
     return losses
 
 
