@@ -22,6 +22,8 @@ from turnrl.cli import main as turnrl_main
 from turnrl.errors import InputError
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.serve import Gateway, GatewayConfig, GatewayServer
+from turnrl.serve.protocol import parse_chat_request
+from turnrl.serve.recordsfile import set_aside_cut_line
 from turnrl.study import catalogue
 from turnrl.study.declaration import DONE_FILE, cells
 from turnrl.study.runner import estimate_minutes, run_study
@@ -434,3 +436,45 @@ def test_smollm2_encodes_its_control_strings_in_user_text_as_plain_text() -> Non
         chat.encode_observation({"role": "tool", "content": evil})
     )
     assert tokens.count("<|im_start|>") == 2 and tokens.count("<|im_end|>") == 1
+
+
+# ----------------------------------------- 12. a --records file whose last line was cut
+
+
+def test_a_records_file_with_a_cut_last_line_is_repaired_losing_nothing(
+    tiny_policy: HFPolicy, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    records = tmp_path / "records.jsonl"
+    whole = [json.dumps({"traj_id": f"old-{i}", "reward": 0.0}) for i in range(2)]
+    cut = b'{"traj_id": "old-2", "rew'  # a crash mid-write
+    records.write_bytes("".join(line + "\n" for line in whole).encode() + cut)
+    config = GatewayConfig(default_max_tokens=4, batch_window_s=0.001, records_path=str(records))
+    with caplog.at_level("WARNING", logger="turnrl.serve"), Gateway(tiny_policy, config) as gateway:
+        aside = tmp_path / "records.jsonl.cut-line-3"
+        assert [r.getMessage() for r in caplog.records] == [
+            f"{records}:3: the last line was cut ({len(cut)} bytes, not JSON, no final "
+            f"newline); moved to {aside}, and new trajectories follow line 2"
+        ]
+        assert aside.read_bytes() == cut
+        assert records.read_text().splitlines() == whole
+        request = parse_chat_request(json.loads(hostile.chat_json()))
+        gateway.complete(request, "new-0")
+        gateway.reward("new-0", 1.0)
+    lines = [json.loads(line) for line in records.read_text().splitlines()]  # all whole
+    assert [line["traj_id"] for line in lines[:2]] == ["old-0", "old-1"]
+    assert {line["traj_id"] for line in lines[2:]} == {"new-0"}
+
+
+def test_a_whole_last_line_without_a_newline_is_kept_and_a_second_cut_gets_its_own_file(
+    tmp_path: Path,
+) -> None:
+    records = tmp_path / "r.jsonl"
+    records.write_bytes(b'{"a": 1}')
+    assert set_aside_cut_line(records) is None
+    assert records.read_bytes() == b'{"a": 1}'
+    (tmp_path / "r.jsonl.cut-line-1").write_bytes(b"earlier")
+    records.write_bytes(b"\xff\xfe")
+    assert set_aside_cut_line(records) == tmp_path / "r.jsonl.cut-line-1-2"
+    assert (tmp_path / "r.jsonl.cut-line-1-2").read_bytes() == b"\xff\xfe"
+    assert (tmp_path / "r.jsonl.cut-line-1").read_bytes() == b"earlier"
+    assert records.read_bytes() == b""

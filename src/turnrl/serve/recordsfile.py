@@ -9,9 +9,15 @@
   a queue, in order; every later trajectory, :meth:`RecordsFile.flush` and
   :meth:`RecordsFile.close` retry the queue first. :attr:`RecordsFile.pending`
   and :attr:`RecordsFile.last_error` expose it (``GET /health``).
-* A file that does not end with a newline (a user's file, or one cut by a
-  crash) gets a newline before the first appended line, so its last line is
-  kept as it is rather than glued to ours or dropped.
+* A file whose last line was cut (a crash or a full disk mid-write: no final
+  newline, and not JSON) is repaired when it is opened, losing nothing: the cut
+  bytes move to a file beside it (``records.jsonl.cut-line-N``), the file is cut
+  back to its last whole line, and a warning names the file, the line and where
+  the bytes went (:func:`set_aside_cut_line`). Appending after the cut line would
+  leave a damaged line in the middle of the file, which every reader refuses.
+* A last line that is whole JSON without a final newline (a user's file) gets a
+  newline before the first appended line, so it is kept as it is rather than glued
+  to ours.
 * :meth:`RecordsFile.close` writes what still could not be appended to a fresh
   file in the system temporary directory and logs its path.
 """
@@ -28,6 +34,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from turnrl.io import atomic_write_bytes
 
 logger = logging.getLogger("turnrl.serve")
 
@@ -59,6 +67,79 @@ def check_records_path(path: str | os.PathLike[str]) -> Path:
     return target
 
 
+_TAIL_BLOCK = 1 << 16
+"""Bytes read at a time from the end of the file to find its last line."""
+
+
+def _last_line_start(handle: Any, size: int) -> int:
+    """Offset of the byte after the file's last newline (0 when it has none)."""
+    end = size
+    while end > 0:
+        start = max(0, end - _TAIL_BLOCK)
+        handle.seek(start)
+        newline = handle.read(end - start).rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        end = start
+    return 0
+
+
+def _count_lines(handle: Any, end: int) -> int:
+    """Newlines in the first ``end`` bytes."""
+    handle.seek(0)
+    count, left = 0, end
+    while left > 0:
+        block = handle.read(min(_TAIL_BLOCK, left))
+        count += block.count(b"\n")
+        left -= len(block)
+    return count
+
+
+def set_aside_cut_line(path: Path) -> Path | None:
+    """Repair a records file whose last line was cut; the file the cut bytes went to.
+
+    The last line is cut when the file does not end with a newline and that line is
+    not a JSON object. Its bytes are written (whole, fsynced) to a new file beside ``path``
+    named after the line (``NAME.cut-line-N``, ``-2``... if taken), and only then is
+    ``path`` cut back to the end of its last whole line: nothing is lost, and new
+    lines do not follow a damaged one. ``None`` when there was nothing to repair.
+    """
+    if not path.is_file():
+        return None
+    with open(path, "r+b") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        start = _last_line_start(handle, size)
+        if start == size:
+            return None
+        handle.seek(start)
+        tail = handle.read()
+        try:
+            if isinstance(json.loads(tail), dict):
+                return None  # a whole last line without its newline: kept (see _append)
+        except ValueError:
+            pass
+        line = _count_lines(handle, start) + 1
+        aside = path.with_name(f"{path.name}.cut-line-{line}")
+        suffix = 1
+        while aside.exists():
+            suffix += 1
+            aside = path.with_name(f"{path.name}.cut-line-{line}-{suffix}")
+        atomic_write_bytes(aside, tail)
+        handle.truncate(start)
+        handle.flush()
+        os.fsync(handle.fileno())
+    logger.warning(
+        "%s:%d: the last line was cut (%d bytes, not JSON, no final newline); moved to %s, "
+        "and new trajectories follow line %d",
+        path,
+        line,
+        len(tail),
+        aside,
+        line - 1,
+    )
+    return aside
+
+
 def _jsonl(records: Iterable[Mapping[str, Any]]) -> bytes:
     return b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8") + b"\n" for r in records)
 
@@ -88,6 +169,8 @@ class RecordsFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = check_records_path(path)
+        self.set_aside: Path | None = set_aside_cut_line(self.path)
+        """Where a cut last line found on opening was moved (``None``: there was none)."""
         self._lock = threading.Lock()
         self._queue: deque[bytes] = deque()
         self.last_error: str | None = None
