@@ -57,6 +57,7 @@ class ScriptedPolicy:
         self.base = base
         self.reply = reply
         self.eos_token_id = base.eos_token_id
+        self.chat = base.chat  # text encoding: the gateway writes forced tool-call starts
         self.max_context = max_context if max_context is not None else base.max_context
         self.batches: list[int] = []
 

@@ -7,14 +7,12 @@ an OpenAI-compatible server. It sends ``stop=["Observation:", "Calling tools:"]`
 on every call; the gateway ends the response where a stop string completes and
 records exactly the tokens sampled up to there (docs/gateway.md).
 
-Two settings, both smolagents' or LiteLLM's own options, not code changes:
-
-* ``tool_choice="auto"``: ``LiteLLMModel`` asks for ``"required"`` by default,
-  which would need constrained decoding; the gateway refuses it (a forced tool
-  call would not be a sample of the policy, so its log-probs would lie).
-* a short system prompt (``prompt_templates``): smolagents' default one is about
-  3,800 characters, more than the tiny test model's context. A real model keeps
-  the default.
+``LiteLLMModel`` keeps its default ``tool_choice="required"``: the gateway forces the
+call by writing the call's start into the context and the policy samples the rest
+(the forced tokens are recorded as prompt, never trained; docs/gateway.md "Forced
+tool calls"). The one setting changed is smolagents' own option, not code: a short
+system prompt (``prompt_templates``): smolagents' default one is about 3,800
+characters, more than the tiny test model's context. A real model keeps the default.
 
 LiteLLM fetches a model price list from GitHub when imported; the environment
 variable ``LITELLM_LOCAL_MODEL_COST_MAP`` makes it use its bundled copy (set here
@@ -71,9 +69,7 @@ def prompt_templates() -> dict[str, Any]:
 
 def solve(question: str, base_url: str, api_key: str, model: str) -> str:
     """One smolagents episode; the final answer as text ("" when there is none)."""
-    llm = LiteLLMModel(
-        model_id=f"openai/{model}", api_base=base_url, api_key=api_key, tool_choice="auto"
-    )
+    llm = LiteLLMModel(model_id=f"openai/{model}", api_base=base_url, api_key=api_key)
     agent = ToolCallingAgent(
         tools=[calculator],
         model=llm,

@@ -17,6 +17,11 @@ messages (:meth:`ContextBuilder.context`). Then:
 
 Any other request (first call excepted) rewrote history: the context is
 ``encode_initial`` of the full messages, and the turn is a rebuild.
+
+A request that forces a tool call (``tool_choice`` ``"required"`` or a named function)
+has the forced start of the call (:func:`~turnrl.serve.toolcalls.forced_call_prefix`)
+appended to its context as text ids (:meth:`ContextBuilder.forced`): they are prompt
+ids of the turn, never sampled, and the next turn extends them like any context.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from turnrl.serve.config import GatewayConfig
 from turnrl.serve.errors import bad_request
 from turnrl.serve.protocol import ChatRequest, ToolSpec, tools_key
 from turnrl.serve.rollouts import Conversation, Offered, PendingChoices
-from turnrl.serve.toolcalls import to_policy_message, to_policy_messages
+from turnrl.serve.toolcalls import forced_call_prefix, to_policy_message, to_policy_messages
 from turnrl.serve.weights import ServedPolicy
 from turnrl.types import Message, Sample
 
@@ -51,6 +56,20 @@ class ContextBuilder:
             raise bad_request(
                 f"the policy cannot encode these messages: {exc}", "messages"
             ) from exc
+
+    def forced(self, request: ChatRequest) -> tuple[str, list[int]]:
+        """The forced start of the reply and its ids, ``("", [])`` when nothing is forced.
+
+        A call is forced when ``tool_choice`` is ``"required"`` (a named function is
+        too) and the policy encodes text (``policy.chat``, as every turnrl backend
+        does). A policy that does not (the warm start's scripted teacher, whose reply
+        is a whole demonstration) writes the whole call itself."""
+        chat = getattr(self.served.policy, "chat", None)
+        if request.tool_choice != "required" or chat is None:
+            return "", []
+        fmt = self.config.tool_format
+        prefix = forced_call_prefix(request.tools, fmt, request.forced_function)
+        return prefix, self.served.call(chat.encode_text, prefix)
 
     def continued(
         self, conv: Conversation, request: ChatRequest, tools: tuple[ToolSpec, ...]

@@ -27,6 +27,14 @@ still extends the context; it and a request with ``tool_choice: "none"`` only
 do not have new calls parsed. A different non-empty tool set replaces it (the
 prompt changes, so that turn is a rebuild).
 
+Forced calls. ``tool_choice`` ``"required"`` or a named function: the forced start
+of the call is appended to the context (:meth:`ContextBuilder.forced
+<turnrl.serve.conversation.ContextBuilder.forced>`), the policy samples the rest,
+and the reply is parsed from the forced text plus the sampled text. The record's
+``prompt_ids`` end with the forced ids, ``response_ids``/``logprobs`` are the sampled
+tokens only (so the update, which trains response tokens, never trains a forced
+one), and ``forced`` holds the forced text.
+
 Rebuilt contexts are recorded as ``context_rebuilt: true`` and counted in
 ``Gateway.registry.context_rebuilds``.
 """
@@ -89,6 +97,9 @@ class _Call:
     tools: tuple[ToolSpec, ...]
     prompt: list[Message]
     prompt_ids: list[int]
+    """The context sampled from: the prompt's ids, then the forced ids (if any)."""
+    forced: str
+    """The forced start of the reply ("" when no call is forced)."""
     temperature: float
     turn: int
     rebuilt: bool
@@ -254,6 +265,8 @@ class Gateway:
         """Sample and record one claimed call: context, budget, sample, choices, record."""
         tools = request.tools or conv.tools
         prompt, prompt_ids, rebuilt, continued = self._contexts.context(conv, request, tools)
+        forced, forced_ids = self._contexts.forced(request)
+        prompt_ids = prompt_ids + forced_ids
         max_tokens, temperature = budget(request, prompt_ids, self.config, self.policy.max_context)
         draws = self.served.sample_choices(
             prompt_ids,
@@ -262,7 +275,7 @@ class Gateway:
             temperature=temperature,
         )
         turn = len(state.records)
-        call = _Call(state, request, tools, prompt, prompt_ids, temperature, turn, rebuilt)
+        call = _Call(state, request, tools, prompt, prompt_ids, forced, temperature, turn, rebuilt)
         choices = [self._choice(call, i, sampled) for i, sampled in enumerate(draws)]
         record, pending = first_record([c.record for c in choices], turn)
         body = completion_body(
@@ -296,7 +309,7 @@ class Gateway:
         sample = sampled.sample
         parse_tools = call.tools if request.tools and request.tool_choice != "none" else ()
         reply = parse_reply(
-            content,
+            call.forced + content,
             parse_tools,
             self.config.tool_format,
             tool_call_id(call.state.rollout_id, call.turn),
@@ -313,11 +326,12 @@ class Gateway:
             finish=finish,
             tool_call=bool(reply.tool_calls),
             rebuilt=call.rebuilt,
+            forced=call.forced,
         )
         logprobs = response_logprobs(sampled, self.served) if request.logprobs else None
         body = choice_body(index, reply, finish, list(sample.response_ids), logprobs)
         context = next_context(call.prompt_ids, sample, self.policy.eos_token_id)
-        offered = Offered(reply.as_chat_message().key(), sample.text, context)
+        offered = Offered(reply.as_chat_message().key(), call.forced + sample.text, context)
         return _Choice(record, body, offered)
 
     # --------------------------------------------------------------------- reward

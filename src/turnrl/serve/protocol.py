@@ -11,7 +11,11 @@ What is accepted:
   ``tool`` (needs ``tool_call_id``). ``content`` is a string or a list of
   ``{"type": "text", "text": ...}`` parts (joined without separator).
 * ``tools``: function tools ``{"type": "function", "function": {"name",
-  "description"?, "parameters"?}}``; ``tool_choice`` ``"auto"`` or ``"none"``.
+  "description"?, "parameters"?}}``; ``tool_choice`` ``"auto"``, ``"none"``,
+  ``"required"`` or a named function ``{"type": "function", "function": {"name"}}``
+  (one of ``tools``): the last two force a call (:mod:`turnrl.serve.forcing`);
+  ``parallel_tool_calls`` (a boolean: at most one call is parsed per reply either
+  way, see ``docs/gateway.md``).
 * ``model``: any name of at most 256 printable characters; it becomes the turn
   record's ``role`` (so several agents of one program are told apart).
 * ``temperature`` (0 to 2), ``max_completion_tokens`` / ``max_tokens`` (the
@@ -30,10 +34,11 @@ siblings, not trained (:mod:`turnrl.serve.choices`, ``docs/gateway.md``).
 
 Parameters that would change the sampling distribution and that the policy
 cannot honour (``top_p`` other than 1, penalties, ``logit_bias``, a
-``response_format`` other than text, ``tool_choice`` ``"required"`` or a named
-function) are refused with a 400 rather than silently ignored: a recorded
-log-prob must be the log-prob of what was really sampled. Everything else
-(``user``, ``metadata``, ``store``, ``parallel_tool_calls``...) is ignored.
+``response_format`` other than text) are refused with a 400 rather than silently
+ignored: a recorded log-prob must be the log-prob of what was really sampled. A
+forced tool call is not such an option: the forced tokens are written into the
+context, not sampled, and recorded on the prompt side. Everything else (``user``,
+``metadata``, ``store``...) is ignored.
 """
 
 from __future__ import annotations
@@ -143,6 +148,12 @@ class ChatRequest:
     messages: tuple[ChatMessage, ...]
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: str = "auto"
+    """``"auto"``, ``"none"`` or ``"required"`` (a named function is ``"required"``
+    with :attr:`forced_function` set)."""
+    forced_function: str | None = None
+    """The function ``tool_choice`` names (one of :attr:`tools`), if it names one."""
+    parallel_tool_calls: bool = True
+    """``parallel_tool_calls`` as sent (at most one call is parsed per reply anyway)."""
     temperature: float | None = None
     max_tokens: int | None = None
     seed: int | None = None
@@ -365,6 +376,47 @@ def parse_n(value: Any) -> int:
     return int(value)
 
 
+TOOL_CHOICES = ("auto", "none", "required")
+"""The string values of ``tool_choice``."""
+
+
+def parse_tool_choice(value: Any, tools: tuple[ToolSpec, ...]) -> tuple[str, str | None]:
+    """Validate ``tool_choice`` against the request's ``tools``: ``(mode, name)``, the
+    mode ``"auto"`` (also for null), ``"none"`` or ``"required"``, and the name of the
+    function it names (``{"type": "function", "function": {"name": ...}}``, read as
+    ``"required"``), else ``None``. Forcing a call needs ``tools`` in the request, as
+    the OpenAI API says; a named function must be one of them."""
+    if value is None:
+        return "auto", None
+    if isinstance(value, str):
+        if value not in TOOL_CHOICES:
+            raise bad_request(
+                f"tool_choice must be one of {list(TOOL_CHOICES)} or "
+                f"{{'type': 'function', 'function': {{'name': ...}}}}, got {value!r}",
+                "tool_choice",
+            )
+        if value == "required" and not tools:
+            raise bad_request("tool_choice 'required' needs tools in the request", "tool_choice")
+        return value, None
+    if not isinstance(value, dict) or value.get("type") != "function":
+        raise bad_request(
+            "tool_choice must be a string or {'type': 'function', 'function': {'name': ...}}",
+            "tool_choice.type" if isinstance(value, dict) else "tool_choice",
+        )
+    function = value.get("function")
+    if not isinstance(function, dict):
+        raise bad_request("tool_choice.function must be an object", "tool_choice.function")
+    name = function.get("name")
+    names = [t.name for t in tools]
+    if not isinstance(name, str) or name not in names:
+        listing = ", ".join(names) if names else "no tools were given"
+        raise bad_request(
+            f"tool_choice.function.name must name one of tools ({listing}), got {name!r}",
+            "tool_choice.function.name",
+        )
+    return "required", name
+
+
 def _check_unsupported(body: dict[str, Any]) -> None:
     """Refuse options that would make the recorded log-probs lie (see module doc)."""
     for name, default in _REFUSED_UNLESS_DEFAULT.items():
@@ -417,18 +469,17 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise bad_request(f"seed must fit in 64 bits, got {seed}", "seed")
 
     tools = parse_tools(body.get("tools"))
-    tool_choice = body.get("tool_choice", "auto")
-    if tool_choice is None:
-        tool_choice = "auto"
-    if tool_choice not in ("auto", "none"):
-        raise bad_request(
-            f"tool_choice {tool_choice!r} is not supported (use 'auto' or 'none')", "tool_choice"
-        )
+    tool_choice, forced_function = parse_tool_choice(body.get("tool_choice"), tools)
+    parallel_tool_calls = body.get("parallel_tool_calls")
+    if parallel_tool_calls not in (None, False, True):
+        raise bad_request("parallel_tool_calls must be a boolean", "parallel_tool_calls")
     return ChatRequest(
         model=model,
         messages=messages,
         tools=tools,
         tool_choice=tool_choice,
+        forced_function=forced_function,
+        parallel_tool_calls=parallel_tool_calls is not False,
         temperature=None if temperature is None else float(temperature),
         max_tokens=max_tokens,
         seed=seed,

@@ -27,6 +27,16 @@ before the call block, ``None`` if empty) plus one ``tool_call`` whose
 ``{"<param>": ARG}``; several parameters: ARG as written, which should be a
 JSON object). Any other reply, final answers included, is returned verbatim as
 ``content``.
+
+Forced calls (``tool_choice`` ``"required"`` or a named function): the gateway writes
+:func:`forced_call_prefix` after the generation prompt and the policy samples the
+rest; the reply parsed is the prefix plus the sampled text. The prefix is the call
+block up to where the arguments begin when the function is known (named, or the
+request's only tool): ``<call>`` (tags, the only tool, bare), ``<call>name: `` (tags,
+several tools), ``<tool_call>{"name": "calc", "arguments": `` (hermes). With several
+tools and ``"required"`` only the opener (``<call>`` / ``<tool_call>``) is forced and
+the policy samples the function's name too: choosing the function is the policy's
+decision, and it is trained like any other sampled token.
 """
 
 from __future__ import annotations
@@ -71,6 +81,20 @@ def _call_block(fmt: str, tools: Sequence[ToolSpec], name: str, arguments: Any) 
         argument = arguments if isinstance(arguments, str) else json.dumps(arguments)
     bare = name == _default_tool(tools)
     return format_call(fmt, "" if bare else name, argument)
+
+
+def forced_call_prefix(tools: Sequence[ToolSpec], fmt: str, name: str | None) -> str:
+    """The forced start of a call to ``name`` (``None``: any of ``tools``) in ``fmt``:
+    every call block :func:`_call_block` writes for that function starts with it (see
+    the module docstring)."""
+    spec = get_format(fmt)
+    if name is None and len(tools) == 1:
+        name = tools[0].name
+    if name is None:
+        return spec.call_open
+    if spec.name == "hermes":
+        return f'{spec.call_open}{{"name": {json.dumps(name)}, "arguments": '
+    return spec.call_open if name == _default_tool(tools) else f"{spec.call_open}{name}: "
 
 
 def tools_prompt(tools: Sequence[ToolSpec], fmt: str) -> str:

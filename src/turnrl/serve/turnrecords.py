@@ -5,7 +5,9 @@ request's ``model``), the messages the policy saw (``prompt``), ``prompt_ids``,
 ``response``, ``response_ids``, ``logprobs`` (under the sampling temperature,
 recorded as ``temperature``), ``policy_version``, ``reward=0`` and
 ``done=false`` until the reward is posted on the last turn. Extra fields:
-``finish_reason``, ``stop_reason``, ``tool_call``, ``context_rebuilt``. Greedy
+``finish_reason``, ``stop_reason``, ``tool_call``, ``context_rebuilt``, and ``forced``
+(the text of a forced call's start, the last ids of ``prompt_ids``) when a call was
+forced (``tool_choice`` ``"required"`` or a named function). Greedy
 turns (``temperature=0``) are recorded with ``train: false`` and log-probs 0 (the
 greedy choice has probability 1): no sampling distribution exists for a PPO
 ratio, so trainers leave them out.
@@ -44,8 +46,10 @@ def build_record(
     finish: str,
     tool_call: bool,
     rebuilt: bool,
+    forced: str = "",
 ) -> TurnRecord:
-    """The turn record of one sampled call (reward 0 and not done until the reward)."""
+    """The turn record of one sampled call (reward 0 and not done until the reward);
+    ``prompt_ids`` already end with the ids of ``forced``, if any."""
     sample = sampled.sample
     greedy = temperature == 0
     record = TurnRecord(
@@ -65,7 +69,11 @@ def build_record(
         train=not greedy,
     )
     return dataclasses.replace(
-        record, finish_reason=finish, tool_call=tool_call, context_rebuilt=rebuilt
+        record,
+        finish_reason=finish,
+        tool_call=tool_call,
+        context_rebuilt=rebuilt,
+        extra={"forced": forced} if forced else {},
     )
 
 
