@@ -195,3 +195,15 @@ def test_eval_of_a_lora_run_loads_its_adapters_and_equals_its_last_evaluation(
     summary = run_eval("--policy", str(run), "-o", str(tmp_path / "out"))
     assert summary["step"] == 2
     assert summary["metrics"] == last
+
+
+def test_eval_of_the_export_of_a_run_equals_its_last_evaluation(
+    parity_run: Path, tmp_path: Path
+) -> None:
+    """``turnrl export``'s model directory (float32 weights, no LoRA) is the same policy."""
+    exported = tmp_path / "exported"
+    assert main(["export", str(parity_run), "-o", str(exported)]) == 0
+    out = ["-o", str(tmp_path / "out")]
+    summary = run_eval("--policy", str(exported), "--config", str(CALCULATOR), *RUN, *out)
+    assert summary["step"] is None and summary["policy"] == str(exported)
+    assert summary["metrics"] == eval_rows(parity_run)[-1]
