@@ -157,10 +157,10 @@ def test_tables_keep_their_arms_and_pair_against_their_own_baseline(tmp_path: Pa
     done = [c for c in cells(study, tmp_path) if not c.is_warm_start]
     paired, paired_it, seeds = (build(study, t, done, read_metrics) for t in study.tables)
     # against the study's baseline "on" (seed / 10 + 0.5): it is 0.5 lower in each pair
-    assert "| a | it − on | value | 2 | -0.50, -0.50 | -0.50 |" in paired
-    assert "| a | it2 − on | value | 2 | +0.00, +0.00 | +0.00 |" in paired
+    assert "| a | it − on | value | 2 seeds | -0.50, -0.50 | -0.50 |" in paired
+    assert "| a | it2 − on | value | 2 seeds | +0.00, +0.00 | +0.00 |" in paired
     # the table's own baseline "it", and no row of the arm it leaves out
-    assert "| b | it2 − it | value | 2 | +0.50, +0.50 | +0.50 |" in paired_it
+    assert "| b | it2 − it | value | 2 seeds | +0.50, +0.50 | +0.50 |" in paired_it
     assert [line.split(" | ")[:2] for line in paired_it.splitlines()[2:4]] == [
         ["| a", "it2 − it"],
         ["| b", "it2 − it"],

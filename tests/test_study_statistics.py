@@ -1,5 +1,7 @@
-"""The statistics of ``turnrl study`` on hand-built numbers: ddof=1, paired
-differences, the bootstrap against a direct numpy computation, the verdict."""
+"""The statistics of ``turnrl study`` on hand-built numbers (ddof=1, pairs by key, the
+paired t-interval worked by hand, the exact sign-flip p counted by hand, the warm start
+as the unit, the verdict's rule, the power of a design) and its calibration on
+simulated null data (false-positive rate and coverage, seeded)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats as sps
 
 from turnrl.study import statistics as S
 
@@ -26,58 +29,122 @@ def test_paired_differences_keep_only_pairs() -> None:
     assert S.paired_differences(arm, base) == {(0, 0): 0.25, (0, 1): -0.5}
 
 
-def test_one_level_bootstrap_is_the_direct_numpy_computation() -> None:
-    diffs = {(0, k): v for k, v in enumerate([0.3, -0.1, 0.2, 0.5])}
-    got = S.bootstrap_interval(diffs, resamples=2000, seed=7)
-    values = np.array([0.3, -0.1, 0.2, 0.5])
-    rng = np.random.default_rng(7)
-    means = values[rng.integers(0, 4, size=(2000, 4))].mean(axis=1)
-    low, high = np.quantile(means, [0.025, 0.975])
-    assert (got.mean, got.low, got.high, got.n, got.levels) == (
-        pytest.approx(0.225),
-        low,
-        high,
-        4,
-        1,
+def test_three_pair_t_interval_by_hand() -> None:
+    # differences 0.1, 0.2, 0.6: mean 0.3, sd sqrt(0.14 / 2), se sd / sqrt(3). With 2
+    # degrees of freedom the t distribution's cdf is 1/2 + t / (2 sqrt(t^2 + 2)), so its
+    # 0.975 quantile is 0.95 sqrt(2 / (1 - 0.95^2)) and the two-sided p of t is
+    # 1 - t / sqrt(t^2 + 2).
+    got = S.t_test([0.1, 0.2, 0.6])
+    se = math.sqrt(0.07) / math.sqrt(3)
+    quantile = 0.95 * math.sqrt(2 / (1 - 0.95**2))
+    t = 0.3 / se
+    assert quantile == pytest.approx(4.302652729749464, rel=1e-12)
+    assert (got.n, got.unit) == (3, "seed")
+    assert got.mean == pytest.approx(0.3, abs=1e-15)
+    assert got.low == pytest.approx(0.3 - quantile * se, rel=1e-9)
+    assert got.high == pytest.approx(0.3 + quantile * se, rel=1e-9)
+    assert got.t_p == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-9)
+    assert got.low == pytest.approx(sps.t.interval(0.95, 2, 0.3, se)[0], rel=1e-9)
+    assert got.t_p == pytest.approx(0.18850, abs=1e-5)
+    assert got.sign_flip_p == 0.25  # |sum| is the largest for 2 of the 8 patterns
+    assert S.verdict(got) == (
+        "not detected (n = 3 seeds; paired t p = 0.188; sign-flip p = 0.250 "
+        "(cannot reach 0.05 at n = 3: smallest p 0.25))"
     )
 
 
-def test_two_level_bootstrap_resamples_warm_starts_then_seeds() -> None:
-    diffs = {(0, 0): 1.0, (0, 1): 2.0, (1, 0): -1.0, (1, 1): 0.0, (1, 2): 3.0}
-    got = S.bootstrap_interval(diffs, resamples=500, seed=3)
-    groups = [np.array([1.0, 2.0]), np.array([-1.0, 0.0, 3.0])]
-    rng = np.random.default_rng(3)
-    means = []
-    for _ in range(500):
-        drawn = rng.integers(0, 2, size=2)
-        parts = [groups[g][rng.integers(0, groups[g].size, size=groups[g].size)] for g in drawn]
-        means.append(np.concatenate(parts).mean())
-    low, high = np.quantile(means, [0.025, 0.975])
-    assert got.levels == 2 and got.n == 5
-    assert got.mean == pytest.approx(1.0)
-    assert (got.low, got.high) == (low, high)
+def test_sign_flip_p_of_four_pairs_by_hand() -> None:
+    # |values| 0.4, 0.3, 0.2, 0.1 sum to 1.0; the observed sum is 0.6. A pattern's |sum|
+    # is >= 0.6 when the |values| it flips sum to <= 0.2 ({}, {0.1}, {0.2}) or >= 0.8
+    # (their complements): 6 of 16 patterns.
+    assert S.sign_flip_p([0.4, 0.3, -0.2, 0.1]) == 6 / 16
+    assert S.sign_flip_p([1.0, 2.0, 3.0, 4.0]) == 2 / 16  # the smallest p at n = 4
+    assert S.sign_flip_p([0.0, 0.0, 0.0]) == 1.0
 
 
-def test_one_seed_per_warm_start_is_one_level() -> None:
-    per_seed = {(k, k): v for k, v in enumerate([0.3, -0.1, 0.2])}
-    shared = {(0, k): v for k, v in enumerate([0.3, -0.1, 0.2])}
-    a, b = S.bootstrap_interval(per_seed, seed=1), S.bootstrap_interval(shared, seed=1)
-    assert (a.low, a.high, a.levels) == (b.low, b.high, 1)
+def test_two_warm_starts_of_four_seeds_are_two_units() -> None:
+    diffs = {(0, s): v for s, v in enumerate([0.1, 0.3, 0.2, 0.2])}
+    diffs |= {(1, s): v for s, v in enumerate([0.5, 0.7, 0.6, 0.6])}
+    got = S.paired_test(diffs)
+    assert (got.n, got.unit) == (2, "warm start")
+    assert got.mean == pytest.approx(0.4)  # the mean of the warm starts' means 0.2, 0.6
+    # two units, sd of (0.2, 0.6) = 0.2 sqrt(2), se 0.2; t = 2 with 1 degree of freedom:
+    # the Cauchy distribution, two-sided p = 1 - 2 atan(2) / pi
+    assert got.t_p == pytest.approx(1 - 2 * math.atan(2.0) / math.pi, rel=1e-9)
+    assert got.seed_level is not None and got.seed_level.n == 8
+    assert got.seed_level.unit == "seed" and got.seed_level.t_p < 0.01  # not the unit
+    assert S.verdict_word(got) == S.NOT_DETECTED
+    # one warm start, or one seed per warm start: the seed is the unit
+    assert S.paired_test({(0, s): 0.1 * s for s in range(4)}).unit == "seed"
+    assert S.paired_test({(s, s): 0.1 * s for s in range(4)}).n == 4
 
 
-def test_verdict_flips_when_the_interval_crosses_zero() -> None:
-    base = np.array([0.1, 0.2, 0.3])
-    above = S.bootstrap_interval({(0, k): v for k, v in enumerate(base)})
-    assert above.low == pytest.approx(0.1) and S.verdict(above) == S.HIGHER
-    # shifted down by 0.15: the resample of three copies of -0.05 (1 in 27) is in the tail
-    crossing = S.bootstrap_interval({(0, k): v for k, v in enumerate(base - 0.15)})
-    assert crossing.low < 0 < crossing.high and S.verdict(crossing) == S.NOT_DETECTED
-    below = S.bootstrap_interval({(0, k): v for k, v in enumerate(-base)})
-    assert S.verdict(below) == S.LOWER
-    assert S.verdict(S.bootstrap_interval({(0, 0): 5.0})) == S.TOO_FEW
-    assert "refuted" not in " ".join([S.HIGHER, S.LOWER, S.NOT_DETECTED, S.ALL_EQUAL, S.TOO_FEW])
-    same = S.bootstrap_interval({(0, k): 0.0 for k in range(4)})  # 4 pairs, all equal
-    assert (same.low, same.high, S.verdict(same)) == (0.0, 0.0, S.ALL_EQUAL)
+def test_the_verdict_rule() -> None:
+    # six units all above 0: t p well below 0.05 and sign-flip p = 2 / 64
+    up = S.t_test([1.0, 1.1, 0.9, 1.2, 1.0, 0.8])
+    assert up.sign_flip_p == 2 / 64 and S.verdict_word(up) == S.HIGHER
+    assert S.verdict_word(S.t_test([-v for v in (1.0, 1.1, 0.9, 1.2, 1.0, 0.8)])) == S.LOWER
+    # one small negative: the t-test still rejects, the sign-flip test (4 / 64) does not
+    mixed = S.t_test([1.0, 1.1, 0.9, 1.2, 1.0, -0.1])
+    assert mixed.t_p < 0.01 and mixed.sign_flip_p == 4 / 64
+    assert mixed.low > 0 and S.verdict_word(mixed) == S.NOT_DETECTED
+    # below six units the t-test alone decides, and the verdict says why
+    few = S.t_test([1.0, 1.1, 0.9])
+    assert S.verdict(few).startswith("higher, detected (n = 3 seeds; paired t p = 0.")
+    assert "cannot reach 0.05 at n = 3: smallest p 0.25" in S.verdict(few)
+    same = S.t_test([0.0] * 4)
+    assert (same.low, same.high, S.verdict_word(same)) == (0.0, 0.0, S.ALL_EQUAL)
+    assert S.verdict_word(S.t_test([5.0])) == S.TOO_FEW
+    words = [S.HIGHER, S.LOWER, S.NOT_DETECTED, S.ALL_EQUAL, S.TOO_FEW]
+    assert "refuted" not in " ".join(words)
+
+
+def _null_false_positives(draw, n: int, trials: int) -> float:
+    return float(np.mean([S.detected(S.t_test(draw(n))) for _ in range(trials)]))
+
+
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_null_false_positive_rate_and_coverage(n: int) -> None:
+    rng = np.random.default_rng(40 + n)
+    trials = 2000
+    normal = _null_false_positives(lambda k: rng.normal(0.0, 0.1, k), n, trials)
+    heavy = _null_false_positives(lambda k: 0.1 * rng.standard_t(2, k), n, trials)
+    assert normal <= 0.06 and heavy <= 0.06, (normal, heavy)
+    # the old percentile bootstrap's rate at n = 3 was 0.25: the check can fail
+    covered = []
+    for _ in range(trials):
+        test = S.t_test(rng.normal(0.3, 0.2, n))
+        covered.append(test.low <= 0.3 <= test.high)
+    assert 0.93 <= float(np.mean(covered)) <= 0.97
+
+
+def test_warm_start_clusters_keep_the_null_rate() -> None:
+    # 3 warm starts x 4 seeds, the warm start moving every seed's difference (sd 0.2)
+    # more than the seeds do (sd 0.05): pooling the 12 seed pairs would be
+    # anti-conservative; the warm start as the unit is not.
+    rng = np.random.default_rng(7)
+    unit, pooled = [], []
+    for _ in range(2000):
+        shift = rng.normal(0.0, 0.2, 3)
+        diffs = {(w, s): shift[w] + rng.normal(0.0, 0.05) for w in range(3) for s in range(4)}
+        test = S.paired_test(diffs)
+        unit.append(S.detected(test))
+        pooled.append(test.seed_level is not None and test.seed_level.t_p < 0.05)
+    assert float(np.mean(unit)) <= 0.06
+    assert float(np.mean(pooled)) > 0.3  # why the seed level is not the verdict's
+
+
+def test_power_and_minimum_detectable_effect() -> None:
+    assert S.power(0.0, 1.0, 5) == pytest.approx(0.05, abs=1e-12)  # no effect: alpha
+    mde = S.minimum_detectable_effect(1.0, 3)
+    assert mde == pytest.approx(3.264, abs=1e-3)  # the issue's "about 3.25 sd at n = 3"
+    assert S.power(mde, 1.0, 3) == pytest.approx(0.8, abs=1e-9)
+    assert S.minimum_detectable_effect(2.0, 8) == pytest.approx(
+        2 * S.minimum_detectable_effect(1.0, 8)
+    )
+    needed = S.units_needed(0.5, 1.0)
+    assert S.power(0.5, 1.0, needed) >= 0.8 > S.power(0.5, 1.0, needed - 1)
+    assert math.isnan(S.minimum_detectable_effect(1.0, 1))
 
 
 finite = st.floats(min_value=-10, max_value=10, allow_nan=False, allow_infinity=False)
@@ -86,30 +153,13 @@ finite = st.floats(min_value=-10, max_value=10, allow_nan=False, allow_infinity=
 @settings(max_examples=40, deadline=None)
 @given(values=st.lists(finite, min_size=2, max_size=8), shift=finite)
 def test_interval_properties(values: list[float], shift: float) -> None:
-    diffs = {(0, k): v for k, v in enumerate(values)}
-    got = S.bootstrap_interval(diffs, resamples=400)
-    assert min(values) - 1e-9 <= got.low <= got.high <= max(values) + 1e-9
-    # the same resamples: shifting every difference shifts the interval
-    moved = S.bootstrap_interval({k: v + shift for k, v in diffs.items()}, resamples=400)
-    assert moved.low == pytest.approx(got.low + shift, abs=1e-9)
-    assert moved.high == pytest.approx(got.high + shift, abs=1e-9)
-    # the verdict says what the interval says
-    expected = (
-        S.HIGHER
-        if got.low > 0
-        else S.LOWER
-        if got.high < 0
-        else S.ALL_EQUAL
-        if got.low == got.high == 0
-        else S.NOT_DETECTED
-    )
-    assert S.verdict(got) == expected
-
-
-@settings(max_examples=30, deadline=None)
-@given(half=st.lists(finite, min_size=1, max_size=5), center=finite)
-def test_symmetric_differences_contain_their_mean(half: list[float], center: float) -> None:
-    values = [center + v for v in half] + [center - v for v in half]
-    got = S.bootstrap_interval({(0, k): v for k, v in enumerate(values)}, resamples=400)
-    assert got.mean == pytest.approx(center, abs=1e-9)
-    assert got.low - 1e-9 <= got.mean <= got.high + 1e-9
+    got = S.t_test(values)
+    assert got.low <= got.mean <= got.high
+    moved = S.t_test([v + shift for v in values])
+    assert moved.low == pytest.approx(got.low + shift, abs=1e-6)
+    assert moved.high == pytest.approx(got.high + shift, abs=1e-6)
+    assert S.sign_flip_p([-v for v in values]) == S.sign_flip_p(values)
+    assert 2.0 ** (1 - len(values)) <= S.sign_flip_p(values) <= 1.0
+    # detected implies the interval excludes 0 on the side of the mean
+    if S.detected(got):
+        assert (got.low > 0 and got.mean > 0) or (got.high < 0 and got.mean < 0)

@@ -77,9 +77,23 @@ def test_seed_arm_and_paired_tables(tmp_path: Path) -> None:
         arms.splitlines()[3] == "| new | 3 | 0.25 | 0.80 ± 0.18 | +0.55 ± 0.18 | 0.75, 0.65, 1.00 |"
     )
     row = paired.splitlines()[2]
-    assert row.startswith("| new − base | success | 3 | +0.25, +0.05, +0.30 | +0.20 | [")
-    assert row.endswith("| higher, detected |")
-    assert "ddof = 1" in arms and "bootstrap" in paired
+    # differences +0.25, +0.05, +0.30: mean 0.2, sd sqrt(0.0175), t = 2.619 on 2 df
+    assert row.startswith(
+        "| new − base | success | 3 seeds | +0.25, +0.05, +0.30 | +0.20 | [-0.13, +0.53] "
+        "| 0.120 | 0.250 | not detected (n = 3 seeds; paired t p = 0.120; sign-flip p = 0.250 "
+        "(cannot reach 0.05 at n = 3: smallest p 0.25)) |"
+    )
+    assert "ddof = 1" in arms and "paired t-interval" in paired and "bootstrap" not in paired
+
+
+def test_pairs_are_formed_by_seed_not_by_position(tmp_path: Path) -> None:
+    """#38's planted bug: with seed 1 of ``new`` missing, pairing by position would set
+    new's seed 2 (1.0) against base's seed 1 (0.6). By seed, seed 1 drops out."""
+    study = two_arm_study(tmp_path)
+    finish(study, tmp_path)
+    done = [c for c in cells(study, tmp_path) if not (c.arm == "new" and c.seed == 1)]
+    paired = build(study, study.tables[2], done, read_metrics)
+    assert "| new − base | success | 2 seeds | +0.25, +0.30 | +0.28 |" in paired
 
 
 def test_a_whole_run_mean_counts_every_row_that_has_the_key(tmp_path: Path) -> None:
@@ -260,4 +274,6 @@ def test_cli_lists_studies_and_refuses_unknown_ones(capsys: pytest.CaptureFixtur
     assert main(["study", "run", "grouping-gradient"]) == 2
     assert "a measurement, not a matrix of runs" in capsys.readouterr().err
     assert main(["study", "interval", "--", "0.1", "0.2", "0.3"]) == 0
-    assert "mean +0.200  sd (ddof=1) 0.100" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "pairs 3  mean +0.200  sd (ddof=1) 0.100" in out
+    assert "95% t-CI [-0.048, +0.448]  not detected (n = 3 seeds; paired t p = 0.074" in out

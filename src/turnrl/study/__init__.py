@@ -5,7 +5,8 @@ honest statistics into tables, figures and the docs (``turnrl study``).
   settings) and the cells it expands to;
 - :mod:`~turnrl.study.catalogue`: every study of this repository;
 - :mod:`~turnrl.study.runner`: runs the missing cells, ``--jobs`` at a time;
-- :mod:`~turnrl.study.statistics`: mean, ddof=1 sd, paired bootstrap, verdict;
+- :mod:`~turnrl.study.statistics`: mean, ddof=1 sd, paired t-interval, sign-flip
+  test, verdict, power;
 - :mod:`~turnrl.study.tables`, :mod:`~turnrl.study.figures`,
   :mod:`~turnrl.study.provenance`, :mod:`~turnrl.study.markers`,
   :mod:`~turnrl.study.summary`: the outputs;

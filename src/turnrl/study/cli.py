@@ -119,7 +119,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 def cmd_interval(args: argparse.Namespace) -> int:
     """The statistics of the tables on numbers given by hand (per-seed differences a doc
-    prints, for instance): mean, ddof=1 sd, bootstrap interval, verdict."""
+    prints, for instance): mean, ddof=1 sd, paired t-interval, t and sign-flip p, verdict."""
     from turnrl.study import statistics
 
     try:
@@ -133,13 +133,12 @@ def cmd_interval(args: argparse.Namespace) -> int:
     else:
         groups = [0] * len(values)
     keyed = {(g, k): v for k, (g, v) in enumerate(zip(groups, values, strict=True))}
-    interval = statistics.bootstrap_interval(keyed)
+    test = statistics.paired_test(keyed)
     mean, sd = statistics.mean_sd(values)
     print(
-        f"n {interval.n}  mean {mean:+.3f}  sd (ddof=1) {sd:.3f}  95% CI "
-        f"[{interval.low:+.3f}, {interval.high:+.3f}] ({interval.levels}-level bootstrap, "
-        f"{statistics.DEFAULT_RESAMPLES} resamples, seed {statistics.DEFAULT_BOOTSTRAP_SEED})  "
-        f"{statistics.verdict(interval)}"
+        f"pairs {len(values)}  mean {mean:+.3f}  sd (ddof=1) {sd:.3f}  unit mean "
+        f"{test.mean:+.3f}  95% t-CI [{test.low:+.3f}, {test.high:+.3f}]  "
+        f"{statistics.verdict(test)}"
     )
     return 0
 
@@ -179,11 +178,12 @@ def add_study_command(subparsers: Any) -> None:
     )
     q.set_defaults(handler=cmd_run)
     q = sub.add_parser(
-        "interval", help="mean, sd and paired bootstrap interval of numbers given by hand"
+        "interval", help="mean, sd, paired t-interval and tests of numbers given by hand"
     )
     q.add_argument("values", nargs="+", help="paired differences, one per seed")
     q.add_argument(
-        "--warm-starts", help="comma-separated warm-start index of each value (two-level)"
+        "--warm-starts",
+        help="comma-separated warm-start index of each value (the warm start is the unit)",
     )
     q.set_defaults(handler=cmd_interval)
     q = sub.add_parser("summarise", help="tables, figure, provenance; rewrite the doc's tables")

@@ -2,7 +2,7 @@
 
 Every table shows the per-seed values it summarises; means come with the sample
 standard deviation (``ddof = 1``, written "sd"); comparisons are paired
-differences with a bootstrap interval and the verdict of
+differences with a paired t-interval, t and sign-flip p and the verdict of
 :mod:`turnrl.study.statistics`.
 """
 
@@ -124,17 +124,23 @@ def arms_table(study: Study, table: Table, finished: Sequence[Cell], rows: Rows)
     return _markdown(header, body, left)
 
 
+def _test_cells(test: statistics.Test, digits: int) -> list[str]:
+    """Mean, 95% t-interval, t p and sign-flip p of one test, as table cells."""
+    ci = f"[{number(test.low, digits, True)}, {number(test.high, digits, True)}]"
+    p_t, p_flip = statistics.p_text(test.t_p), statistics.p_text(test.sign_flip_p)
+    return [number(test.mean, digits, True), ci, p_t, p_flip]
+
+
 def paired_table(study: Study, table: Table, finished: Sequence[Cell], rows: Rows) -> str:
     """Per arm other than the baseline: ``arm - baseline`` of each metric, pair by pair
-    (same warm start and seed), its mean, 95% bootstrap interval and verdict."""
+    (paired by warm start and seed, never by position), the unit's mean, 95% paired
+    t-interval, t and sign-flip p and the verdict; with warm starts as the unit, the
+    seed-level interval and p beside."""
     baseline = table.baseline or study.baseline
     if baseline is None:
         raise ValueError(f"study {study.name!r}: a paired table needs a baseline arm")
-    header = [*_label_headers(study), "metric", "pairs", "difference per pair", "mean"]
-    header += ["95% CI", "verdict"]
-    left = len(_label_headers(study)) + 1
     groups = _groups(study, finished)
-    body = []
+    lines = []
     for setting, arm, group in groups:
         if arm == baseline:
             continue
@@ -143,21 +149,27 @@ def paired_table(study: Study, table: Table, finished: Sequence[Cell], rows: Row
             ours = {pair_key(c): reduce(rows(c), m) for c in group}
             theirs = {pair_key(c): reduce(rows(c), m) for c in base}
             diffs = statistics.paired_differences(ours, theirs)
-            interval = statistics.bootstrap_interval(diffs)
-            ci = (
-                f"[{number(interval.low, m.digits, True)}, {number(interval.high, m.digits, True)}]"
+            lines.append((setting, arm, m, diffs, statistics.paired_test(diffs)))
+    seed_level = any(test.seed_level is not None for *_, test in lines)
+    header = [*_label_headers(study), "metric", "n", "difference per pair", "mean"]
+    header += ["95% t-CI", "p (t)", "p (sign-flip)", "verdict"]
+    if seed_level:
+        header.append("seed level, not the unit (pairs, mean, 95% t-CI, p (t))")
+    left = len(_label_headers(study)) + 1
+    body = []
+    for setting, arm, m, diffs, test in lines:
+        line = [*_row_label(study, setting, f"{arm} − {baseline}"), m.label]
+        line.append(f"{test.n} {test.unit}{'s' if test.n != 1 else ''}")
+        line.append(", ".join(number(v, m.digits, True) for v in diffs.values()))
+        line += [*_test_cells(test, m.digits), statistics.verdict(test)]
+        if seed_level:
+            seeds = test.seed_level
+            line.append(
+                "–"
+                if seeds is None
+                else f"{seeds.n}: " + ", ".join(_test_cells(seeds, m.digits)[:3])
             )
-            body.append(
-                [
-                    *_row_label(study, setting, f"{arm} − {baseline}"),
-                    m.label,
-                    str(interval.n),
-                    ", ".join(number(v, m.digits, True) for v in diffs.values()),
-                    number(interval.mean, m.digits, True),
-                    ci,
-                    statistics.verdict(interval),
-                ]
-            )
+        body.append(line)
     return _markdown(header, body, left)
 
 
@@ -174,21 +186,25 @@ def table_note(study: Study, table: Table) -> str:
         return "Means over seeds; sd: sample standard deviation (ddof = 1)."
     warm = study.warm_starts
     if warm is None:
-        levels = "seeds resampled; each run trains its own warm start"
+        unit = "the unit is the seed; each run trains its own warm start"
     elif warm.per_seed:
-        levels = "seeds resampled; each seed has its own warm start"
+        unit = "the unit is the seed; each seed has its own warm start"
     elif warm.count > 1:
-        levels = "warm starts resampled, then seeds within them"
+        unit = (
+            "the unit is the warm start: the mean of its seeds' differences first (its "
+            "seeds are not independent); the seed level is shown beside, not the verdict's"
+        )
     else:
-        levels = "seeds resampled; one warm start shared by all: RL spread only"
+        unit = "the unit is the seed; one warm start shared by all: RL spread only"
     return (
-        f"Differences pair by pair (same warm start and seed); 95% percentile bootstrap "
-        f"interval of their mean ({levels}, {statistics.DEFAULT_RESAMPLES} resamples, fixed "
-        "seed); the verdict reads the interval only, and “not detected” is not evidence of "
-        "no difference. With n pairs the interval excludes 0 whenever all n differences "
-        "share a sign, which happens by chance with probability 2^(1-n) when there is no "
-        "difference (1 in 4 for 3 pairs, 1 in 16 for 5): with few seeds “detected” is weak "
-        "evidence."
+        f"Differences pair by pair (same warm start and seed); {unit}. 95% paired "
+        "t-interval of the units' mean, two-sided paired t p and exact sign-flip p (all "
+        "2^n sign patterns). “Detected” only where the t-interval excludes 0 and p (t) < "
+        f"0.05 and, from n = {statistics.SIGN_FLIP_MIN_N} units, p (sign-flip) < 0.05 as "
+        "well; below that the sign-flip test cannot reach 0.05 (its smallest p is "
+        "2^(1-n)) and the verdict rests on the t-test alone. “Not detected” is not "
+        "evidence of no difference (`turnrl study power` gives the effect this design "
+        "could detect)."
     )
 
 
