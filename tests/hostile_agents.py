@@ -244,3 +244,18 @@ def random_reward(task: dict[str, Any], llm: Any) -> float:
 
     _one_call(llm)
     return random.random()
+
+
+# ---------------------------------------------------------------- success flags
+
+
+def string_success(task: dict[str, Any], llm: Any) -> Any:
+    """Reward 0 and ``info.success = "false"`` (truthy in Python): not a success."""
+    _one_call(llm)
+    return {"reward": 0.0, "info": {"success": "false"}}
+
+
+def numeric_success(task: dict[str, Any], llm: Any) -> Any:
+    """Reward 0 with ``info.success`` 1 on odd tasks and 0 on even ones (both valid)."""
+    _one_call(llm)
+    return {"reward": 0.0, "info": {"success": int(_odd(task))}}

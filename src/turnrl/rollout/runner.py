@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from turnrl.rollout.success import success_flag
 from turnrl.types import Env, Policy, Task, Truncation, TurnRecord, state_key_of
 
 
@@ -269,7 +270,11 @@ def step_episodes(
         episode.turn += 1
         if result.done:
             episode.done, episode.end = True, "env"
-            episode.correct = info.get("correct")
+            episode.correct = success_flag(
+                info.get("correct"),
+                f"environment {type(env).__name__} (task {episode.task.task_id}): "
+                "info['correct']",
+            )
             continue
         assert result.observation is not None
         episode.context = episode.context + list(sample.response_ids)

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from turnrl.entrypoints import load_object
 from turnrl.errors import ConfigError
 from turnrl.options import finite_real, is_real
+from turnrl.rollout.success import SuccessFlagError, success_flag
 from turnrl.train.update.credit_check import MAX_ABS_REWARD
 
 
@@ -140,6 +141,10 @@ def reward_of(output: AgentOutput, posted: float | None) -> tuple[float, dict[st
                 f"'info' must be a dict, got {type(raw_info).__name__}", output.details
             )
         info = raw_info
+        try:
+            success_flag(info.get("success"), "info.success")
+        except SuccessFlagError as err:
+            raise AgentFailed(str(err), output.details) from None
         if "reward" not in value and posted is None:
             raise AgentFailed("returned a dict without 'reward'", output.details)
         value = value.get("reward")

@@ -25,7 +25,8 @@ agent's own calls answered by ``warm_start.teacher``
 
 Where this departs from ``turnrl train``: rollouts are whatever the program does,
 so the loop knows only what the gateway records and what the agent returns:
-``success`` is ``info["success"]`` when the agent reports it (else reward > 0),
+``success`` is ``info["success"]`` when the agent reports it (a bool or 0/1, else
+the rollout fails; :mod:`turnrl.rollout.success`; no ``success``: reward > 0),
 ``tool_rate`` counts rollouts with a parsed tool call, ``turns`` counts calls (all
 roles). Which calls share a batch depends on timing, so a resumed run is not
 bit-identical to an uninterrupted one (each step still starts from the
@@ -238,7 +239,9 @@ class AgentTrainer(LifecycleRun):
         return {
             **row,
             "env_steps": self.calls,
-            **advantage_metrics(table, credit.advantages, cfg.credit.estimator),
+            **advantage_metrics(
+                table, credit.advantages, cfg.credit.estimator, learner_version=self.step - 1
+            ),
             **losses,
             "policy_version": self.step,
             "seconds_credit": seconds_credit,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from turnrl.rollout.success import success_flag
 from turnrl.train.agent.runner import AgentFailure, RolloutResult
 from turnrl.train.metrics import episode_metrics
 from turnrl.types import Task
@@ -40,7 +41,7 @@ class RolloutSummary:
     @classmethod
     def of(cls, result: RolloutResult) -> RolloutSummary:
         records = result.records
-        success = result.info.get("success")
+        success = success_flag(result.info.get("success"), "info.success")  # checked
         roles: dict[str, int] = {}
         for record in records:
             roles[record.role] = roles.get(record.role, 0) + 1
