@@ -171,16 +171,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
         config.train.eval_temperature if args.temperature is None else float(args.temperature)
     )
     settings = config.policy
+    # rows of the largest sampling call (a vLLM engine's size), as the trainers size it
     if config.agent.enabled:
         run = _agent_evaluation(config, args.tasks, out)
-        unseen = None
+        unseen, rows = None, config.agent.max_batch
     else:
         tasks, unseen = _env_tasks(config, args.tasks)
         run = _env_evaluation(config, tasks)
+        rollout = config.rollout
+        rows = max(rollout.tasks_per_step * rollout.group_size, len(tasks) * samples)
     seed_process(config.train.seed, config.train.threads)
     saved = load_saved_policy(args.policy, settings)
     saved.policy.model.eval()
-    sampler = build_sampler(settings, saved.policy)
+    sampler = build_sampler(settings, saved.policy, rows=rows)
     try:
         evaluation = run(sampler, samples=samples, temperature=temperature)
     finally:
