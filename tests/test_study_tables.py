@@ -277,3 +277,20 @@ def test_cli_lists_studies_and_refuses_unknown_ones(capsys: pytest.CaptureFixtur
     out = capsys.readouterr().out
     assert "pairs 3  mean +0.200  sd (ddof=1) 0.100" in out
     assert "95% t-CI [-0.048, +0.448]  not detected (n = 3 seeds; paired t p = 0.074" in out
+
+
+def test_power_reports_the_pilots_sd_and_the_designs_mde(tmp_path: Path) -> None:
+    from turnrl.study.power import report
+
+    study = two_arm_study(tmp_path)
+    finish(study, tmp_path)
+    text = report(study, study, tmp_path, effect=0.1)
+    assert text.splitlines()[0] == (
+        "toy: outcome 'success' (eval_success, last); design n = 3 seeds; two-sided paired t, "
+        "alpha 0.05, power 80%"
+    )
+    assert "n = 3 < 6: the sign-flip test cannot reach p < 0.05 (smallest p 0.25)" in text
+    # pilot differences +0.25, +0.05, +0.30: sd sqrt(0.0175) = 0.132; MDE 3.264 sd = 0.432;
+    # an effect of 0.1 needs 16 seeds
+    row = text.splitlines()[-1].split()
+    assert row == ["–", "new", "−", "base", "3", "seeds", "0.132", "0.432", "16"]

@@ -1,4 +1,5 @@
-"""``turnrl study``: list the declared studies, run what one is missing, summarise it."""
+"""``turnrl study``: list the declared studies, run what one is missing, summarise it,
+and say what a design can detect (``power``)."""
 
 from __future__ import annotations
 
@@ -143,6 +144,16 @@ def cmd_interval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_power(args: argparse.Namespace) -> int:
+    from turnrl.study.catalogue import get_study
+    from turnrl.study.power import report
+
+    study = get_study(args.name)
+    pilot = get_study(args.pilot or study.pilot or study.name)
+    print(report(study, pilot, repository_root(), args.effect))
+    return 0
+
+
 def jobs_option(text: str) -> int:
     """``--jobs``: a whole number >= 1 (0 processes at a time would never run a cell)."""
     try:
@@ -186,6 +197,13 @@ def add_study_command(subparsers: Any) -> None:
         help="comma-separated warm-start index of each value (the warm start is the unit)",
     )
     q.set_defaults(handler=cmd_interval)
+    q = sub.add_parser(
+        "power", help="outcome, minimum detectable effect and units needed, from a pilot"
+    )
+    q.add_argument("name")
+    q.add_argument("--effect", type=float, help="a true difference: the units it needs")
+    q.add_argument("--pilot", help="the study whose archived cells are the pilot")
+    q.set_defaults(handler=cmd_power)
     q = sub.add_parser("summarise", help="tables, figure, provenance; rewrite the doc's tables")
     q.add_argument("name")
     q.set_defaults(handler=cmd_summarise)

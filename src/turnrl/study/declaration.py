@@ -180,6 +180,12 @@ class Study:
     resume_flag: str | None = "--resume"
     baseline: str | None = None
     """The arm every other arm is compared with, pair by pair."""
+    outcome: str = ""
+    """The pre-registered outcome: the key of a metric of the study's first paired table
+    (default: that table's first metric). ``turnrl study power`` gives its minimum
+    detectable effect from a pilot's variance before the study runs."""
+    pilot: str = ""
+    """The study whose archived cells are the pilot (default: this study's own)."""
     curve: str | None = None
     """A metric plotted per arm against ``curve_x`` (per-seed lines and the mean)."""
     curve_x: str = "step"

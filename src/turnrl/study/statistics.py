@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize, special
+from scipy import integrate, optimize, special
 from scipy import stats as sps
 
 LEVEL = 0.95
@@ -210,7 +210,21 @@ def power(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float:
     df = n - 1
     crit = float(sps.t.ppf(1.0 - alpha / 2.0, df))
     nc = abs(effect) / sd * np.sqrt(n)
-    return float(sps.nct.sf(crit, df, nc) + sps.nct.cdf(-crit, df, nc))
+    value = float(sps.nct.sf(crit, df, nc) + sps.nct.cdf(-crit, df, nc))
+    if np.isnan(value):  # scipy's noncentral t fails at 1 df and large nc: integrate
+        value = _power_by_integral(crit, df, nc)
+    return value
+
+
+def _power_by_integral(crit: float, df: int, nc: float) -> float:
+    """P(|T'| > crit) for T' = (Z + nc) / S, S = sqrt(chi2_df / df): the expectation over
+    S of P(Z > crit S - nc) + P(Z < -crit S - nc)."""
+
+    def integrand(s: float) -> float:
+        density = sps.chi.pdf(s * np.sqrt(df), df) * np.sqrt(df)
+        return float((special.ndtr(nc - crit * s) + special.ndtr(-nc - crit * s)) * density)
+
+    return float(integrate.quad(integrand, 0.0, np.inf, epsabs=1e-12, limit=200)[0])
 
 
 def minimum_detectable_effect(sd: float, n: int, target: float = POWER) -> float:
@@ -227,7 +241,9 @@ def minimum_detectable_effect(sd: float, n: int, target: float = POWER) -> float
 def units_needed(effect: float, sd: float, target: float = POWER, most: int = 10_000) -> int:
     """The fewest units (>= 2) whose paired t-test detects ``effect`` with probability
     ``target`` (``most + 1`` when even ``most`` are not enough)."""
-    if not sd > 0 or effect == 0:
+    if not sd > 0:
+        raise ValueError(f"units_needed: sd must be > 0, got {sd}")
+    if effect == 0:
         return most + 1
     for n in range(2, most + 1):
         if power(effect, sd, n) >= target:
