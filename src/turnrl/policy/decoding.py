@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from turnrl.policy.batching import pad_ids
+from turnrl.policy.logprobs import tempered_log_softmax
 
 
 @dataclass
@@ -94,7 +95,7 @@ def draw(
         token_B = logits_B_V.argmax(-1)
         logp_B_V = torch.log_softmax(logits_B_V, dim=-1)
     else:
-        logp_B_V = torch.log_softmax(logits_B_V / temperature, dim=-1)
+        logp_B_V = tempered_log_softmax(logits_B_V, temperature)  # tiny ones too
         probs_B_V = logp_B_V.exp()
         if len(generators) == 1:
             token_B = torch.multinomial(probs_B_V, 1, generator=generators[0]).squeeze(-1)

@@ -16,12 +16,38 @@ import torch
 
 from turnrl.policy.batching import pad_ids
 
+TINY_TEMPERATURE = 1e-3
+"""Below this temperature, :func:`tempered_log_softmax` divides max-shifted logits in
+float64 (see there)."""
+
+
+def tempered_log_softmax(logits_N_V: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``log_softmax(logits / temperature)`` over the last axis, in float32, for every
+    ``temperature > 0``.
+
+    Tiny temperatures (any positive one is valid: a request's ``0 < t <= 2``, a
+    config's ``policy.temperature > 0``) break the plain division in float32:
+    ``1e-300`` becomes 0 there (``logits / 0`` is inf, then NaN), and ``1e-40``
+    overflows every logit. Below :data:`TINY_TEMPERATURE` the logits are shifted so
+    that their maximum is 0 (``log_softmax`` does not change) and divided in float64:
+    the other logits go to large negative numbers (the lowest float32 at most, so that
+    a padded position times its mask 0 stays 0), and the result is the exact limit of
+    the distribution as the temperature goes to 0, the argmax with log-prob 0 (ties
+    share the mass), instead of NaN. Sampling from it is greedy.
+    """
+    if temperature >= TINY_TEMPERATURE:
+        return torch.log_softmax(logits_N_V.float() / temperature, dim=-1)
+    shifted = logits_N_V.double() - logits_N_V.double().amax(-1, keepdim=True)
+    logp_N_V = torch.log_softmax(shifted / temperature, dim=-1).float()
+    return logp_N_V.clamp_min(torch.finfo(torch.float32).min)  # finite: 0 * it is 0
+
 
 def target_logprobs(
     logits_N_V: torch.Tensor, targets_N: torch.Tensor, temperature: float
 ) -> torch.Tensor:
-    """Log-prob of each target under ``softmax(logits / temperature)``, in float32."""
-    logp_N_V = torch.log_softmax(logits_N_V.float() / temperature, dim=-1)
+    """Log-prob of each target under ``softmax(logits / temperature)``, in float32
+    (:func:`tempered_log_softmax`: finite for every temperature > 0)."""
+    logp_N_V = tempered_log_softmax(logits_N_V, temperature)
     return logp_N_V.gather(-1, targets_N[..., None]).squeeze(-1)
 
 
