@@ -1,23 +1,30 @@
 """Agent frameworks a new user brings, trained unchanged through ``turnrl train``.
 
-A smolagents ``ToolCallingAgent`` over LiteLLM (it sends ``stop`` on every call)
-and a LangGraph tool-calling graph over ``ChatOpenAI``, from examples/agents/,
-each trained for 2 steps on the tiny model with calculator tasks. An agent whose
-call the gateway refused would fail its episode, and the run would stop; so a
-finished run with no failed episode shows every call was served.
+From examples/agents/, with each framework's defaults: a smolagents
+``ToolCallingAgent`` over LiteLLM (``stop`` and ``tool_choice="required"`` on every
+call), a smolagents ``CodeAgent`` (it runs the code the policy writes), a LangGraph
+tool-calling graph over ``ChatOpenAI``, the OpenAI Agents SDK and autogen's calc_x
+stack (an MCP calculator over stdio), each trained for 2 steps on the tiny model with
+calculator tasks. An agent whose call the gateway refused would fail its episode, and
+the run would stop; so a finished run with no failed episode shows every call was
+served.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
 from turnrl.cli import main as turnrl_main
+from turnrl.entrypoints import load_object
+from turnrl.policy import build_tiny_policy
 from turnrl.table import TurnTable
 
 torch.set_num_threads(1)
@@ -44,6 +51,11 @@ TWO_STEPS = (
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _ids(text: str) -> list[int]:
+    """Ids of ``text`` in the tiny model's character-level tokenizer."""
+    return build_tiny_policy(seed=0).chat.encode_text(text)
 
 
 def _train(tmp_path: Path, entrypoint: str) -> Path:
@@ -95,6 +107,14 @@ def test_a_smolagents_tool_calling_agent_over_litellm_trains_two_steps(
     run = _train(tmp_path, f"{AGENTS / 'calc_smolagents.py'}:run")
     # max_steps=2 tool-calling steps, then smolagents' own final-answer call.
     rollouts = _check_run(run, "Solve the arithmetic problem. Call the calculator", max_turns=3)
+    # LiteLLM's default tool_choice="required": every tool-calling step was forced, the
+    # forced "<call>" the last prompt ids (never a response id); the final-answer call
+    # sends no tools and is not forced.
+    for turns in rollouts:
+        tool_steps = [t for t in turns if not t["prompt"][0]["content"].startswith("An agent")]
+        assert tool_steps and all(t["forced"] == "<call>" for t in tool_steps)
+        assert all(t["prompt_ids"][-6:] == _ids("<call>") for t in tool_steps)
+        assert all("forced" not in t for t in turns if t not in tool_steps)
     # The third call is smolagents' final-answer call ("the agent got stuck"), same rollout.
     three = [t for t in rollouts if len(t) == 3]
     assert three
@@ -118,3 +138,95 @@ def test_a_langgraph_agent_trains_two_steps(tmp_path: Path) -> None:
     run = _train(tmp_path, f"{AGENTS / 'calc_langgraph.py'}:run")
     # recursion_limit=8 graph steps: at most 4 model calls (each tool round is a step).
     _check_run(run, "Solve the arithmetic problem. Reply with the number only.", max_turns=4)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("smolagents") is None or importlib.util.find_spec("litellm") is None,
+    reason="needs the agents extra (smolagents, litellm)",
+)
+def test_a_smolagents_code_agent_trains_two_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    run = _train(tmp_path, f"{AGENTS / 'calc_smolagents_code.py'}:run")
+    # max_steps=2 code steps, then smolagents' final-answer call.
+    rollouts = _check_run(run, "Solve the arithmetic problem. Write Python", max_turns=3)
+    # CodeAgent offers no tools to the model: nothing is forced or parsed as a call.
+    assert all("forced" not in t and t["tool_call"] is False for r in rollouts for t in r)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("agents") is None, reason="needs the agents extra (openai-agents)"
+)
+def test_an_openai_agents_sdk_agent_trains_two_steps(tmp_path: Path) -> None:
+    run = _train(tmp_path, f"{AGENTS / 'calc_agents_sdk.py'}:run")
+    # Runner.run(max_turns=4): at most 4 model calls.
+    _check_run(run, "Solve the arithmetic problem. Reply with the number only.", max_turns=4)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("autogen_agentchat") is None
+    or importlib.util.find_spec("mcp_server_calculator") is None,
+    reason="needs the agents extra (autogen-agentchat, autogen-ext, mcp-server-calculator)",
+)
+def test_the_autogen_calc_x_agent_trains_two_steps(tmp_path: Path) -> None:
+    run = _train(tmp_path, f"{AGENTS / 'calc_x' / 'agent.py'}:run")
+    # One tool round and the reflection call after it, at most.
+    _check_run(run, "You are a helpful AI assistant.", max_turns=2)
+
+
+def _code_agent_episode(code: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One CodeAgent episode (examples/agents/calc_smolagents_code.py) on "Compute 6*7."
+    against a policy that always writes ``code`` in a code block; its result and records."""
+    from serve_scripted import ScriptedPolicy, serving
+
+    example = load_object(f"{AGENTS / 'calc_smolagents_code.py'}:run", "test")
+    policy = ScriptedPolicy(
+        build_tiny_policy(seed=0), lambda context: f"Thought: run it.\n<code>\n{code}\n</code>"
+    )
+    with serving(policy) as (gateway, server):
+        llm = SimpleNamespace(
+            base_url=server.base_url("code-1"), api_key=server.api_key, model="turnrl"
+        )
+        result = example({"question": "Compute 6*7.", "answer": 42}, llm)
+        return result, gateway.views.rollout("code-1")["records"]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("smolagents") is None or importlib.util.find_spec("litellm") is None,
+    reason="needs the agents extra (smolagents, litellm)",
+)
+def test_the_code_agent_runs_the_policy_s_code_and_its_interpreter_refuses_imports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    result, records = _code_agent_episode('final_answer(calculator("6*7"))')
+    assert result == {"reward": 1.0, "info": {"success": True}}  # the code ran the tool
+    # One call, ended by the stop string "</code>" (kept in the record's sampled tokens).
+    assert [r["response"] for r in records] == [
+        'Thought: run it.\n<code>\nfinal_answer(calculator("6*7"))\n</code>'
+    ]
+    # Code that imports os is refused by smolagents' interpreter, not run: the agent sees
+    # the error, never a result, and ends without an answer.
+    result, records = _code_agent_episode("import os\nfinal_answer(os.getcwd())")
+    assert result["reward"] == 0.0
+    assert len(records) == 3  # two refused code steps, then the final-answer call
+    seen = "".join(m["content"] for m in records[1]["prompt"])
+    assert "Import of os is not allowed" in seen and os.getcwd() not in seen
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("smolagents") is None or importlib.util.find_spec("litellm") is None,
+    reason="needs the agents extra (smolagents, litellm)",
+)
+def test_the_code_agent_recipe_loads_its_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    from turnrl.train.agent.programs import make_program
+    from turnrl.train.config import RunConfig, load_config
+    from turnrl.train.validate import validate
+
+    monkeypatch.chdir(AGENTS.parents[1])  # the recipe names its file from the repo root
+    config = load_config(RunConfig, AGENTS / "calc_smolagents_code.toml", [])
+    validate(config)
+    assert config.agent.entrypoint == "examples/agents/calc_smolagents_code.py:run"
+    assert (config.warm_start.steps, config.policy.model) == (0, "tiny")
+    make_program(config.agent.entrypoint, None, config.agent.env)
