@@ -8,8 +8,10 @@ Layout inside a run directory::
 A checkpoint file appears only once fully written (temp file + fsync + ``os.replace``),
 and ``latest`` is replaced only after it, so a crash at any moment leaves the previous
 checkpoint usable; stray ``*.tmp`` files are never read. If the file ``latest`` names is
-missing or unreadable anyway (disk trouble), loading warns and falls back to the newest
-readable ``step-*.pt``.
+missing, unreadable or damaged anyway (disk trouble, a file copied from elsewhere: a step
+other than its name's, no optimiser state, no ``extra.sampler``; :func:`payload_problem`),
+loading warns and falls back to the newest good ``step-*.pt``: every check runs before a
+resumed run changes anything.
 
 The payload holds the model and optimizer state dicts, the step, a free-form ``extra``
 dict, and the RNG states of Python ``random``, NumPy's global generator, torch (CPU and,
@@ -165,12 +167,15 @@ def load_checkpoint(
     *,
     restore_rng: bool = False,
     map_location: str | torch.device | None = "cpu",
+    resumable: bool = False,
 ) -> dict[str, Any]:
     """Load one checkpoint payload (safely: ``weights_only=True``).
 
     Returns the dict ``{"format", "step", "model", "optimizer", "extra", "rng"}``;
     with ``restore_rng`` the RNG states are restored too. Raises ``ValueError`` naming
-    the file when it is not a readable turnrl checkpoint.
+    the file when it is not a readable turnrl checkpoint, or (``resumable``) one a run
+    cannot resume from (:func:`payload_problem`: a step other than its name's, no optimiser, no
+    ``extra.sampler``...).
     """
     source = Path(path)
     try:
@@ -179,9 +184,51 @@ def load_checkpoint(
         raise ValueError(f"{source}: unreadable checkpoint ({type(err).__name__}: {err})") from err
     if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
         raise ValueError(f"{source}: not a turnrl checkpoint (format {FORMAT_VERSION})")
+    problem = payload_problem(payload, _step_of_name(source.name)) if resumable else None
+    if problem is not None:
+        raise ValueError(f"{source}: damaged or foreign checkpoint: {problem}")
     if restore_rng:
         restore_rng_state(payload["rng"])
     return payload
+
+
+def _step_of_name(name: str) -> int | None:
+    match = _NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def payload_problem(payload: dict[str, Any], step: int | None) -> str | None:
+    """What makes a loaded payload unusable to resume from, or None: checked in full
+    before a resumed run touches anything (cutting ``metrics.jsonl`` to the step,
+    loading weights), so that a damaged or foreign file is skipped for an older one
+    instead of failing halfway. ``step`` is the one its file name says (None: any).
+
+    Every trainer saves the weights, an optimiser state, its task sampler's state as
+    ``extra["sampler"]`` and the RNG states; the step must be the file name's.
+    """
+    saved = payload.get("step")
+    if not isinstance(saved, int) or isinstance(saved, bool) or saved < 0:
+        return f"its step is {saved!r}, not a step number"
+    if step is not None and saved != step:
+        return f"it holds step {saved}, but its name says step {step}"
+    model = payload.get("model")
+    if not isinstance(model, dict) or not model:
+        return "no model weights"
+    if not all(isinstance(k, str) and torch.is_tensor(v) for k, v in model.items()):
+        return "the model weights are not a dict of named tensors"
+    optimizer = payload.get("optimizer")
+    if not isinstance(optimizer, dict) or not {"state", "param_groups"} <= optimizer.keys():
+        return "no optimiser state"
+    extra = payload.get("extra")
+    if not isinstance(extra, dict):
+        return "no 'extra' dict"
+    sampler = extra.get("sampler")
+    if not isinstance(sampler, dict) or not {"bit_generator", "state"} <= sampler.keys():
+        return "no task sampler state (extra.sampler)"
+    rng = payload.get("rng")
+    if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= rng.keys():
+        return "no RNG states"
+    return None
 
 
 def load_latest_checkpoint(
@@ -189,12 +236,13 @@ def load_latest_checkpoint(
     *,
     restore_rng: bool = False,
     map_location: str | torch.device | None = "cpu",
+    resumable: bool = False,
 ) -> dict[str, Any] | None:
     """The newest checkpoint payload of a run, or None when it has none.
 
     Tries the file named by ``latest`` first, then the other ``step-*.pt`` newest first,
-    warning about each one that cannot be read. Raises ``ValueError`` only when
-    checkpoint files exist but none is readable.
+    warning about each one that cannot be read (or, ``resumable``, resumed from).
+    Raises ``ValueError`` only when checkpoint files exist but none is usable.
     """
     directory = checkpoint_dir(run_dir)
     candidates = [path for _, path in reversed(list_checkpoints(run_dir))]
@@ -209,10 +257,53 @@ def load_latest_checkpoint(
     failures = []
     for path in candidates:
         try:
-            return load_checkpoint(path, restore_rng=restore_rng, map_location=map_location)
+            return load_checkpoint(
+                path, restore_rng=restore_rng, map_location=map_location, resumable=resumable
+            )
         except ValueError as err:
             failures.append(str(err))
             warnings.warn(f"skipping {err}", stacklevel=2)
     if failures:
         raise ValueError(f"{directory}: no readable checkpoint:\n" + "\n".join(failures))
+    return None
+
+
+# --------------------------------------------------------------------------- warm start
+
+
+def warm_start_problem(directory: Path) -> str | None:
+    """What makes a run's saved warm start (a policy directory) unloadable, or None.
+
+    Checks what loading would trip on, without loading the weights: the directory
+    exists, its ``config.json`` (or LoRA ``adapter_config.json``) parses as a JSON
+    object, and every ``*.safetensors`` file opens (``safetensors`` checks that its
+    header's tensors cover the file exactly: a file cut short fails here).
+    """
+    import json
+
+    from safetensors import safe_open
+
+    name = f"{directory.name}/ ({directory})"
+    if not directory.is_dir():
+        return f"its warm start {name} is missing"
+    configs = [directory / n for n in ("config.json", "adapter_config.json")]
+    present = [path for path in configs if path.is_file()]
+    if not present:
+        return f"its warm start {name} has no config.json"
+    for path in present:
+        try:
+            parsed = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            return f"its warm start's {path.name} is damaged ({err})"
+        if not isinstance(parsed, dict):
+            return f"its warm start's {path.name} is damaged (not a JSON object)"
+    weights = sorted(directory.glob("*.safetensors"))
+    if not weights:
+        return f"its warm start {name} holds no weights (*.safetensors)"
+    for path in weights:
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except Exception as err:  # SafetensorError, OSError
+            return f"its warm start's {path.name} is damaged ({type(err).__name__}: {err})"
     return None

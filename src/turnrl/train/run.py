@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
@@ -268,9 +269,11 @@ class RunDirectory:
 
     # ------------------------------------------------------------------ start
     def start(self) -> Checkpoint | None:
-        """Begin writing: create (or, under ``overwrite``, empty) the directory, write
-        ``config.toml``, and when resuming load the newest checkpoint and cut
-        ``metrics.jsonl`` back to its step. Returns that checkpoint, or None for a
+        """Begin writing: create (or, under ``overwrite``, empty) the directory; when
+        resuming, load the newest good checkpoint and check the warm start (both in
+        full, before anything is written: :meth:`load_checkpoint`,
+        :meth:`check_warm_start`); write ``config.toml``, and when resuming cut
+        ``metrics.jsonl`` back to the checkpoint's step. Returns that checkpoint, or None for a
         fresh start (then an old ``metrics.jsonl`` of a run killed before its first
         checkpoint is removed: its steps are redone)."""
         with naming_write_failures(self.path):
@@ -283,11 +286,14 @@ class RunDirectory:
                     shutil.rmtree(entry)
                 else:
                     entry.unlink()
+        # A resumed run checks its checkpoint and warm start in full before writing.
+        checkpoint = self.load_checkpoint() if self.resuming else None
+        if checkpoint is not None and self.has_warm_start:
+            self.check_warm_start()
         atomic_write_text(self.path / CONFIG_FILE, config_to_toml_text(self.config))
         info = os.stat(self.path)
         self._identity = (info.st_dev, info.st_ino)
         self.started = True
-        checkpoint = self.load_checkpoint() if self.resuming else None
         if checkpoint is None:
             self.metrics_path.unlink(missing_ok=True)
         elif self.metrics_path.exists():
@@ -344,25 +350,31 @@ class RunDirectory:
         )
 
     def load_checkpoint(self) -> Checkpoint | None:
-        """The newest readable checkpoint, or None when there is none."""
+        """The newest checkpoint a run can resume from, or None when there is none.
+
+        Every checkpoint is checked in full before it is used
+        (:func:`turnrl.train.checkpoint.payload_problem`); a damaged or foreign newest
+        one is skipped for the newest good one, said in one line on stderr."""
         from turnrl.train.checkpoint import load_latest_checkpoint
 
         try:
             with warnings.catch_warnings(record=True) as skipped:  # said below, or not at all
                 warnings.simplefilter("always")
-                payload = load_latest_checkpoint(self.path)
+                payload = load_latest_checkpoint(self.path, resumable=True)
         except ValueError as err:
             tried = " ".join(str(err).splitlines()[1:]) or str(err)
             raise RunDirectoryError(
                 f"cannot resume {self.path}: no readable checkpoint ({tried}); remove the "
                 "damaged files to resume from an earlier checkpoint, or use --overwrite"
             ) from None
-        for warning in skipped:  # an older checkpoint is used: say why
-            warnings.warn_explicit(
-                warning.message, warning.category, warning.filename, warning.lineno
-            )
         if payload is None:
             return None
+        for warning in skipped:  # an older checkpoint is used: say why, one line each
+            print(
+                f"turnrl: resuming {self.path} from step {payload['step']}: {warning.message}",
+                file=sys.stderr,
+                flush=True,
+            )
         return Checkpoint(
             step=int(payload["step"]),
             model=payload["model"],
@@ -375,6 +387,12 @@ class RunDirectory:
     @property
     def warm_start_dir(self) -> Path:
         return self.path / WARM_START_DIR
+
+    @property
+    def has_warm_start(self) -> bool:
+        """Whether this run's trainer saves a ``warm_start/`` (every trainer with a
+        ``[warm_start]`` section does)."""
+        return getattr(self.config, "warm_start", None) is not None
 
     def warm_start(
         self,
@@ -418,8 +436,24 @@ class RunDirectory:
 
     def load_warm_start(self) -> Any:
         """The saved warm-start policy (to resume, or as a frozen reference), on the
-        config's device and in its precision."""
+        config's device and in its precision; a missing or damaged ``warm_start/`` is
+        a :class:`RunDirectoryError` naming it (:meth:`check_warm_start`)."""
+        self.check_warm_start()
         return load_policy(self.warm_start_dir, getattr(self.config, "policy", None))
+
+    def check_warm_start(self) -> None:
+        """Refuse a ``warm_start/`` a resumed run cannot load (deleted, or a file cut
+        short): its weights' headers must cover each file (``safetensors`` checks that
+        when it opens one), its ``config.json`` must parse. Called by :meth:`start`
+        before a resumed run changes anything."""
+        from turnrl.train.checkpoint import warm_start_problem
+
+        problem = warm_start_problem(self.warm_start_dir)
+        if problem is not None:
+            raise RunDirectoryError(
+                f"cannot resume {self.path}: {problem}; a resumed run needs the warm start "
+                "it began from: use --overwrite to start the run again"
+            )
 
     # ------------------------------------------------------------------ export
     @property
