@@ -10,5 +10,6 @@ honest statistics into tables, figures and the docs (``turnrl study``).
 - :mod:`~turnrl.study.tables`, :mod:`~turnrl.study.figures`,
   :mod:`~turnrl.study.provenance`, :mod:`~turnrl.study.markers`,
   :mod:`~turnrl.study.summary`: the outputs;
-- :mod:`~turnrl.study.cli`: ``turnrl study list | run | summarise``.
+- :mod:`~turnrl.study.power`: what a design can detect, from a pilot;
+- :mod:`~turnrl.study.cli`: ``turnrl study list | run | summarise | power``.
 """
