@@ -312,3 +312,28 @@ def test_every_call_block_starts_with_its_forced_prefix(
         block, fmt, tool_names=names, default_tool=names[0] if len(names) == 1 else None
     )
     assert isinstance(action, ToolCall) and action.name == name
+
+
+def test_a_forced_call_streams_and_each_choice_is_forced(tiny: HFPolicy) -> None:
+    policy = _scripted(tiny, {"a:<call>": "2+3</call>"})
+    with Gateway(policy) as gateway, GatewayServer(gateway) as server:
+        stream = _ask(
+            _client(server, "s-1"),
+            MESSAGES,
+            tools=[CALCULATOR_TOOL],
+            tool_choice="required",
+            stream=True,
+            n=2,
+        )
+        calls: dict[int, list[Any]] = {}
+        for chunk in stream:
+            for choice in chunk.choices:
+                calls.setdefault(choice.index, []).extend(choice.delta.tool_calls or [])
+        assert sorted(calls) == [0, 1]
+        for deltas in calls.values():
+            (delta,) = deltas
+            assert delta.function.name == "calculator"
+            assert delta.function.arguments == '{"expression": "2+3"}'
+        (record,) = gateway.views.rollout("s-1")["records"]
+        assert record["forced"] == "<call>"
+        assert [s["response"] for s in record["siblings"]] == ["2+3</call>"]
