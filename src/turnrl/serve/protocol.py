@@ -13,7 +13,8 @@ What is accepted:
 * ``tools``: function tools ``{"type": "function", "function": {"name",
   "description"?, "parameters"?}}``; ``tool_choice`` ``"auto"``, ``"none"``,
   ``"required"`` or a named function ``{"type": "function", "function": {"name"}}``
-  (one of ``tools``): the last two force a call (:mod:`turnrl.serve.forcing`);
+  (one of ``tools``): the last two force a call (the start of the call block is written
+  into the context, :func:`turnrl.serve.toolcalls.forced_call_prefix`);
   ``parallel_tool_calls`` (a boolean: at most one call is parsed per reply either
   way, see ``docs/gateway.md``).
 * ``model``: any name of at most 256 printable characters; it becomes the turn
