@@ -144,6 +144,8 @@ def test_export_gives_the_checkpoints_log_probs_in_plain_transformers(
     assert code == 0 and f"checkpoint step 2 (weights) to {out}" in printed
     for name in ("model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja"):
         assert (out / name).is_file(), name
+    template = (out / "chat_template.jinja").read_text()
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == template
     assert json.loads((out / MANIFEST).read_text()) == {
         "format": "merged",
         "run_dir": str(full_run.resolve()),

@@ -17,8 +17,9 @@ that ``transformers.AutoModelForCausalLM.from_pretrained`` and vLLM load as it i
   run's ``warm_start/base`` holds);
 
 and in both the tokenizer (``tokenizer.json``, ``tokenizer_config.json``) with the
-chat template (``chat_template.jinja``) and ``turnrl_export.json`` saying what was
-exported from where. The weights keep the run's ``policy.dtype``.
+chat template (``chat_template.jinja``, and in ``tokenizer_config.json`` for loaders
+that read it there) and ``turnrl_export.json`` saying what was exported from where.
+The weights keep the run's ``policy.dtype``.
 
 Writes are all or nothing: the directory is written beside its destination under a
 temporary name and renamed into place. An existing non-empty destination is refused
@@ -169,7 +170,22 @@ def _write_files(
                 model = lora.merged_copy(model)
             model.save_pretrained(str(directory))
         policy.tokenizer.save_pretrained(str(directory))
+    _embed_chat_template(directory, policy.tokenizer)
     return "adapters" if adapters else "merged"
+
+
+def _embed_chat_template(directory: Path, tokenizer: Any) -> None:
+    """Put the chat template into ``tokenizer_config.json`` too (transformers 5 writes
+    it to ``chat_template.jinja`` only): loaders that read it from the config (older
+    transformers, other serving stacks) get it as well; transformers 5 and vLLM read
+    either, and both hold the same text."""
+    template = getattr(tokenizer, "chat_template", None)
+    config_file = directory / "tokenizer_config.json"
+    if not isinstance(template, str) or not config_file.is_file():
+        return
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config.setdefault("chat_template", template)
+    atomic_write_json(config_file, config)
 
 
 def _copy_private_base(directory: Path, private: Path | None) -> None:
