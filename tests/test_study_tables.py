@@ -277,6 +277,8 @@ def test_cli_lists_studies_and_refuses_unknown_ones(capsys: pytest.CaptureFixtur
     out = capsys.readouterr().out
     assert "pairs 3  mean +0.200  sd (ddof=1) 0.100" in out
     assert "95% t-CI [-0.048, +0.448]  not detected (n = 3 seeds; paired t p = 0.074" in out
+    assert main(["study", "power", "demo-seeds"]) == 2
+    assert "study 'demo-seeds': no paired table" in capsys.readouterr().err
 
 
 def test_power_reports_the_pilots_sd_and_the_designs_mde(tmp_path: Path) -> None:
