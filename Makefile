@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned exactly: an unpinned/ranged torch pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[train,serve,textarena,ray,smol,dev,lookup,agents]'
+	$(PIP) install -q -e '.[train,serve,textarena,ray,smol,dev,lookup,agents,trackers]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

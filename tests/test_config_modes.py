@@ -125,6 +125,7 @@ def test_a_saved_config_holds_only_its_modes_sections(tmp_path: Path) -> None:
     assert sorted(tomllib.loads(env_text)) == [
         "credit",
         "env",
+        "logging",
         "policy",
         "rollout",
         "run_dir",
@@ -140,6 +141,7 @@ def test_a_saved_config_holds_only_its_modes_sections(tmp_path: Path) -> None:
     assert sorted(tomllib.loads(agent_text)) == [
         "agent",
         "credit",
+        "logging",
         "policy",
         "rollout",
         "run_dir",

@@ -113,7 +113,9 @@ def _length_weighting(table: TurnTable, codes: np.ndarray, n_groups: int) -> np.
         return np.where(np.isfinite(least) & (least > 0), most / least, np.nan)
 
 
-def _audit_key(table: TurnTable, key: str, advantages: np.ndarray | None) -> GroupKeyAudit:
+def audit_group_key(table: TurnTable, key: str, advantages: np.ndarray | None) -> GroupKeyAudit:
+    """One group key's audit on ``table`` (zero-advantage share from ``advantages``, NaN
+    without them); the trainers' per-step drift metrics use it too."""
     spec = GROUP_KEYS[key]
     codes, n_groups = group_codes(table, key)
     valid = codes >= 0
@@ -225,7 +227,9 @@ def audit(table: TurnTable, estimators: list[str] | None = None) -> AuditReport:
     turn0 = (table.turn == 0) & has_peer
     later = (table.turn > 0) & has_peer
     for key in GROUP_KEYS:
-        report.group_keys.append(_audit_key(table, key, advantages.get(GROUP_KEYS[key].estimator)))
+        report.group_keys.append(
+            audit_group_key(table, key, advantages.get(GROUP_KEYS[key].estimator))
+        )
     for name in names:
         if name not in advantages:
             continue

@@ -40,6 +40,7 @@ from turnrl.train.sections import (
     Aggregation,
     EnvConfig,
     KLEstimator,
+    LoggingConfig,
     PolicyConfig,
     PPOConfig,
     Precision,
@@ -54,6 +55,7 @@ __all__ = [
     "CreditConfig",
     "EnvConfig",
     "KLEstimator",
+    "LoggingConfig",
     "PPOConfig",
     "PolicyConfig",
     "Precision",
@@ -240,6 +242,9 @@ class RunConfig:
         "agent.port",
         "agent.timeout_s",
         "agent.max_failure_fraction",
+        "logging.trackers",
+        "logging.project",
+        "logging.offline",
     )
     """Fields a resumed run may change (``--resume``); any other difference from the
     run's ``config.toml`` is refused (:class:`turnrl.train.run.RunDirectory`)."""
@@ -269,6 +274,8 @@ class RunConfig:
     setting its ``entrypoint`` or ``command`` makes the run an agent run."""
     tasks: TasksConfig = field(default_factory=TasksConfig)
     """Tasks of the agent loop; agent runs only."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Experiment trackers that receive every metrics row (docs/trackers.md)."""
 
     @property
     def mode(self) -> Literal["env", "agent"]:

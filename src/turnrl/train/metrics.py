@@ -1,4 +1,24 @@
-"""Per-step metrics of a rollout batch and its credit (pure numpy)."""
+"""Per-step metrics of a rollout batch and its credit (pure numpy).
+
+Besides success and advantage statistics, every step's row carries the diagnostics that
+show credit drifting away from exact baselines (the #489 pattern) while it happens, so
+that ``metrics.jsonl`` and the trackers (:mod:`turnrl.train.trackers`) plot them:
+
+``mixed_group_frac``
+    share of the estimator's groups (with two or more members) whose members were sampled
+    from different decision points (:func:`turnrl.credit.audit.audit_group_key`);
+``zero_adv_group_frac``
+    share of groups in which every member gets advantage 0 (no learning signal);
+``adv_mean_turn0``, ``adv_mean_turn1``, ``adv_mean_turn2plus``
+    mean advantage by turn position;
+``tool_rate_<kind>``
+    tool-call rate by task kind (:func:`episode_metrics`, per task tag);
+``context_rebuilt_frac``
+    share of turns whose context the gateway had to rebuild (agent runs; records that say);
+``staleness_mean``, ``staleness_max``
+    how many policy versions behind the learner the turns were sampled (records that carry
+    ``policy_version``: agent runs; environment runs sample with the learner's weights).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from turnrl.credit.groups import group_codes
+from turnrl.credit.audit import audit_group_key
 from turnrl.credit.registry import get_estimator
 from turnrl.table import TurnTable
 from turnrl.types import Task
@@ -57,8 +77,16 @@ def episode_metrics(episodes: Sequence[EpisodeSummary], prefix: str = "") -> dic
     return out
 
 
-def advantage_metrics(table: TurnTable, advantages: np.ndarray, estimator: str) -> dict[str, Any]:
-    """Advantage mean/std by turn position, what later turns receive, zero-advantage groups."""
+def advantage_metrics(
+    table: TurnTable,
+    advantages: np.ndarray,
+    estimator: str,
+    *,
+    learner_version: int | None = None,
+) -> dict[str, Any]:
+    """Advantage mean/std by turn position, zero-advantage and mixed groups of the
+    estimator's group key, rebuilt contexts and (given the ``learner_version`` the update
+    starts from) staleness; see the module docstring."""
     out: dict[str, Any] = {}
     position = np.minimum(table.turn, TURN_POSITIONS - 1)
     for t in range(TURN_POSITIONS):
@@ -67,12 +95,25 @@ def advantage_metrics(table: TurnTable, advantages: np.ndarray, estimator: str) 
             label = f"{t}" if t < TURN_POSITIONS - 1 else f"{t}plus"
             out[f"adv_mean_turn{label}"] = float(values.mean())
             out[f"adv_std_turn{label}"] = float(values.std())
-    codes, n_groups = group_codes(table, get_estimator(estimator).group_key)
-    valid = codes >= 0
-    nonzero = np.bincount(
-        codes[valid], weights=np.abs(advantages[valid]) > 1e-12, minlength=n_groups
-    )
-    present = np.bincount(codes[valid], minlength=n_groups) > 0
-    out["zero_adv_group_frac"] = float((nonzero[present] == 0).mean()) if present.any() else 0.0
+    groups = audit_group_key(table, get_estimator(estimator).group_key, advantages)
+    out["zero_adv_group_frac"] = groups.zero_adv_share if groups.n_groups else 0.0
+    out["mixed_group_frac"] = groups.mixed_share if groups.n_groups else 0.0
     out["adv_abs_mean"] = float(np.abs(advantages).mean())
+    out.update(record_metrics(table.records or [], learner_version))
+    return out
+
+
+def record_metrics(records: Sequence[Any], learner_version: int | None) -> dict[str, float]:
+    """``context_rebuilt_frac`` over the records that say whether their context was
+    rebuilt; ``staleness_mean``/``_max`` (``learner_version`` minus each record's
+    ``policy_version``) over those that carry one. Absent when no record says."""
+    out: dict[str, float] = {}
+    rebuilt = [r.context_rebuilt for r in records if r.context_rebuilt is not None]
+    if rebuilt:
+        out["context_rebuilt_frac"] = float(np.mean(rebuilt))
+    versions = [r.policy_version for r in records if r.policy_version is not None]
+    if versions and learner_version is not None:
+        lag = learner_version - np.asarray(versions)
+        out["staleness_mean"] = float(lag.mean())
+        out["staleness_max"] = float(lag.max())
     return out

@@ -30,6 +30,11 @@ Files of a run directory (written here; trainers add their own)::
     checkpoints/       model + optimiser + RNG + the trainer's extra state, atomically
     policy/            the final policy as a Hugging Face directory (``turnrl export``'s
                        format); ``policy/step-N/``: ``train.export_every``'s exports
+    tensorboard/ wandb/ mlruns/ trackio/   ``logging.trackers``' files
+                       (:mod:`turnrl.train.trackers`): every metrics row, as it is written
+
+When stdout is not a terminal (a batch job's log), progress is one plain line per phase
+and per step (:mod:`turnrl.train.progress`) instead of a rich bar.
 
 Seeds: every random stream of a run derives from the config's seed through
 :func:`turnrl.train.seeds.derive_seed`, by stream name. The task split
@@ -39,6 +44,7 @@ here too, as before they had modules of their own.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -78,6 +84,13 @@ from turnrl.train.run_lock import acquire as acquire_lock
 from turnrl.train.schedule import due
 from turnrl.train.seeds import SEED_STREAMS, derive_seed
 from turnrl.train.task_split import TaskSplit, task_split
+from turnrl.train.trackers import (
+    RunInfo,
+    RunTrackers,
+    TrackerError,
+    source_commit,
+    tracker_directory,
+)
 
 __all__ = [
     "CONFIG_FILE",
@@ -158,6 +171,9 @@ class RunDirectory:
         self._identity: tuple[int, int] | None = None
         """``(st_dev, st_ino)`` of the directory once started (to notice its deletion)."""
         self._release: weakref.finalize | None = None
+        logging = _logging(config)
+        self.trackers = RunTrackers(logging.trackers if logging is not None else [])
+        """``logging.trackers``, started by :meth:`start`, finished by :meth:`close`."""
 
     def _hold(self, lock: RunLock) -> None:
         """Keep ``lock`` until :meth:`close` or until this object is gone."""
@@ -166,7 +182,9 @@ class RunDirectory:
 
     def close(self) -> None:
         """Release the run directory's lock (it is also released when this object is
-        garbage-collected, and by the kernel when the process ends)."""
+        garbage-collected, and by the kernel when the process ends); finish the
+        trackers first."""
+        self.trackers.finish()
         if self._release is not None:
             self._release()
 
@@ -298,7 +316,32 @@ class RunDirectory:
             self.metrics_path.unlink(missing_ok=True)
         elif self.metrics_path.exists():
             truncate_jsonl_steps(self.metrics_path, checkpoint.step)
+        self.start_trackers()
         return checkpoint
+
+    def start_trackers(self) -> None:
+        """Start ``logging.trackers`` (before any training work): one that fails is a
+        :class:`~turnrl.train.trackers.TrackerError` naming it (exit code 2)."""
+        logging = _logging(self.config)
+        if logging is None or not logging.trackers:
+            return
+        config = dataclasses.asdict(self.config)
+        info = RunInfo(
+            run_dir=self.path,
+            name=getattr(self.config, "label", None) or self.path.name,
+            project=logging.project,
+            config=config,
+            commit=source_commit(),
+            offline=logging.offline,
+        )
+        try:
+            self.trackers.start(info)
+        except TrackerError as err:
+            raise TrackerError(
+                f"{err}; run_dir {self.path} holds no step yet: rerun with --resume once fixed"
+            ) from err.__cause__
+        where = ", ".join(f"{n} -> {self.path / tracker_directory(n)}" for n in logging.trackers)
+        self.log(f"trackers: {where}")
 
     # ---------------------------------------------------------------- metrics
     @property
@@ -311,6 +354,11 @@ class RunDirectory:
             raise ValueError("a metrics row needs a 'step'")
         self.check_present()
         append_jsonl(self.metrics_path, dict(row))
+        self.trackers.log(int(row["step"]), row)
+        if row["step"] == 0 and not sys.stdout.isatty():  # the plain log's warm-start line
+            keys = ("eval_success", "eval_return", "success", "return")
+            shown = ", ".join(f"{k} {row[k]:.3f}" for k in keys if k in row)
+            self.log(f"step 0 (the warm start's evaluation): {shown or 'written'}")
 
     def check_present(self) -> None:
         """Refuse to write on when the run directory was deleted (or replaced) since
@@ -484,28 +532,22 @@ class RunDirectory:
 
     # ----------------------------------------------------------------- output
     def progress(self, *, enabled: bool = True) -> Any:
-        """A rich progress display (silent when ``quiet`` or not ``enabled``)."""
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
+        """A rich progress bar on a terminal, one plain line per phase and step otherwise
+        (:func:`turnrl.train.progress.progress_display`); silent when ``quiet`` or not
+        ``enabled``."""
+        from turnrl.train.progress import progress_display
 
-        return Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            disable=self.quiet or not enabled,
-            transient=False,
-        )
+        return progress_display(disable=self.quiet or not enabled)
 
     def log(self, message: str) -> None:
         """One line on stdout, unless ``quiet``."""
         if not self.quiet:
             print(message, flush=True)
+
+
+def _logging(config: Any) -> Any:
+    """The config's ``[logging]`` section (None for a config without one)."""
+    return getattr(config, "logging", None)
 
 
 # --------------------------------------------------------------------------- models, tasks

@@ -369,3 +369,41 @@ class PPOConfig:
         p.finite("kl_coef", self.kl_coef)
         p.at_least("max_grad_norm", self.max_grad_norm, 0)
         p.at_least("max_tokens_per_batch", self.max_tokens_per_batch, 1)
+
+
+@dataclass
+class LoggingConfig:
+    """Where a run's metrics go besides ``metrics.jsonl``: experiment trackers, offline by
+    default (:mod:`turnrl.train.trackers`, docs/trackers.md)."""
+
+    trackers: list[str] = field(default_factory=list)
+    """Trackers that receive every metrics row as it is written, with the run's config and
+    git commit: any of ``"tensorboard"``, ``"wandb"``, ``"mlflow"``, ``"trackio"`` (the
+    ``trackers`` extra: ``pip install 'turnrl[trackers]'``). Each writes inside the run
+    directory (``tensorboard/``, ``wandb/``, ``mlruns/``, ``trackio/``). One that cannot
+    start stops the run before any work; one that fails later is dropped with a warning.
+    Empty: ``metrics.jsonl`` only."""
+    project: str = "turnrl"
+    """The W&B project, MLflow experiment and Trackio project the run is logged under (the
+    run's name is its ``label``, else its directory's name)."""
+    offline: bool = True
+    """Write local files only: a W&B offline run (``wandb sync`` uploads it later), MLflow's
+    file store in the run directory. False: W&B online (needs a login), MLflow at
+    ``MLFLOW_TRACKING_URI``."""
+
+    def check(self, p: Problems) -> None:
+        """Known, installed trackers, each named once; a project name."""
+        from turnrl.train.trackers import MODULES, TRACKERS
+
+        for name in self.trackers:
+            if not p.one_of("trackers", name, TRACKERS):
+                continue
+            if importlib.util.find_spec(MODULES[name]) is None:
+                p.add(
+                    "trackers",
+                    f"{name!r} is not installed: pip install 'turnrl[trackers]' (or {name})",
+                )
+        if len(set(self.trackers)) < len(self.trackers):
+            p.add("trackers", f"names a tracker twice: {self.trackers}")
+        if not self.project.strip():
+            p.add("project", "must name a project")

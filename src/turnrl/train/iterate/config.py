@@ -16,6 +16,7 @@ from typing import ClassVar, Literal
 from turnrl.train.sections import (
     Aggregation,
     EnvConfig,
+    LoggingConfig,
     PolicyConfig,
     PPOConfig,
     WarmStartConfig,
@@ -214,6 +215,9 @@ class IterateConfig:
         "threads",
         "keep_checkpoints",
         "save_policies",
+        "logging.trackers",
+        "logging.project",
+        "logging.offline",
     )
     """Fields a resumed run may change (``--resume``); any other difference from the
     run's ``config.toml`` is refused."""
@@ -247,6 +251,8 @@ class IterateConfig:
     """Policy-improvement section."""
     eval: IterateEvalConfig = field(default_factory=IterateEvalConfig)
     """Held-out evaluation section."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Experiment trackers that receive every metrics row (docs/trackers.md)."""
 
     def check(self, p: Problems) -> None:
         """What the sections need of each other."""
