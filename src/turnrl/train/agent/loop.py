@@ -49,11 +49,13 @@ shared one (:mod:`turnrl.train.run`); this loop adds::
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -61,7 +63,7 @@ import torch
 
 from turnrl.credit import compute_credit
 from turnrl.errors import TurnrlError
-from turnrl.io import append_jsonl, atomic_write_text
+from turnrl.io import append_jsonl, atomic_write_text, read_jsonl_tolerant
 from turnrl.policy.factory import build_sampler, close_sampler
 from turnrl.policy.sync import push_weights
 from turnrl.records import dumps_record
@@ -105,6 +107,22 @@ logger = logging.getLogger("turnrl.agent")
 
 FAILURES_DIR = "agent_failures"
 FAILURES_LOG = "agent_failures.jsonl"
+
+
+def keep_failures_of_done_steps(path: Path, done: int) -> None:
+    """Cut ``agent_failures.jsonl`` back to the steps a resumed run keeps (atomically):
+    the failures of ``step-N`` and ``eval-N`` with ``N <= done`` and the warm start's,
+    none when ``done`` is 0 (the warm start and the step-0 evaluation are redone too).
+    A run killed after logging a step's failures but before its checkpoint redoes that
+    step, and would log them twice."""
+    if not path.exists():
+        return
+    kept = []
+    for row in read_jsonl_tolerant(path):
+        number = str(row.get("at", "")).rpartition("-")[2]
+        if done > 0 and (not number.isdigit() or int(number) <= done):  # warm_start: kept
+            kept.append(row)
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
 
 
 class AgentRunError(TurnrlError, ValueError):
@@ -378,6 +396,7 @@ class AgentTrainer(LifecycleRun):
         if checkpoint is not None:
             self.step = checkpoint.step
             self.calls = int(checkpoint.extra["calls"])
+        keep_failures_of_done_steps(self.run_dir / FAILURES_LOG, self.step)
         self.policy.model.eval()
         if len(self.rl_tasks) < len(self.train_tasks):
             self.run_directory.log(

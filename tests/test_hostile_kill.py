@@ -1,0 +1,99 @@
+"""SIGKILL of ``turnrl train`` (what the OOM killer sends) (issue 38).
+
+* A resumed run used to log the failures of the steps it redoes twice in
+  ``agent_failures.jsonl``: now the log is cut back to the steps the checkpoint keeps.
+* Command agents and their children used to outlive a killed trainer (PPID 1): now
+  they die with it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from test_hostile_run import (
+    agent_args,
+    entry,
+    read_jsonl,
+    subprocess_env,
+    wait_until,
+)
+from turnrl.train.agent.loop import keep_failures_of_done_steps
+from turnrl.train.checkpoint import list_checkpoints
+
+
+def test_keeping_the_failures_of_done_steps(tmp_path: Path) -> None:
+    log = tmp_path / "agent_failures.jsonl"
+    steps = ("warm_start", "eval-000000", "step-000001", "eval-000001", "step-000002")
+    rows = [{"at": at, "rollout_id": at} for at in steps]
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    log.write_text(text + '{"at": "step-0000')  # a line cut by the kill
+    keep_failures_of_done_steps(log, 1)
+    assert [row["at"] for row in read_jsonl(log)] == [
+        "warm_start",
+        "eval-000000",
+        "step-000001",
+        "eval-000001",
+    ]
+    log.write_text(text)
+    keep_failures_of_done_steps(log, 0)
+    assert log.read_text() == ""
+    keep_failures_of_done_steps(tmp_path / "absent.jsonl", 3)
+    assert not (tmp_path / "absent.jsonl").exists()
+
+
+def test_resume_after_a_sigkill_before_the_first_checkpoint_logs_each_failure_once(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    args = agent_args(
+        tmp_path,
+        f"agent.entrypoint={entry('exits_on_odd')}",
+        "agent.max_failure_fraction=0.5",
+        "train.steps=3",
+        "train.checkpoint_every=3",
+        "train.eval_every=3",
+    )
+    env = subprocess_env()
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "turnrl.cli", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    log = run_dir / "agent_failures.jsonl"
+    try:
+        wait_until(
+            lambda: (
+                trainer.poll() is not None or (log.exists() and "step-000001" in log.read_text())
+            ),
+            what="step 1's failures",
+        )
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(timeout=60)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+    assert trainer.returncode == -signal.SIGKILL
+    assert list_checkpoints(run_dir) == []
+    assert "step-000001" in log.read_text()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "turnrl.cli", *args, "--resume"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3]
+    failures = read_jsonl(log)
+    counts = Counter((f["at"], f["rollout_id"]) for f in failures)
+    assert max(counts.values()) == 1, counts
+    steps = [f for f in failures if f["at"].startswith("step-")]
+    assert len(steps) == sum(m["agent_failures"] for m in metrics[1:]) == 6  # 2 of 4 a step
