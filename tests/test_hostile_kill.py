@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,7 +19,10 @@ from pathlib import Path
 
 from test_hostile_run import (
     agent_args,
+    command,
     entry,
+    marker,
+    marker_processes,
     read_jsonl,
     subprocess_env,
     wait_until,
@@ -97,3 +102,46 @@ def test_resume_after_a_sigkill_before_the_first_checkpoint_logs_each_failure_on
     assert max(counts.values()) == 1, counts
     steps = [f for f in failures if f["at"].startswith("step-")]
     assert len(steps) == sum(m["agent_failures"] for m in metrics[1:]) == 6  # 2 of 4 a step
+
+
+__all__ = ["marker"]  # the fixture, imported from test_hostile_run
+
+
+def test_sigkill_of_the_trainer_kills_every_command_agent_and_its_children(
+    tmp_path: Path, marker: str
+) -> None:
+    """Hanging command agents, each with a child in its group and one that left it
+    (setsid): SIGKILL the trainer; every one of them is gone soon after (a bounded
+    wait), none re-parented to init."""
+    flag = tmp_path / "hang"
+    flag.touch()
+    args = agent_args(tmp_path, "agent.command=" + json.dumps(command("spawns_and_hangs")))
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "turnrl.cli", *args],
+        env=subprocess_env(HOSTILE_FLAG=str(flag)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pids = tmp_path / "pids"
+    try:
+        wait_until(
+            lambda: (
+                trainer.poll() is not None or (pids.exists() and len(pids.read_text().split()) >= 4)
+            ),
+            what="hanging agents with children",
+        )
+        assert trainer.poll() is None
+        assert len(marker_processes(marker)) >= 6  # 2+ agents, each with 2 children
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(timeout=60)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+    try:
+        wait_until(lambda: marker_processes(marker) == [], timeout=30, what="no agent left")
+    finally:
+        for pid in marker_processes(marker):  # a failed test leaves nothing running
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert marker_processes(marker) == []

@@ -158,3 +158,108 @@ def no_process_left() -> Iterator[None]:
             yield
         finally:
             kill_new_descendants(before)
+
+
+# ----------------------------------------------------- when the trainer itself is killed
+
+PR_SET_PDEATHSIG = 1
+"""``prctl`` option: the signal a process gets when the thread that forked it ends."""
+WATCHDOG_VARIABLE = "TURNRL_WATCHDOG"
+"""Set (to the batch's token) in every command agent's environment, which its own
+children inherit: how the watchdog finds them once the trainer is gone."""
+WATCHDOG_WAIT_S = 10.0
+"""How long closing a batch waits for its watchdog to finish its last scan."""
+
+_WATCHDOG = """
+import os, signal, sys, time
+mark = sys.argv[1].encode()
+sys.stdin.buffer.read()  # EOF: the trainer closed the pipe, or died (any signal)
+me = os.getpid()
+for _ in range(50):
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open("/proc/" + name + "/environ", "rb") as handle:
+                if mark in handle.read().split(b"\\0"):
+                    found.append(int(name))
+        except OSError:
+            pass
+    if not found:
+        break
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.05)
+"""
+"""The watchdog's program: wait for the trainer's end of a pipe to close, then SIGKILL
+every process whose environment holds the batch's mark (until none is left)."""
+
+_active_mark: str | None = None
+
+
+def die_with_parent(parent: int) -> None:
+    """``preexec_fn`` of a command agent: SIGKILL it when the trainer's thread that
+    started it ends (``PR_SET_PDEATHSIG``; whatever killed the trainer, SIGKILL too).
+    Only the direct child is covered: the watchdog (:func:`agent_watchdog`) covers
+    the processes it starts."""
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the trainer died before prctl: go now
+        os._exit(1)
+
+
+def watchdog_environment() -> dict[str, str]:
+    """The variable a command agent gets inside :func:`agent_watchdog` (else none)."""
+    return {} if _active_mark is None else {WATCHDOG_VARIABLE: _active_mark}
+
+
+@contextlib.contextmanager
+def agent_watchdog(enabled: bool = True) -> Iterator[None]:
+    """Inside, a watchdog process kills every command agent of the batch, and every
+    process they started (in their group or not), once this process ends, however
+    it ends: SIGKILL (the OOM killer's) leaves no handler to run, and those processes
+    would live on under init.
+
+    The watchdog (its own session, so that a signal to the trainer's group spares it)
+    reads a pipe whose only write end this process holds: the kernel closes it when
+    the process dies. It then SIGKILLs every process whose environment holds this
+    batch's mark (:data:`WATCHDOG_VARIABLE`, a random token, inherited by children;
+    a process that clears its environment escapes, so does one of another user the
+    watchdog may not signal). On a normal exit the pipe is closed here, the watchdog
+    finds nothing left (the batch killed its processes) and ends; it is waited for.
+    """
+    global _active_mark
+    if not enabled or not sys.platform.startswith("linux"):
+        yield
+        return
+    import secrets
+    import subprocess
+
+    mark = secrets.token_hex(16)
+    read_end, write_end = os.pipe()
+    try:
+        watchdog = subprocess.Popen(
+            [sys.executable, "-S", "-c", _WATCHDOG, f"{WATCHDOG_VARIABLE}={mark}"],
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    finally:
+        os.close(read_end)
+    _active_mark = mark
+    try:
+        yield
+    finally:
+        _active_mark = None
+        os.close(write_end)
+        try:
+            watchdog.wait(timeout=WATCHDOG_WAIT_S)
+        except subprocess.TimeoutExpired:
+            watchdog.kill()
+            watchdog.wait()

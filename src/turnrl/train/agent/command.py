@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnrl.train.agent.contract import LLM, AgentConfigError, AgentFailed, AgentOutput
+from turnrl.train.process_tree import die_with_parent, watchdog_environment
 
 OUTPUT_TAIL_BYTES = 64 * 1024
 """How much of a command's stdout and stderr is kept (the end of each); also the
@@ -165,7 +167,14 @@ def kill_process_group(pid: int) -> None:
 
 
 class CommandProgram:
-    """An agent run as a separate program, in its own process group, once per rollout."""
+    """An agent run as a separate program, in its own process group, once per rollout.
+
+    It dies with the trainer, whatever kills it: ``PR_SET_PDEATHSIG`` for the command
+    itself, the batch's watchdog for what it starts
+    (:func:`~turnrl.train.process_tree.agent_watchdog`)."""
+
+    spawns_processes = True
+    """The runner starts a watchdog for the batch (:class:`AgentRunner`)."""
 
     def __init__(self, command: Sequence[str], *, env: dict[str, str] | None = None) -> None:
         self.argv = resolve_command(command)
@@ -187,6 +196,7 @@ class CommandProgram:
             "OPENAI_MODEL": llm.model,
             "TURNRL_ROLLOUT_ID": llm.rollout_id,
             "TURNRL_REWARD_URL": llm.reward_url,
+            **watchdog_environment(),
         }
         env.pop("TURNRL_TASK", None)
         if len(task_json.encode("utf-8")) <= TASK_ENV_MAX_BYTES:
@@ -208,6 +218,7 @@ class CommandProgram:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,  # its own process group, killed as a whole
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
             )
         except OSError as exc:
             raise AgentFailed(f"could not start {self.argv[0]!r}: {exc}") from exc

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from turnrl.io import atomic_write_text
 from turnrl.train.agent.contract import LLM, AgentFailed, AgentProgram, reward_of
-from turnrl.train.process_tree import no_process_left
+from turnrl.train.process_tree import agent_watchdog, no_process_left
 from turnrl.types import Task, TurnRecord
 
 
@@ -128,9 +128,12 @@ class AgentRunner:
         ``failure_dir`` receives one file per failed rollout; ``on_done`` is called
         as each rollout ends (progress bars). Processes the agents started and left
         running (outside their process group) are killed at the end of the batch
-        (:func:`~turnrl.train.process_tree.no_process_left`).
+        (:func:`~turnrl.train.process_tree.no_process_left`); a program that starts
+        processes (a command) has them killed if this process is killed too
+        (:func:`~turnrl.train.process_tree.agent_watchdog`).
         """
-        with no_process_left():
+        spawns = bool(getattr(self.program, "spawns_processes", False))
+        with no_process_left(), agent_watchdog(enabled=spawns):
             return asyncio.run(self._run_all(jobs, failure_dir, on_done))
 
     async def _run_all(
