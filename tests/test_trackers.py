@@ -329,3 +329,27 @@ def test_unknown_and_missing_trackers_are_config_errors(tmp_path: Path) -> None:
 def test_numeric_row() -> None:
     row = {"step": 3, "a": 1, "b": True, "c": float("nan"), "d": "x", "e": [1], "f": {"g": 2.5}}
     assert numeric_row(row) == {"a": 1.0, "b": 1.0, "f/g": 2.5}
+
+
+@needs("tensorboard")
+def test_tensorboard_resume_purges_the_redone_steps(tmp_path: Path) -> None:
+    """A run killed after step 4 and resumed from its step-2 checkpoint: TensorBoard's
+    reader shows steps 3 and 4 once, as redone."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from turnrl.train.trackers import TensorBoardTracker
+
+    first = TensorBoardTracker()
+    first.start(info(tmp_path))
+    for step in range(5):
+        first.log(step, {"success": float(step)})
+    first.finish()
+    resumed = TensorBoardTracker()
+    resumed.start(RunInfo(tmp_path, "r", "p", {}, "abc", True, resumed_after=2))
+    for step in (3, 4):
+        resumed.log(step, {"success": 10.0 * step})
+    resumed.finish()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    got = [(e.step, e.value) for e in events.Scalars("success")]
+    assert got == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]

@@ -316,10 +316,10 @@ class RunDirectory:
             self.metrics_path.unlink(missing_ok=True)
         elif self.metrics_path.exists():
             truncate_jsonl_steps(self.metrics_path, checkpoint.step)
-        self.start_trackers()
+        self.start_trackers(None if checkpoint is None else checkpoint.step)
         return checkpoint
 
-    def start_trackers(self) -> None:
+    def start_trackers(self, resumed_after: int | None) -> None:
         """Start ``logging.trackers`` (before any training work): one that fails is a
         :class:`~turnrl.train.trackers.TrackerError` naming it (exit code 2)."""
         logging = _logging(self.config)
@@ -333,6 +333,7 @@ class RunDirectory:
             config=config,
             commit=source_commit(),
             offline=logging.offline,
+            resumed_after=resumed_after,
         )
         try:
             self.trackers.start(info)

@@ -61,6 +61,8 @@ class RunInfo:
     """The git commit of the turnrl source tree the run uses."""
     offline: bool
     """``logging.offline``: write only local files."""
+    resumed_after: int | None = None
+    """The checkpoint's step when the run resumes (its later steps are redone)."""
 
 
 class Tracker(Protocol):
@@ -107,14 +109,16 @@ def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 class TensorBoardTracker:
     """Event files under ``RUN_DIR/tensorboard`` (torch's ``SummaryWriter``, which needs
-    the ``tensorboard`` package); the config and commit as text summaries."""
+    the ``tensorboard`` package); the config and commit as text summaries. A resumed run
+    hides the killed run's events after its checkpoint (``purge_step``): they are redone."""
 
     name = "tensorboard"
 
     def start(self, info: RunInfo) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(info.run_dir / "tensorboard"))
+        purge = None if info.resumed_after is None else info.resumed_after + 1
+        self.writer = SummaryWriter(log_dir=str(info.run_dir / "tensorboard"), purge_step=purge)
         self.writer.add_text("commit", info.commit)
         params = flat_params(info.config)
         self.writer.add_text("config", "\n".join(f"    {k} = {v}" for k, v in params.items()))
