@@ -78,6 +78,10 @@ def tracked_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[di
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    where = ", ".join(f"{n} -> {run_dir / {'mlflow': 'mlruns'}.get(n, n)}" for n in INSTALLED)
+    assert f"trackers: {where}" in done.stdout.splitlines()
+    assert "\x1b[" not in done.stdout.split("RL: done")[0]  # the libraries' banners silenced
+    assert "Traceback" not in done.stderr  # wandb's service is stopped, not torn at exit
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     return run_dir, rows

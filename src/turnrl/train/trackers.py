@@ -24,6 +24,8 @@ first) keeps every row.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import os
 import subprocess
@@ -217,24 +219,36 @@ class TrackioTracker:
     name = "trackio"
 
     def start(self, info: RunInfo) -> None:
+        wanted = (info.run_dir / "trackio").resolve()
         if "trackio" not in sys.modules:
-            os.environ.setdefault("TRACKIO_DIR", str((info.run_dir / "trackio").resolve()))
+            os.environ.setdefault("TRACKIO_DIR", str(wanted))
         import trackio
+        from trackio.utils import TRACKIO_DIR
 
-        self.run = trackio.init(
-            project=info.project,
-            name=info.name,
-            config={**info.config, "git_commit": info.commit},
-            embed=False,
-            auto_log_gpu=False,
-            auto_log_cpu=False,
-        )
+        if Path(TRACKIO_DIR).resolve() != wanted:
+            print(f"turnrl: trackio writes to {TRACKIO_DIR} (TRACKIO_DIR)", file=sys.stderr)
+        with contextlib.redirect_stdout(io.StringIO()):  # its banner, with terminal codes
+            self.run = trackio.init(
+                project=info.project,
+                name=info.name,
+                config={**info.config, "git_commit": info.commit},
+                embed=False,
+                auto_log_gpu=False,
+                auto_log_cpu=False,
+            )
 
     def log(self, step: int, row: Mapping[str, float]) -> None:
         self.run.log(dict(row), step=step)
 
     def finish(self) -> None:
-        self.run.finish()
+        import trackio
+        from trackio import context_vars
+
+        with contextlib.redirect_stdout(io.StringIO()):  # "Uploading logs to Trackio"
+            if context_vars.current_run.get() is self.run:
+                trackio.finish()  # also forgets the run: no second finish at exit
+            else:
+                self.run.finish()
 
 
 ADAPTERS: dict[str, Callable[[], Tracker]] = {
