@@ -155,6 +155,7 @@ def test_export_gives_the_checkpoints_log_probs_in_plain_transformers(
     model, tokenizer = load_export(out)
     assert model.config.num_attention_heads == 2
     gap = max_gap(turnrl_logprobs(run_policy), transformers_logprobs(model, tokenizer, run_policy))
+    print(f"max |export - checkpoint| log-prob: {gap:.2e}")
     assert gap < LOGP_TOL
     # not vacuous: the checkpoint is not the warm start (the steps moved the weights)
     warm = factory.load_policy(full_run / "warm_start")
@@ -172,6 +173,7 @@ def test_a_finished_run_writes_policy_and_the_periodic_step_exports(full_run: Pa
     run_policy = checkpoint_policy(full_run, 1)
     model, tokenizer = load_export(final / "step-1")
     gap = max_gap(turnrl_logprobs(run_policy), transformers_logprobs(model, tokenizer, run_policy))
+    print(f"max |export - checkpoint| log-prob: {gap:.2e}")
     assert gap < LOGP_TOL
     leftovers = [p.name for p in full_run.iterdir() if p.name.startswith(".")]
     assert not [name for name in leftovers if name != ".turnrl.lock"]
@@ -257,6 +259,7 @@ def test_lora_export_merges_the_adapters(
     model, tokenizer = load_export(out)
     assert "lora" not in " ".join(name for name, _ in model.named_parameters())
     gap = max_gap(turnrl_logprobs(run_policy), transformers_logprobs(model, tokenizer, run_policy))
+    print(f"max |export - checkpoint| log-prob: {gap:.2e}")
     assert gap < LOGP_TOL
     warm = factory.load_policy(lora_run / "warm_start")  # adapters B = 0: the base
     assert max_gap(turnrl_logprobs(warm), turnrl_logprobs(run_policy)) > 1e-3
@@ -282,6 +285,7 @@ def test_adapters_export_loads_with_peft_on_its_base(
     run_policy = checkpoint_policy(lora_run, 2)
     tokenizer = AutoTokenizer.from_pretrained(str(out))
     gap = max_gap(turnrl_logprobs(run_policy), transformers_logprobs(model, tokenizer, run_policy))
+    print(f"max |export - checkpoint| log-prob: {gap:.2e}")
     assert gap < LOGP_TOL
 
 
