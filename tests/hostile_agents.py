@@ -20,6 +20,7 @@ Environment variables they read (set by the tests):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -205,14 +206,12 @@ def _command(name: str) -> int:
             "task_file": os.environ["TURNRL_TASK_FILE"],
         }
         print(json.dumps({"reward": 1.0, "info": info}))
+    elif name == "reads_siblings":
+        _reads_siblings()
     else:
         print(f"unknown hostile agent {name!r}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_command(sys.argv[1]))
 
 
 # ------------------------------------------------------------- rewards of NumPy types
@@ -259,3 +258,55 @@ def numeric_success(task: dict[str, Any], llm: Any) -> Any:
     """Reward 0 with ``info.success`` 1 on odd tasks and 0 on even ones (both valid)."""
     _one_call(llm)
     return {"reward": 0.0, "info": {"success": int(_odd(task))}}
+
+
+# ------------------------------------------------------------- reaching a sibling
+
+
+def _sibling_reward_urls() -> list[str]:
+    """Reward URLs (secrets included) of the other rollouts' commands: every process
+    environment this process may read in ``/proc`` (same user, or root)."""
+    own = os.environ["TURNRL_ROLLOUT_ID"]
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            environ = Path("/proc", name, "environ").read_bytes().split(b"\0")
+        except OSError:  # another user's process: not readable
+            continue
+        values = dict(v.decode(errors="replace").partition("=")[::2] for v in environ if v)
+        if "TURNRL_REWARD_URL" in values and values.get("TURNRL_ROLLOUT_ID") != own:
+            found.append(values["TURNRL_REWARD_URL"])
+    return sorted(set(found))
+
+
+def _reads_siblings() -> None:
+    """One call; then, for up to ``HOSTILE_SCAN_S`` seconds, looks for its siblings'
+    reward URLs in ``/proc/*/environ`` and posts 1.0 to each one found; reports what it
+    found and how many posts were taken (reward 0)."""
+    _command_call()
+    deadline = time.monotonic() + float(os.environ.get("HOSTILE_SCAN_S", "3"))
+    urls: list[str] = []
+    while not urls and time.monotonic() < deadline:
+        urls = _sibling_reward_urls()
+        time.sleep(0.05)
+    taken = 0
+    for url in urls:
+        request = urllib.request.Request(
+            url,
+            data=json.dumps({"reward": 1.0}).encode(),
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', '')}",
+            },
+            method="POST",
+        )
+        with contextlib.suppress(OSError):
+            taken += urllib.request.urlopen(request, timeout=10).status == 200
+    info = {"siblings_read": len(urls), "sibling_rewards_taken": taken, "uid": os.getuid()}
+    print(json.dumps({"reward": 0.0, "info": info}))
+
+
+if __name__ == "__main__":
+    sys.exit(_command(sys.argv[1]))

@@ -201,11 +201,17 @@ every process whose environment holds the batch's mark (until none is left)."""
 _active_mark: str | None = None
 
 
-def die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int, uid: int | None = None) -> None:
     """``preexec_fn`` of a command agent: SIGKILL it when the trainer's thread that
     started it ends (``PR_SET_PDEATHSIG``; whatever killed the trainer, SIGKILL too).
     Only the direct child is covered: the watchdog (:func:`agent_watchdog`) covers
-    the processes it starts."""
+    the processes it starts. With ``uid`` (the trainer is root), first drop to that
+    user and group, without supplementary groups (a change of user clears the death
+    signal, so it is set after)."""
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
     prctl = _prctl()
     if prctl is not None:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

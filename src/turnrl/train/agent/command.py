@@ -24,6 +24,7 @@ import contextlib
 import functools
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -44,6 +45,12 @@ environment string over 128 KiB with "Argument list too long"); ``TURNRL_TASK_FI
 always holds it."""
 KILL_GRACE_S = 2.0
 """How long to wait for a killed command's pipes to close before giving up on them."""
+
+
+ROLLOUT_UID_BASE = 1_500_000_000
+ROLLOUT_UID_SPAN = 500_000_000
+"""``agent.user_per_rollout`` draws a run's first uid in ``[BASE, BASE + SPAN)`` and
+counts up: far above any account (Linux uids go to 2**32 - 2), distinct per rollout."""
 
 
 def resolve_command(command: Sequence[str]) -> list[str]:
@@ -171,15 +178,39 @@ class CommandProgram:
 
     It dies with the trainer, whatever kills it: ``PR_SET_PDEATHSIG`` for the command
     itself, the batch's watchdog for what it starts
-    (:func:`~turnrl.train.process_tree.agent_watchdog`)."""
+    (:func:`~turnrl.train.process_tree.agent_watchdog`).
+
+    With ``user_per_rollout`` (``agent.user_per_rollout``; the trainer must be root)
+    each rollout runs as a uid of its own that no other rollout of the run has had, in
+    a private working directory: a sibling cannot read its environment
+    (``/proc/PID/environ``, which holds its reward URL and secret), signal it, or read
+    its files. Without it, commands run as the trainer's user, and any of them can
+    read a sibling's environment (docs/agents.md, "What an agent can reach").
+    """
 
     spawns_processes = True
     """The runner starts a watchdog for the batch (:class:`AgentRunner`)."""
 
-    def __init__(self, command: Sequence[str], *, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        user_per_rollout: bool = False,
+    ) -> None:
         self.argv = resolve_command(command)
         self.extra_env = dict(env or {})
         self.description = f"command {' '.join(command)}"
+        self.user_per_rollout = user_per_rollout
+        """Run each rollout's command as a user of its own (the trainer is root)."""
+        self._next_uid = ROLLOUT_UID_BASE + secrets.randbelow(ROLLOUT_UID_SPAN)
+
+    def _rollout_uid(self) -> int | None:
+        """A uid no other rollout of this run has had, or None (``user_per_rollout`` off)."""
+        if not self.user_per_rollout:
+            return None
+        self._next_uid += 1
+        return self._next_uid
 
     def environment(
         self, task: dict[str, Any], llm: LLM, task_file: str | None = None
@@ -206,19 +237,30 @@ class CommandProgram:
         return env
 
     async def run(self, task: dict[str, Any], llm: LLM, timeout_s: float) -> AgentOutput:
-        with task_file(task) as path:
-            return await self._run(self.environment(task, llm, path), timeout_s)
+        uid = self._rollout_uid()
+        with task_file(task, uid) as path, home_of(uid) as home:
+            env = self.environment(task, llm, path)
+            if home is not None:
+                env.update(HOME=home, TMPDIR=home)
+            return await self._run(env, timeout_s, uid, home)
 
-    async def _run(self, env: dict[str, str], timeout_s: float) -> AgentOutput:
+    async def _run(
+        self,
+        env: dict[str, str],
+        timeout_s: float,
+        uid: int | None = None,
+        cwd: str | None = None,
+    ) -> AgentOutput:
         try:
             process = await asyncio.create_subprocess_exec(
                 *self.argv,
                 env=env,
+                cwd=cwd,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,  # its own process group, killed as a whole
-                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+                preexec_fn=functools.partial(die_with_parent, os.getpid(), uid),
             )
         except OSError as exc:
             raise AgentFailed(f"could not start {self.argv[0]!r}: {exc}") from exc
@@ -271,13 +313,32 @@ class CommandProgram:
 
 
 @contextlib.contextmanager
-def task_file(task: dict[str, Any]) -> Iterator[str]:
-    """A private temporary file holding ``task`` as JSON (removed afterwards)."""
+def task_file(task: dict[str, Any], uid: int | None = None) -> Iterator[str]:
+    """A private temporary file holding ``task`` as JSON (removed afterwards); owned by
+    ``uid`` when the rollout runs as a user of its own."""
     fd, path = tempfile.mkstemp(prefix="turnrl-task-", suffix=".json")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(task, handle, ensure_ascii=False)
+        if uid is not None:
+            os.chown(path, uid, uid)
         yield path
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+@contextlib.contextmanager
+def home_of(uid: int | None) -> Iterator[str | None]:
+    """A private working directory (also ``HOME`` and ``TMPDIR``) owned by ``uid`` for
+    one rollout, removed afterwards; None without a uid (the command runs where the
+    trainer does)."""
+    if uid is None:
+        yield None
+        return
+    home = tempfile.mkdtemp(prefix="turnrl-agent-")
+    try:
+        os.chown(home, uid, uid)
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

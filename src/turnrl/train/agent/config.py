@@ -9,6 +9,7 @@ them, ``[agent]`` and ``[tasks]`` are.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,6 +43,13 @@ class AgentConfig:
     model: str = "agent"
     """The model name the agent is handed (``llm.model``, ``OPENAI_MODEL``). The name a call
     asks for becomes the turn's ``role``, so a program may use several (``"solver"``...)."""
+    user_per_rollout: bool = False
+    """Run each rollout's ``command`` as a user id of its own (a fresh, unnamed uid per
+    rollout, in a private working directory that is also ``HOME``), so that no other
+    rollout can read its environment (its reward URL and secret, in
+    ``/proc/PID/environ``), signal it or read its files. Needs the trainer to run as
+    root and ``command`` (an entrypoint shares the trainer's memory: docs/agents.md,
+    "What an agent can reach"); the command must be readable and runnable by any user."""
     concurrency: int = 16
     """Rollouts running at once."""
     timeout_s: float = 300.0
@@ -79,6 +87,12 @@ class AgentConfig:
             )
         if not self.model:
             p.add("model", "must name a model (it becomes the turns' role)")
+        if self.user_per_rollout and not self.command:
+            p.add(
+                "user_per_rollout", "applies to agent.command only (an entrypoint runs in-process)"
+            )
+        elif self.user_per_rollout and os.geteuid() != 0:
+            p.add("user_per_rollout", "needs the trainer to run as root (it switches user ids)")
         p.at_least("concurrency", self.concurrency, 1)
         p.at_most("concurrency", self.concurrency, bounds.MAX_CONCURRENCY, bounds.WHY)
         p.above("timeout_s", self.timeout_s, 0)

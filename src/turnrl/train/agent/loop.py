@@ -153,7 +153,12 @@ class AgentTrainer(LifecycleRun):
         validate(config)
         self.config = config
         agent, tasks = config.agent, config.tasks
-        self.program = make_program(agent.entrypoint, agent.command or None, agent.env)
+        self.program = make_program(
+            agent.entrypoint,
+            agent.command or None,
+            agent.env,
+            user_per_rollout=agent.user_per_rollout,
+        )
         teacher = config.warm_start.teacher
         self.teacher = load_teacher(teacher) if teacher is not None else None
         self.teacher_records: list[TurnRecord] = []  # the warm start's, for its check

@@ -47,12 +47,17 @@ from turnrl.train.agent.inprocess import EntrypointProgram
 
 
 def make_program(
-    entrypoint: str | None, command: Sequence[str] | None, env: dict[str, str] | None = None
+    entrypoint: str | None,
+    command: Sequence[str] | None,
+    env: dict[str, str] | None = None,
+    *,
+    user_per_rollout: bool = False,
 ) -> AgentProgram:
-    """The program an ``[agent]`` section describes: exactly one of entrypoint and command."""
+    """The program an ``[agent]`` section describes: exactly one of entrypoint and command
+    (``user_per_rollout``: each rollout's command as a uid of its own)."""
     if (entrypoint is None) == (not command):
         raise AgentConfigError("[agent]: set exactly one of agent.entrypoint and agent.command")
     if entrypoint is not None:
         return EntrypointProgram(entrypoint)
     assert command is not None
-    return CommandProgram(command, env=env)
+    return CommandProgram(command, env=env, user_per_rollout=user_per_rollout)
