@@ -298,7 +298,7 @@ def warm_start_problem(directory: Path) -> str | None:
         if not isinstance(parsed, dict):
             return f"its warm start's {path.name} is damaged (not a JSON object)"
     weights = sorted(directory.glob("*.safetensors"))
-    if not weights:
+    if not weights and not any(directory.glob("*.bin")):
         return f"its warm start {name} holds no weights (*.safetensors)"
     for path in weights:
         try:
