@@ -41,7 +41,11 @@ def add_export_command(subparsers: Any) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (turnrl train/iterate)")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write")
     p.add_argument(
-        "--step", type=int, default=None, help="checkpoint step to export (default: the last)"
+        "--step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="checkpoint step to export (default: the last)",
     )
     p.add_argument(
         "--adapters",
