@@ -459,11 +459,13 @@ class RunDirectory:
 
         The warm start lays out its batches as the run's PPO ``update`` does (packed into
         trees of ``max_tokens_per_batch`` when it is ``"tree"``, else per row).
-        ``progress`` shows a bar (unless ``quiet``)."""
+        ``progress`` shows a bar (unless ``quiet``); a stdout that is not a terminal gets
+        one plain line per step either way."""
         from turnrl.train.update.sft import supervised_warm_start
 
         if cfg.init_from is None and cfg.steps > 0:
             train_examples = examples()
+            progress = progress or not sys.stdout.isatty()  # a log gets its plain lines
             with self.progress(enabled=progress) as bar:
                 task = bar.add_task("warm start", total=cfg.steps)
                 losses = supervised_warm_start(
