@@ -23,7 +23,6 @@ from turnrl.cli import main as turnrl_main
 from turnrl.credit import compute_credit
 from turnrl.policy import HFPolicy
 from turnrl.records import parse_record
-from turnrl.serve import PortInUseError
 from turnrl.table import TurnTable
 from turnrl.train.agent.contract import AgentConfigError
 from turnrl.train.agent.loop import AgentRunError, AgentTrainer, refuse_untrainable, rollout_metrics
@@ -297,7 +296,8 @@ def test_bad_agents_and_busy_ports_fail_before_any_work(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        with pytest.raises(PortInUseError, match=f"127.0.0.1:{port} is already in use"):
+        busy_port = f"agent.port: 127.0.0.1:{port} is already in use"  # named by validate
+        with pytest.raises(ConfigError, match=busy_port):
             AgentTrainer(agent_config(tmp_path, f"agent.port={port}"))
     assert not (tmp_path / "run").exists()
 
