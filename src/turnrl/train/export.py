@@ -99,7 +99,8 @@ def load_run_policy(
 ) -> ExportedPolicy:
     """The policy of run ``run_dir`` at checkpoint ``step`` (None: its last), on the CPU
     in the run's precision: its saved ``warm_start`` directory with the checkpoint's
-    weights loaded, as a resumed run builds it. A missing directory, warm start,
+    weights loaded, as a resumed run builds it (step 0 without a checkpoint of its own:
+    the warm start itself, what a run of ``train.steps = 0`` ends with). A missing directory, warm start,
     checkpoint or step is one :class:`~turnrl.errors.UsageError` naming the path and the
     step. (``warm_start`` is the caller's: this module does not import
     :mod:`turnrl.train.run`, which imports it.)"""
@@ -117,6 +118,9 @@ def load_run_policy(
     if not any((warm_start / name).is_file() for name in ("config.json", "adapter_config.json")):
         raise UsageError(f"{run}: not a turnrl run directory (no saved policy in {warm_start})")
     saved = dict(list_checkpoints(run))
+    if step == 0 and 0 not in saved:  # no RL step yet: the policy is the warm start's
+        settings = factory.PolicySpec(device="cpu", dtype=run_dtype(run))
+        return ExportedPolicy(factory.load_policy(warm_start, settings), 0)
     if not saved:
         raise UsageError(
             f"{run}: no checkpoint in {checkpoint_dir(run)} (a run writes one every "
