@@ -272,8 +272,7 @@ def step_episodes(
             episode.done, episode.end = True, "env"
             episode.correct = success_flag(
                 info.get("correct"),
-                f"environment {type(env).__name__} (task {episode.task.task_id}): "
-                "info['correct']",
+                f"environment {type(env).__name__} (task {episode.task.task_id}): info['correct']",
             )
             continue
         assert result.observation is not None

@@ -100,8 +100,8 @@ def load_run_policy(
     """The policy of run ``run_dir`` at checkpoint ``step`` (None: its last), on the CPU
     in the run's precision: its saved ``warm_start`` directory with the checkpoint's
     weights loaded, as a resumed run builds it (step 0 without a checkpoint of its own:
-    the warm start itself, what a run of ``train.steps = 0`` ends with). A missing directory, warm start,
-    checkpoint or step is one :class:`~turnrl.errors.UsageError` naming the path and the
+    the warm start itself, what a run of ``train.steps = 0`` ends with). A missing
+    directory, warm start, checkpoint or step is one :class:`~turnrl.errors.UsageError` naming the path and the
     step. (``warm_start`` is the caller's: this module does not import
     :mod:`turnrl.train.run`, which imports it.)"""
     from turnrl.policy import factory
