@@ -101,8 +101,8 @@ def load_run_policy(
     in the run's precision: its saved ``warm_start`` directory with the checkpoint's
     weights loaded, as a resumed run builds it (step 0 without a checkpoint of its own:
     the warm start itself, what a run of ``train.steps = 0`` ends with). A missing
-    directory, warm start, checkpoint or step is one :class:`~turnrl.errors.UsageError` naming the path and the
-    step. (``warm_start`` is the caller's: this module does not import
+    directory, warm start, checkpoint or step is one :class:`~turnrl.errors.UsageError`
+    naming the path and the step. (``warm_start`` is the caller's: this module does not import
     :mod:`turnrl.train.run`, which imports it.)"""
     from turnrl.policy import factory
     from turnrl.train.checkpoint import (
