@@ -21,7 +21,7 @@ from turnrl.envs.calculator import is_correct
 from turnrl.envs.safe_math import calculate
 from turnrl.envs.tools import FinalAnswer, parse_response
 from turnrl.policy import HFPolicy
-from turnrl.serve import Gateway, GatewayServer
+from turnrl.serve import Gateway, GatewayConfig, GatewayServer
 from turnrl.types import Sample
 
 CALCULATOR_TOOL = {
@@ -134,9 +134,10 @@ def calculator_agent(client: openai.OpenAI, question: str, *, max_turns: int = 4
 
 
 @contextlib.contextmanager
-def serving(policy: Any) -> Iterator[tuple[Gateway, GatewayServer]]:
-    """A gateway over ``policy`` and its HTTP server, both closed on exit."""
-    with Gateway(policy) as gateway, GatewayServer(gateway) as server:
+def serving(policy: Any, **config: Any) -> Iterator[tuple[Gateway, GatewayServer]]:
+    """A gateway over ``policy`` (``config``: :class:`GatewayConfig` fields) and its HTTP
+    server, both closed on exit."""
+    with Gateway(policy, GatewayConfig(**config)) as gateway, GatewayServer(gateway) as server:
         yield gateway, server
 
 

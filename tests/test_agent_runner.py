@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from agent_fixtures import parity
+from serve_scripted import serving
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.records import record_to_json
-from turnrl.serve import Gateway, GatewayConfig, GatewayError, GatewayServer
+from turnrl.serve import Gateway, GatewayError, GatewayServer
 from turnrl.train.agent.contract import (
     AgentConfigError,
     AgentFailed,
@@ -60,11 +61,8 @@ def policy() -> HFPolicy:
 
 @pytest.fixture
 def served(policy: HFPolicy) -> Iterator[tuple[Gateway, GatewayServer]]:
-    with (
-        Gateway(policy, GatewayConfig(default_max_tokens=8, batch_window_s=0.001)) as gateway,
-        GatewayServer(gateway) as server,
-    ):
-        yield gateway, server
+    with serving(policy, default_max_tokens=8, batch_window_s=0.001) as pair:
+        yield pair
 
 
 def tasks(n: int) -> list[Task]:

@@ -23,11 +23,12 @@ import numpy as np
 import pytest
 import torch
 
+from serve_scripted import serving
 from turnrl.cli import main as turnrl_main
 from turnrl.credit import compute_credit
 from turnrl.errors import OutputError
 from turnrl.policy import HFPolicy, build_tiny_policy
-from turnrl.serve import Gateway, GatewayConfig, GatewayServer
+from turnrl.serve import Gateway, GatewayServer
 from turnrl.table import TurnTable
 from turnrl.train.agent.command import OUTPUT_TAIL_BYTES, TASK_ENV_MAX_BYTES
 from turnrl.train.agent.contract import AgentConfigError
@@ -151,11 +152,8 @@ def policy() -> HFPolicy:
 
 @pytest.fixture
 def served(policy: HFPolicy) -> Iterator[tuple[Gateway, GatewayServer]]:
-    with (
-        Gateway(policy, GatewayConfig(default_max_tokens=4, batch_window_s=0.001)) as gateway,
-        GatewayServer(gateway) as server,
-    ):
-        yield gateway, server
+    with serving(policy, default_max_tokens=4, batch_window_s=0.001) as pair:
+        yield pair
 
 
 @pytest.fixture

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from serve_scripted import serving
 from test_hostile_run import command, run_batch, tasks
 from turnrl.cli import main as turnrl_main
 from turnrl.policy import HFPolicy, build_tiny_policy
-from turnrl.serve import Gateway, GatewayConfig, GatewayServer
+from turnrl.serve import Gateway, GatewayServer
 from turnrl.train.agent.programs import make_program
 from turnrl.train.process_tree import descendants
 
@@ -34,11 +35,8 @@ def policy() -> HFPolicy:
 
 @pytest.fixture
 def served(policy: HFPolicy) -> Iterator[tuple[Gateway, GatewayServer]]:
-    with (
-        Gateway(policy, GatewayConfig(default_max_tokens=4, batch_window_s=0.001)) as gateway,
-        GatewayServer(gateway) as server,
-    ):
-        yield gateway, server
+    with serving(policy, default_max_tokens=4, batch_window_s=0.001) as pair:
+        yield pair
 
 
 @pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason="no system Python")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY_TRAIN, ParityEnv, parity_demonstration, parity_tasks
+from serve_scripted import serving
 from test_hostile_run import (
     entry,
     error_lines,
@@ -28,7 +29,7 @@ from turnrl.cli import main as turnrl_main
 from turnrl.envs import ENVS, EnvSpec, register_env
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.rollout.success import SuccessFlagError, success_flag
-from turnrl.serve import Gateway, GatewayConfig, GatewayServer
+from turnrl.serve import Gateway, GatewayServer
 from turnrl.table import TurnTable
 from turnrl.train.agent.contract import AgentFailed, check_reward_range
 from turnrl.train.agent.programs import make_program
@@ -94,11 +95,8 @@ def policy() -> HFPolicy:
 
 @pytest.fixture
 def served(policy: HFPolicy) -> Iterator[tuple[Gateway, GatewayServer]]:
-    with (
-        Gateway(policy, GatewayConfig(default_max_tokens=4, batch_window_s=0.001)) as gateway,
-        GatewayServer(gateway) as server,
-    ):
-        yield gateway, server
+    with serving(policy, default_max_tokens=4, batch_window_s=0.001) as pair:
+        yield pair
 
 
 def test_an_agent_reporting_success_false_as_a_string_fails_its_rollout(

@@ -19,11 +19,12 @@ from hypothesis import given, settings
 
 import hostile_requests as hostile
 from conftest import PARITY, TINY_TRAIN
+from serve_scripted import serving
 from test_hostile_run import error_lines, read_jsonl
 from turnrl.cli import main as turnrl_main
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.policy.logprobs import TINY_TEMPERATURE, tempered_log_softmax
-from turnrl.serve import Gateway, GatewayConfig, GatewayServer
+from turnrl.serve import Gateway, GatewayServer
 
 REPO = Path(__file__).resolve().parents[1]
 LOWEST = torch.finfo(torch.float32).min
@@ -79,11 +80,8 @@ def policy() -> HFPolicy:
 
 @pytest.fixture
 def served(policy: HFPolicy) -> Iterator[tuple[Gateway, GatewayServer]]:
-    with (
-        Gateway(policy, GatewayConfig(default_max_tokens=4, batch_window_s=0.001)) as gateway,
-        GatewayServer(gateway) as server,
-    ):
-        yield gateway, server
+    with serving(policy, default_max_tokens=4, batch_window_s=0.001) as pair:
+        yield pair
 
 
 @pytest.mark.parametrize("temperature", TINY)
