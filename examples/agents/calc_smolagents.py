@@ -60,22 +60,33 @@ def calculator(expression: str) -> str:
         return f"error: {exc}"
 
 
-def prompt_templates() -> dict[str, Any]:
-    """smolagents' tool-calling templates with the short system prompt."""
-    text = importlib.resources.files("smolagents.prompts").joinpath("toolcalling_agent.yaml")
+def prompt_templates(
+    name: str = "toolcalling_agent.yaml", system_prompt: str = SYSTEM_PROMPT
+) -> dict[str, Any]:
+    """smolagents' templates ``name`` (its ``prompts`` package) with a short system prompt."""
+    text = importlib.resources.files("smolagents.prompts").joinpath(name)
     templates = yaml.safe_load(text.read_text())
-    return {**templates, "system_prompt": SYSTEM_PROMPT}
+    return {**templates, "system_prompt": system_prompt}
 
 
-def solve(question: str, base_url: str, api_key: str, model: str) -> str:
-    """One smolagents episode; the final answer as text ("" when there is none)."""
+def solve(
+    question: str,
+    base_url: str,
+    api_key: str,
+    model: str,
+    *,
+    agent_class: type = ToolCallingAgent,
+    templates: dict[str, Any] | None = None,
+) -> str:
+    """One smolagents episode of ``agent_class`` (with the calculator tool, at most
+    ``MAX_STEPS`` steps); the final answer as text ("" when there is none)."""
     llm = LiteLLMModel(model_id=f"openai/{model}", api_base=base_url, api_key=api_key)
-    agent = ToolCallingAgent(
+    agent = agent_class(
         tools=[calculator],
         model=llm,
         max_steps=MAX_STEPS,
         verbosity_level=0,
-        prompt_templates=prompt_templates(),
+        prompt_templates=templates or prompt_templates(),
     )
     answer = agent.run(question)
     return "" if answer is None else str(answer)

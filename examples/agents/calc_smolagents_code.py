@@ -29,54 +29,38 @@ default.
 
 from __future__ import annotations
 
-import importlib.resources
 import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from smolagents import CodeAgent, LiteLLMModel
+from smolagents import CodeAgent
 
 from turnrl.entrypoints import load_object
 
 _TOOL_CALLING = f"{Path(__file__).with_name('calc_smolagents.py')}:"
-calculator = load_object(_TOOL_CALLING + "calculator", "calc_smolagents_code")
+prompt_templates = load_object(_TOOL_CALLING + "prompt_templates", "calc_smolagents_code")
 score = load_object(_TOOL_CALLING + "score", "calc_smolagents_code")
+solve = load_object(_TOOL_CALLING + "solve", "calc_smolagents_code")
 
 SYSTEM_PROMPT = (
     "Solve the arithmetic problem. Write Python between <code> and </code>: "
     "call calculator(expression), then final_answer(result)."
 )
-MAX_STEPS = 2
-
-
-def prompt_templates() -> dict[str, Any]:
-    """smolagents' code-agent templates with the short system prompt."""
-    text = importlib.resources.files("smolagents.prompts").joinpath("code_agent.yaml")
-    templates = yaml.safe_load(text.read_text())
-    return {**templates, "system_prompt": SYSTEM_PROMPT}
-
-
-def solve(question: str, base_url: str, api_key: str, model: str) -> str:
-    """One CodeAgent episode; the final answer as text ("" when there is none)."""
-    llm = LiteLLMModel(model_id=f"openai/{model}", api_base=base_url, api_key=api_key)
-    agent = CodeAgent(
-        tools=[calculator],
-        model=llm,
-        max_steps=MAX_STEPS,
-        verbosity_level=0,
-        prompt_templates=prompt_templates(),
-    )
-    answer = agent.run(question)
-    return "" if answer is None else str(answer)
 
 
 def run(task: dict[str, Any], llm: Any) -> dict[str, Any]:
-    """turnrl entrypoint: one CodeAgent episode on ``task`` through the rollout's URL."""
-    result: dict[str, Any] = score(
-        task, solve(task["question"], llm.base_url, llm.api_key, llm.model)
+    """turnrl entrypoint: one CodeAgent episode on ``task`` through the rollout's URL (the
+    tool-calling example's ``solve`` with ``CodeAgent`` and the code-agent templates)."""
+    templates = prompt_templates("code_agent.yaml", SYSTEM_PROMPT)
+    reply = solve(
+        task["question"],
+        llm.base_url,
+        llm.api_key,
+        llm.model,
+        agent_class=CodeAgent,
+        templates=templates,
     )
+    result: dict[str, Any] = score(task, reply)
     return result
