@@ -96,3 +96,18 @@ def test_no_two_modules_import_each_other() -> None:
                     seen.add(target)
                     stack.append((target, [*path, target]))
     assert cycles == []
+
+
+def test_building_the_command_line_imports_no_heavy_library() -> None:
+    """Every command's parser is built before any command runs, so registering one must
+    not import torch, transformers or matplotlib: the adapter venvs (no ``train`` extra)
+    run ``turnrl audit`` and ``turnrl credit``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from turnrl.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('matplotlib', 'torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
