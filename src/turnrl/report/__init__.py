@@ -9,32 +9,25 @@ and writes one HTML file (``turnrl.report.html`` says what it shows, in which or
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-_HOME = {
-    "heldout_console_table": "heldout",
-    "heldout_table": "heldout",
-    "render_report": "html",
-    "write_report": "html",
-    "RunData": "runs",
-    "load_run": "runs",
-    "load_runs": "runs",
-    "metric_order": "runs",
-    "label_summary": "summary",
-    "summary": "summary",
-}
-"""Each public name's submodule. Imported on first use (PEP 562), so that importing a
-submodule (``turnrl.report.eval_cli``, which every ``turnrl`` command's parser
-registers) does not import matplotlib: a venv without the ``train`` extra (the adapter
-venvs) still runs ``turnrl audit`` and ``turnrl credit``."""
+from turnrl.report.heldout import heldout_console_table, heldout_table
+from turnrl.report.runs import RunData, load_run, load_runs, metric_order
+from turnrl.report.summary import label_summary, summary
+
+_HTML_NAMES = ("render_report", "write_report")
+"""Imported on first use (PEP 562): ``turnrl.report.html`` imports matplotlib, and every
+``turnrl`` command's parser registers ``turnrl eval`` from this package, so an eager
+import would put matplotlib into every command (the adapter venvs, without the ``train``
+extra, run ``turnrl audit`` and ``turnrl credit``)."""
 
 
 def __getattr__(name: str) -> Any:
-    module = _HOME.get(name)
-    if module is None:
+    if name not in _HTML_NAMES:
         raise AttributeError(f"module 'turnrl.report' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"turnrl.report.{module}"), name)
+    from turnrl.report import html
+
+    return getattr(html, name)
 
 
 __all__ = [
