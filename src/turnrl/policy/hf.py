@@ -81,6 +81,10 @@ class HFPolicy(ChatEncoding):
         self.tokens_computed = 0
         """Positions run through the model by ``sample`` so far (prefill plus fed-back
         tokens of rows still generating; padding and finished rows are not counted)."""
+        self.logprob_chunk_tokens = 0
+        """``response_logprobs`` and ``tree_logprobs`` score this many response tokens at
+        a time (0: all at once); set during an update by
+        :func:`turnrl.policy.memory_savers.memory_savers`."""
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -236,6 +240,7 @@ class HFPolicy(ChatEncoding):
             temperature=temperature,
             pad_token_id=self.pad_token_id,
             device=self.device,
+            chunk_tokens=self.logprob_chunk_tokens,
         )
 
     def tree_logprobs(
@@ -249,4 +254,10 @@ class HFPolicy(ChatEncoding):
         rows computed once (see :mod:`turnrl.policy.tree_layout`)."""
         check_pairs(contexts, responses, temperature)
         check_lengths(contexts, [len(r) for r in responses], self.max_context)
-        return tree_logprobs(self.model, contexts, responses, temperature=temperature)
+        return tree_logprobs(
+            self.model,
+            contexts,
+            responses,
+            temperature=temperature,
+            chunk_tokens=self.logprob_chunk_tokens,
+        )

@@ -5,6 +5,13 @@ reference every faster path is tested against: every row's whole context is run
 through the model, right-padded, positions ``0..len-1``. (The tree layout,
 :mod:`turnrl.policy.tree_layout`, computes the same numbers running every
 distinct prefix once.)
+
+With ``chunk_tokens > 0`` (``train.logprob_chunk_tokens``), neither layout lets the
+model compute its logits: the decoder body gives hidden states, and
+:func:`chunked_target_logprobs` runs the output layer, the tempered log-softmax and
+the gather over that many tokens at a time, each chunk under
+``torch.utils.checkpoint`` so that the backward recomputes a chunk's logits instead
+of keeping them; no ``[tokens x vocab]`` float32 tensor is ever whole (docs/memory.md).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from turnrl.policy.batching import pad_ids
 
@@ -51,6 +59,60 @@ def target_logprobs(
     return logp_N_V.gather(-1, targets_N[..., None]).squeeze(-1)
 
 
+def output_parts(model: Any) -> tuple[Any, Any]:
+    """``(decoder body, output layer)`` of a causal LM, through a peft wrapper (the LoRA
+    layers are injected into the base model, so its body runs them).
+
+    Only for models whose logits are ``output_layer(hidden)`` (Llama, Qwen2, SmolLM2):
+    a model that scales or caps its logits after the output layer is refused."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for name in ("final_logit_softcapping", "logit_scale"):
+        if getattr(base.config, name, None) not in (None, 1.0):
+            raise ValueError(
+                f"train.logprob_chunk_tokens needs logits = lm_head(hidden); this model's "
+                f"config sets {name} (use train.logprob_chunk_tokens = 0)"
+            )
+    return base.get_decoder(), base.get_output_embeddings()
+
+
+def _head_logprobs(
+    head: Any, hidden_N_H: torch.Tensor, targets_N: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    return target_logprobs(head(hidden_N_H), targets_N, temperature)
+
+
+def chunked_target_logprobs(
+    head: Any,
+    hidden_N_H: torch.Tensor,
+    targets_N: torch.Tensor,
+    temperature: float,
+    chunk_tokens: int,
+) -> torch.Tensor:
+    """:func:`target_logprobs` of ``head(hidden_N_H)``, ``chunk_tokens`` tokens at a time.
+
+    With grad enabled each chunk runs under non-reentrant activation checkpointing: the
+    forward keeps only the chunk's hidden states (already kept by the model), and the
+    backward recomputes the chunk's logits and log-softmax, one chunk at a time. The
+    numbers are :func:`target_logprobs` on the whole logits (each token's logits depend
+    on its own hidden state only)."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    parts = []
+    for hidden_C_H, targets_C in zip(
+        hidden_N_H.split(chunk_tokens), targets_N.split(chunk_tokens), strict=True
+    ):
+        if torch.is_grad_enabled():
+            part = checkpoint(
+                _head_logprobs, head, hidden_C_H, targets_C, temperature, use_reentrant=False
+            )
+        else:
+            part = _head_logprobs(head, hidden_C_H, targets_C, temperature)
+        parts.append(part)
+    if not parts:
+        return hidden_N_H.new_zeros((0,), dtype=torch.float32)
+    return torch.cat(parts)
+
+
 def check_pairs(
     contexts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], temperature: float
 ) -> None:
@@ -85,9 +147,12 @@ def row_logprobs(
     temperature: float,
     pad_token_id: int,
     device: torch.device,
+    chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logp_B_T, mask_B_T)`` of the responses, every row encoded on its own in one
-    forward (see ``HFPolicy.response_logprobs`` for the contract)."""
+    forward (see ``HFPolicy.response_logprobs`` for the contract). ``chunk_tokens > 0``
+    scores the response tokens that many at a time (:func:`chunked_target_logprobs`);
+    0 lets the model compute the logits of every needed position at once."""
     batch = len(contexts)
     longest = max((len(r) for r in responses), default=0)
     if batch == 0 or longest == 0:
@@ -97,18 +162,29 @@ def row_logprobs(
     ids_B_L, mask_B_L = pad_ids(seqs, pad_token_id, left=False, device=device)
     length = ids_B_L.shape[1]
     # Only positions from the earliest response's predictor onwards need logits.
-    start = min(len(c) for c in contexts) - 1
-    out = model(
-        input_ids=ids_B_L,
-        attention_mask=mask_B_L,
-        position_ids=torch.arange(length, device=device).expand(batch, length),
-        use_cache=False,
-        logits_to_keep=length - start,
-    )
-    logits_B_K_V = out.logits
+    inputs = {
+        "input_ids": ids_B_L,
+        "attention_mask": mask_B_L,
+        "position_ids": torch.arange(length, device=device).expand(batch, length),
+        "use_cache": False,
+    }
     ctx_len_B = torch.tensor([len(c) for c in contexts], device=device)
     steps_T = torch.arange(longest, device=device)
     mask_B_T, targets_B_T = response_mask(responses, device)
+    if chunk_tokens > 0:
+        decoder, head = output_parts(model)
+        hidden_B_L_H = decoder(**inputs).last_hidden_state
+        # Logit at absolute position p predicts token p + 1; only real tokens are scored.
+        rows_N, steps_N = mask_B_T.nonzero(as_tuple=True)
+        hidden_N_H = hidden_B_L_H[rows_N, ctx_len_B[rows_N] - 1 + steps_N]
+        logp_N = chunked_target_logprobs(
+            head, hidden_N_H, targets_B_T[rows_N, steps_N], temperature, chunk_tokens
+        )
+        logp_B_T = torch.zeros_like(mask_B_T).index_put((rows_N, steps_N), logp_N)
+        return logp_B_T, mask_B_T
+    # Only positions from the earliest response's predictor onwards need logits.
+    start = min(len(c) for c in contexts) - 1
+    logits_B_K_V = model(**inputs, logits_to_keep=length - start).logits
     # Logit at absolute position p predicts token p + 1; kept index = p - start.
     index_B_T = (ctx_len_B[:, None] - 1 + steps_T[None, :] - start).clamp(
         max=logits_B_K_V.shape[1] - 1

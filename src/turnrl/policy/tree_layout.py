@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from turnrl.policy.logprobs import target_logprobs
+from turnrl.policy.logprobs import chunked_target_logprobs, output_parts, target_logprobs
 
 MASKABLE_ATTENTION = frozenset({"sdpa", "eager"})
 """Attention implementations that take a custom 4D mask as it is."""
@@ -175,11 +175,14 @@ def tree_logprobs(
     responses: Sequence[Sequence[int]],
     *,
     temperature: float,
+    chunk_tokens: int = 0,
 ) -> TreeLogprobs:
     """Log-probs of each row's response tokens, from ONE forward over the rows' trie.
 
     Same contract as ``HFPolicy.response_logprobs`` (rows in the given order, ``T``
-    the longest response, padding 0); the caller checks the inputs.
+    the longest response, padding 0); the caller checks the inputs. ``chunk_tokens > 0``
+    scores the trie's response nodes that many at a time
+    (:func:`turnrl.policy.logprobs.chunked_target_logprobs`).
     """
     device = next(model.parameters()).device
     batch = len(contexts)
@@ -192,15 +195,20 @@ def tree_logprobs(
     scored = sorted({n for row in layout.nodes for n in row})
     slot = {n: k for k, n in enumerate(scored)}
     predictors_K = torch.tensor([layout.parent[n] for n in scored], device=device)
-    out = model(
-        input_ids=torch.tensor([layout.ids], device=device),
-        attention_mask=_attention_mask(layout, model, device),
-        position_ids=torch.tensor([layout.depth], device=device),
-        use_cache=False,
-        logits_to_keep=predictors_K,
-    )
+    inputs = {
+        "input_ids": torch.tensor([layout.ids], device=device),
+        "attention_mask": _attention_mask(layout, model, device),
+        "position_ids": torch.tensor([layout.depth], device=device),
+        "use_cache": False,
+    }
     targets_K = torch.tensor([layout.ids[n] for n in scored], device=device)
-    logp_K = target_logprobs(out.logits[0], targets_K, temperature)
+    if chunk_tokens > 0:
+        decoder, head = output_parts(model)
+        hidden_K_H = decoder(**inputs).last_hidden_state[0, predictors_K]
+        logp_K = chunked_target_logprobs(head, hidden_K_H, targets_K, temperature, chunk_tokens)
+    else:
+        logits_K_V = model(**inputs, logits_to_keep=predictors_K).logits[0]
+        logp_K = target_logprobs(logits_K_V, targets_K, temperature)
     index_B_T = torch.zeros((batch, longest), dtype=torch.long)
     mask_B_T = torch.zeros((batch, longest))
     for b, row in enumerate(layout.nodes):

@@ -157,6 +157,11 @@ FSDP2_NEEDS_ONE_PASS = (
     "(docs/distributed.md); use 'none'"
 )
 """Why ``train.sharding = "fsdp2"`` is refused beside the mismatch pass."""
+FSDP2_NO_CHUNKS = (
+    "must be 0 with train.sharding = 'fsdp2': chunked log-probs call the decoder body and "
+    "the output layer directly, which skips the sharded model's gathering of its weights"
+)
+"""Why ``train.logprob_chunk_tokens`` is refused with FSDP2 sharding."""
 
 
 @dataclass
@@ -216,6 +221,8 @@ class TrainConfig(PPOConfig):
         p.at_least("threads", self.threads, 0)
         if self.sharding == "fsdp2" and (self.log_mismatch or self.tis_cap > 0):
             p.add("sharding", FSDP2_NEEDS_ONE_PASS)
+        if self.sharding == "fsdp2" and self.logprob_chunk_tokens > 0:
+            p.add("logprob_chunk_tokens", FSDP2_NO_CHUNKS)
         p.at_least("legacy_mini_batch", self.legacy_mini_batch, 0)
         p.at_least("legacy_micro_batch", self.legacy_micro_batch, 1)
         p.at_least("legacy_max_prompt_length", self.legacy_max_prompt_length, 0)
@@ -237,6 +244,8 @@ class RunConfig:
         "train.export_every",
         "train.threads",
         "train.sharding",
+        "train.gradient_checkpointing",
+        "train.logprob_chunk_tokens",
         "rollout.ray_address",
         "agent.concurrency",
         "agent.port",

@@ -461,12 +461,14 @@ class RunDirectory:
         trees of ``max_tokens_per_batch`` when it is ``"tree"``, else per row).
         ``progress`` shows a bar (unless ``quiet``); a stdout that is not a terminal gets
         one plain line per step either way."""
+        from turnrl.policy.memory_savers import configured_memory_savers
         from turnrl.train.update.sft import supervised_warm_start
 
         if cfg.init_from is None and cfg.steps > 0:
             train_examples = examples()
             progress = progress or not sys.stdout.isatty()  # a log gets its plain lines
-            with self.progress(enabled=progress) as bar:
+            savers = configured_memory_savers(policy, update)  # as the update's
+            with self.progress(enabled=progress) as bar, savers:
                 task = bar.add_task("warm start", total=cfg.steps)
                 losses = supervised_warm_start(
                     policy,

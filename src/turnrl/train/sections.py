@@ -356,9 +356,21 @@ class PPOConfig:
     multiplies each token's objective by ``min(exp(learner - sampler), tis_cap)`` and takes
     the PPO ratio against the learner's recomputation (implies the recomputation of
     ``log_mismatch``; verl's token-level rollout correction, e.g. 2.0). 0: off."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them
+    (non-reentrant ``torch.utils.checkpoint`` per layer, both layouts, full weights and
+    LoRA; the warm start's SFT too). The same loss and gradients; costs about one more
+    forward per update. On only during the update's training forwards, never while
+    sampling (docs/memory.md)."""
+    logprob_chunk_tokens: int = 0
+    """> 0: the update scores response tokens this many at a time (output layer, tempered
+    log-softmax and gather per chunk, each chunk's logits recomputed in the backward), so
+    no [tokens x vocab] float32 tensor is ever whole; 0: all at once. The same log-probs
+    and gradients (docs/memory.md). Not with ``train.sharding = "fsdp2"``."""
 
     def check(self, p: Problems) -> None:
         p.at_least("tis_cap", self.tis_cap, 0.0)
+        p.at_least("logprob_chunk_tokens", self.logprob_chunk_tokens, 0)
         p.above("lr", self.lr, 0)
         p.at_least("minibatch_size", self.minibatch_size, 1)
         p.at_most("minibatch_size", self.minibatch_size, bounds.MAX_BATCH, bounds.WHY)

@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from turnrl.policy.memory_savers import configured_memory_savers
 from turnrl.policy.trainable import TrainablePolicy
 from turnrl.policy.tree_layout import split_rows
 from turnrl.rollout.tokens import trie_size
@@ -263,7 +264,7 @@ def ppo_update(
     if shard is not None and shard.lockstep:
         padding = _lockstep_padding(plan, shard)
     policy.model.train()
-    with cuda_peak(policy.device) as cuda:
+    with cuda_peak(policy.device) as cuda, configured_memory_savers(policy, config):
         for epoch, pads in zip(plan, padding, strict=True):
             for forwards, pad in zip(epoch, pads, strict=True):
                 optimizer.zero_grad(set_to_none=True)
