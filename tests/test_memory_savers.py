@@ -207,3 +207,26 @@ def test_config_fields_are_checked_and_may_change_on_resume() -> None:
         check("train.sharding=fsdp2", "train.logprob_chunk_tokens=4096")
     for name in ("train.gradient_checkpointing", "train.logprob_chunk_tokens"):
         assert name in RunConfig.MAY_CHANGE_ON_RESUME
+
+
+def test_the_warm_start_trains_with_the_update_sections_savers(tmp_path, monkeypatch) -> None:
+    from turnrl.train.run import RunDirectory
+    from turnrl.train.update import sft
+
+    seen: list[tuple[bool, int]] = []
+
+    def fake_warm_start(policy: HFPolicy, *args, **kwargs) -> list[float]:
+        seen.append((policy.model.is_activation_checkpointing, policy.logprob_chunk_tokens))
+        return [1.0]
+
+    monkeypatch.setattr(sft, "supervised_warm_start", fake_warm_start)
+    overrides = [f"run_dir={tmp_path}", "warm_start.steps=2", "train.gradient_checkpointing=true"]
+    config = load_config(RunConfig, None, [*overrides, "train.logprob_chunk_tokens=7"])
+    policy = _policy(lora=True)
+    run = RunDirectory.open(config, quiet=True)
+    run.start()
+    run.warm_start(policy, config.warm_start, list, seed=0, update=config.train)
+    run.warm_start(policy, config.warm_start, list, seed=0)  # no update section: none
+    run.close()
+    assert seen == [(True, 7), (False, 0)]
+    assert not policy.model.is_activation_checkpointing and policy.logprob_chunk_tokens == 0

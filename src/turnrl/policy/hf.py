@@ -12,6 +12,8 @@ what; each job lives in its own module:
 * :mod:`turnrl.policy.tree_layout`: the same log-probs, every distinct prefix
   of a batch computed once (the update's tree layout);
 * :mod:`turnrl.policy.lora`: what differs with LoRA adapters;
+* :mod:`turnrl.policy.memory_savers`: gradient checkpointing and chunked log-probs
+  while an update trains;
 * :mod:`turnrl.policy.device`: device and precision names.
 
 ``Sample.logprobs`` are log-probs of the sampled tokens under the SAMPLING
