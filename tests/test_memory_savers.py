@@ -22,6 +22,7 @@ from turnrl.policy.logprobs import chunked_target_logprobs
 from turnrl.policy.lora import lora_policy
 from turnrl.policy.memory_savers import memory_savers
 from turnrl.train.config import RunConfig
+from turnrl.train.iterate.config import IterateConfig
 from turnrl.train.update.memory import ActivationMeter
 from turnrl.train.update.ppo import PPOConfig
 from turnrl.train.validate import validate
@@ -205,8 +206,9 @@ def test_config_fields_are_checked_and_may_change_on_resume() -> None:
         check("train.logprob_chunk_tokens=-1")
     with pytest.raises(ConfigError, match=r"train\.logprob_chunk_tokens: must be 0 with"):
         check("train.sharding=fsdp2", "train.logprob_chunk_tokens=4096")
-    for name in ("train.gradient_checkpointing", "train.logprob_chunk_tokens"):
-        assert name in RunConfig.MAY_CHANGE_ON_RESUME
+    for name in ("gradient_checkpointing", "logprob_chunk_tokens"):
+        assert f"train.{name}" in RunConfig.MAY_CHANGE_ON_RESUME
+        assert f"improve.{name}" in IterateConfig.MAY_CHANGE_ON_RESUME
 
 
 def test_the_warm_start_trains_with_the_update_sections_savers(tmp_path, monkeypatch) -> None:

@@ -215,6 +215,8 @@ class IterateConfig:
         "threads",
         "keep_checkpoints",
         "save_policies",
+        "improve.gradient_checkpointing",
+        "improve.logprob_chunk_tokens",
         "logging.trackers",
         "logging.project",
         "logging.offline",
