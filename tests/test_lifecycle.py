@@ -13,9 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors.torch import save_file
 
 from turnrl.train.agent.loop import AgentTrainer
 from turnrl.train.iterate.loop import IterativeGRPO
@@ -60,6 +63,11 @@ class FakeTrainer:
         self.calls.append(("setup", None if checkpoint is None else checkpoint.step))
         if self.fail_setup:
             raise Boom("setup failed")
+        if checkpoint is None:  # a saved warm start, as every trainer leaves (resume checks it)
+            warm = self.run_directory.warm_start_dir
+            warm.mkdir(exist_ok=True)
+            (warm / "config.json").write_text("{}")
+            save_file({"w": torch.zeros(2)}, str(warm / "model.safetensors"))
         if checkpoint is not None:
             self.step = int(checkpoint.extra["step"])
         return self.step
@@ -83,7 +91,12 @@ class FakeTrainer:
 
     def checkpoint(self) -> None:
         self.calls.append(("checkpoint", self.step))
-        self.run_directory.save_checkpoint(self.step, {}, None, {"step": self.step})
+        # what every trainer saves (a resumed run checks it all: payload_problem)
+        weights = {"w": torch.full((2,), float(self.step))}
+        optimizer = {"state": {}, "param_groups": []}
+        sampler = np.random.default_rng(self.step).bit_generator.state
+        extra = {"step": self.step, "sampler": sampler}
+        self.run_directory.save_checkpoint(self.step, weights, optimizer, extra)
 
     def describe(self, row: Mapping[str, Any]) -> str:
         self.calls.append(("describe", row["step"]))
@@ -100,7 +113,8 @@ class FakeTrainer:
 def fake(
     tiny_train: Any, run_dir: Path, schedule: Schedule, *, resume: bool = False, **kwargs: Any
 ) -> FakeTrainer:
-    run = RunDirectory.open(tiny_train(run_dir), resume=resume, quiet=True)
+    config = tiny_train(run_dir, f"train.steps={schedule.steps}")  # the schedule's length
+    run = RunDirectory.open(config, resume=resume, quiet=True)
     return FakeTrainer(run, schedule, **kwargs)
 
 
