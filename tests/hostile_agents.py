@@ -282,30 +282,39 @@ def _sibling_reward_urls() -> list[str]:
 
 
 def _reads_siblings() -> None:
-    """One call; then, for up to ``HOSTILE_SCAN_S`` seconds, looks for its siblings'
-    reward URLs in ``/proc/*/environ`` and posts 1.0 to each one found; reports what it
-    found and how many posts were taken (reward 0)."""
+    """One call; then, until one of its posts is taken or ``HOSTILE_SCAN_S`` seconds have
+    passed, looks for its siblings' reward URLs in ``/proc/*/environ`` and posts 1.0 to
+    each new one found; reports what it found and how many posts were taken (reward 0).
+    It stays alive while it has taken nothing, so a sibling that starts later (a loaded
+    machine staggers the starts) still finds it running."""
     _command_call()
     deadline = time.monotonic() + float(os.environ.get("HOSTILE_SCAN_S", "3"))
-    urls: list[str] = []
-    while not urls and time.monotonic() < deadline:
-        urls = _sibling_reward_urls()
-        time.sleep(0.05)
+    tried: set[str] = set()
     taken = 0
-    for url in urls:
-        request = urllib.request.Request(
-            url,
-            data=json.dumps({"reward": 1.0}).encode(),
-            headers={
-                "Content-Type": "application/json",
-                "Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', '')}",
-            },
-            method="POST",
-        )
-        with contextlib.suppress(OSError):
-            taken += urllib.request.urlopen(request, timeout=10).status == 200
-    info = {"siblings_read": len(urls), "sibling_rewards_taken": taken, "uid": os.getuid()}
+    while not taken and time.monotonic() < deadline:
+        for url in _sibling_reward_urls():
+            if url not in tried:
+                tried.add(url)
+                taken += _post_reward(url)
+        time.sleep(0.05)
+    info = {"siblings_read": len(tried), "sibling_rewards_taken": taken, "uid": os.getuid()}
     print(json.dumps({"reward": 0.0, "info": info}))
+
+
+def _post_reward(url: str) -> bool:
+    """Post reward 1.0 to ``url``; whether the gateway took it (200)."""
+    request = urllib.request.Request(
+        url,
+        data=json.dumps({"reward": 1.0}).encode(),
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', '')}",
+        },
+        method="POST",
+    )
+    with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=10) as answer:
+        return bool(answer.status == 200)
+    return False
 
 
 if __name__ == "__main__":

@@ -66,7 +66,8 @@ def test_rollouts_of_the_trainers_user_can_read_a_sibling_as_documented(
     monkeypatch.setenv("HOSTILE_SCAN_S", "10")
     results = run_batch(served, make_program(None, command("reads_siblings")), tasks(4))
     stolen = "the agent posted reward 1 and returned 0.0"
-    assert sum(bool(r.failure and r.failure.reason.startswith(stolen)) for r in results) >= 1
+    seen = [(r.failure.reason if r.failure else None, r.info) for r in results]
+    assert sum(bool(r.failure and r.failure.reason.startswith(stolen)) for r in results) >= 1, seen
 
 
 def test_user_per_rollout_with_an_entrypoint_is_a_config_error(
