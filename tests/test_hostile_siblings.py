@@ -62,12 +62,25 @@ def test_rollouts_as_users_of_their_own_cannot_read_or_reward_a_sibling(
 def test_rollouts_of_the_trainers_user_can_read_a_sibling_as_documented(
     served: tuple[Gateway, GatewayServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The default: the probe works, so the test above is not vacuous."""
+    """The default: the probe works, so the test above is not vacuous. The agent never
+    posts its own reward (it prints 0.0), so a rollout that holds a posted 1.0 was
+    rewarded by a sibling: it fails as returning 0.0 after a posted 1.0, or its own later
+    request is refused (409) because the rollout already holds a reward (which of the
+    two depends on timing; a failed rollout keeps no info, so the thief's count of
+    posts taken is not always there to read)."""
     monkeypatch.setenv("HOSTILE_SCAN_S", "10")
     results = run_batch(served, make_program(None, command("reads_siblings")), tasks(4))
-    stolen = "the agent posted reward 1 and returned 0.0"
     seen = [(r.failure.reason if r.failure else None, r.info) for r in results]
-    assert sum(bool(r.failure and r.failure.reason.startswith(stolen)) for r in results) >= 1, seen
+    victims = [
+        r
+        for r in results
+        if r.failure
+        and (
+            r.failure.reason.startswith("the agent posted reward 1 and returned 0.0")
+            or "409" in r.failure.reason
+        )
+    ]
+    assert victims, seen
 
 
 def test_user_per_rollout_with_an_entrypoint_is_a_config_error(
