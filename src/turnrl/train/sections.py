@@ -355,7 +355,12 @@ class PPOConfig:
     """Truncated importance sampling of the sampler's distribution to the learner's: > 0
     multiplies each token's objective by ``min(exp(learner - sampler), tis_cap)`` and takes
     the PPO ratio against the learner's recomputation (implies the recomputation of
-    ``log_mismatch``; verl's token-level rollout correction, e.g. 2.0). 0: off."""
+    ``log_mismatch``; verl's token-level rollout correction, e.g. 2.0). 0: off. Per turn:
+    each turn's tokens against that turn's own sampler log-probs (docs/async.md)."""
+    tis_mode: Literal["truncate", "mask"] = "truncate"
+    """``tis_cap > 0``: ``truncate`` weights each token by ``min(ratio, tis_cap)``;
+    ``mask`` keeps the ratio where ``1 / tis_cap <= ratio <= tis_cap`` and drops the token
+    (weight 0) elsewhere (IcePop). ``tis_corrected_frac`` logs the share of tokens changed."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward instead of keeping them
     (non-reentrant ``torch.utils.checkpoint`` per layer, both layouts, full weights and

@@ -37,8 +37,9 @@ system prompt), all summed over epochs, and peak memory
 Train/inference mismatch (``log_mismatch``, ``tis_cap``; :mod:`turnrl.train.update.mismatch`):
 before the first step the learner recomputes every row's log-probs, the ``mismatch_*``
 metrics compare them with the sampler's, and with ``tis_cap > 0`` they become the PPO
-ratio's denominator while truncated importance weights correct for the sampler
-(:func:`turnrl.train.update.loss.truncated_is_weights`).
+ratio's denominator while importance weights correct each turn for the policy that
+sampled it (``tis_mode``: truncated or masked;
+:func:`turnrl.train.update.turn_correction.turn_is_weights`).
 
 A diverged update is refused (:mod:`turnrl.train.update.divergence`): each optimiser
 step whose loss or gradient norm is not finite raises before ``optimizer.step()``, and
@@ -74,11 +75,11 @@ from turnrl.train.update.loss import (
     CountReducer,
     aggregation_weights,
     ppo_clip_loss,
-    truncated_is_weights,
 )
 from turnrl.train.update.memory import ActivationMeter, cuda_peak
 from turnrl.train.update.minibatches import row_minibatches, tree_minibatches
 from turnrl.train.update.mismatch import learner_logprobs, mismatch_stats
+from turnrl.train.update.turn_correction import turn_is_weights
 from turnrl.types import TurnRecord
 
 __all__ = [
@@ -244,10 +245,11 @@ def ppo_update(
             policy, batch, temperature=temperature, rows_per_forward=config.minibatch_size
         )
         mismatch = mismatch_stats(learner_B_T, batch.old_logp_B_T, batch.mask_B_T)
-        if config.tis_cap > 0:
-            is_weight_B_T = truncated_is_weights(
-                learner_B_T, batch.old_logp_B_T, batch.mask_B_T, config.tis_cap
+        if config.tis_cap > 0:  # per turn: each row against its own behaviour log-probs
+            is_weight_B_T, corrected = turn_is_weights(
+                learner_B_T, batch.old_logp_B_T, batch.mask_B_T, config.tis_cap, config.tis_mode
             )
+            mismatch.update(corrected)
             batch = replace(batch, old_logp_B_T=learner_B_T)
     meter = ActivationMeter(policy.model)
     computed = 0
