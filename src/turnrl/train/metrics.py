@@ -52,7 +52,10 @@ class EpisodeSummary(Protocol):
 
 def episode_metrics(episodes: Sequence[EpisodeSummary], prefix: str = "") -> dict[str, float]:
     """Success, tool-call rate (any call; ``tool_open_rate``: a call at turn 0), tool calls
-    and turns per episode, overall and per task tag."""
+    and turns per episode, overall and per task tag; and the turn-0 choice's economics:
+    ``opened_tool_success`` (success of the episodes that called a tool at turn 0) and
+    ``opened_no_tool_success`` (of the others: a direct answer, or a malformed first turn),
+    each absent when no episode opened that way."""
     out: dict[str, float] = {}
 
     def add(suffix: str, group: Sequence[EpisodeSummary]) -> None:
@@ -66,6 +69,11 @@ def episode_metrics(episodes: Sequence[EpisodeSummary], prefix: str = "") -> dic
         out[f"{prefix}tool_calls{suffix}"] = float(np.mean([e.tool_calls for e in group]))
         out[f"{prefix}turns{suffix}"] = float(np.mean([e.turn for e in group]))
         out[f"{prefix}return{suffix}"] = float(np.mean([e.outcome for e in group]))
+        # the economics of the turn-0 choice: how often each opening ends right
+        for name, opened in (("tool", True), ("no_tool", False)):
+            chose = [bool(e.correct) for e in group if bool(e.opened_with_tool) is opened]
+            if chose:
+                out[f"{prefix}opened_{name}_success{suffix}"] = float(np.mean(chose))
 
     add("", episodes)
     tags = sorted({tag for e in episodes for tag in e.task.tags})

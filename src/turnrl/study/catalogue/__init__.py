@@ -16,6 +16,7 @@ marker names an entry here.
 - :mod:`.agents_489`: #489 on calc_openai;
 - :mod:`.calc_x`: #489 on Agent Lightning's calc_x stack;
 - :mod:`.smol`: #489 with SmolLM2;
+- :mod:`.mechanism`: #489's mechanism (cost x std x grouping) on the built-in calculator;
 - :mod:`.measurements`: commands that write doc tables but are not matrices of runs.
 """
 
@@ -39,6 +40,7 @@ from turnrl.study.catalogue.demo import DEMO_SEEDS
 from turnrl.study.catalogue.grouping import GROUPING_LEARNING
 from turnrl.study.catalogue.iterative import ITERATIVE_GRPO, ITERATIVE_PERSONA
 from turnrl.study.catalogue.measurements import MEASUREMENTS, Measurement
+from turnrl.study.catalogue.mechanism import MECHANISM
 from turnrl.study.catalogue.search import SEARCH_AGENT
 from turnrl.study.catalogue.smol import AGENTS_SMOL_489
 from turnrl.study.catalogue.tree import TREE_ROLLOUTS
@@ -66,6 +68,7 @@ STUDIES: dict[str, Study] = {
         AGENTS_CALC_X_489,
         AGENTS_CALC_X_HELD_OUT,
         AGENTS_SMOL_489,
+        MECHANISM,
     )
 }
 
