@@ -12,8 +12,8 @@ what; each job lives in its own module:
 * :mod:`turnrl.policy.tree_layout`: the same log-probs, every distinct prefix
   of a batch computed once (the update's tree layout);
 * :mod:`turnrl.policy.lora`: what differs with LoRA adapters;
-* :mod:`turnrl.policy.memory_savers`: gradient checkpointing and chunked log-probs
-  while an update trains;
+* :mod:`turnrl.policy.memory_savers`: gradient checkpointing, chunked log-probs and
+  bf16-mixed autocast while an update trains;
 * :mod:`turnrl.policy.device`: device and precision names.
 
 ``Sample.logprobs`` are log-probs of the sampled tokens under the SAMPLING
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,10 @@ class HFPolicy(ChatEncoding):
         """``response_logprobs`` and ``tree_logprobs`` score this many response tokens at
         a time (0: all at once); set during an update by
         :func:`turnrl.policy.memory_savers.memory_savers`."""
+        self.autocast_dtype: torch.dtype | None = None
+        """``response_logprobs`` and ``tree_logprobs`` run their forward under
+        ``torch.autocast`` to this dtype (None: in the weights' own); set during a
+        ``train.precision = "bf16-mixed"`` update by ``memory_savers``."""
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -235,15 +239,16 @@ class HFPolicy(ChatEncoding):
         """
         check_pairs(contexts, responses, temperature)
         check_lengths(contexts, [len(r) for r in responses], self.max_context)
-        return row_logprobs(
-            self.model,
-            contexts,
-            responses,
-            temperature=temperature,
-            pad_token_id=self.pad_token_id,
-            device=self.device,
-            chunk_tokens=self.logprob_chunk_tokens,
-        )
+        with self._autocast():
+            return row_logprobs(
+                self.model,
+                contexts,
+                responses,
+                temperature=temperature,
+                pad_token_id=self.pad_token_id,
+                device=self.device,
+                chunk_tokens=self.logprob_chunk_tokens,
+            )
 
     def tree_logprobs(
         self,
@@ -256,10 +261,17 @@ class HFPolicy(ChatEncoding):
         rows computed once (see :mod:`turnrl.policy.tree_layout`)."""
         check_pairs(contexts, responses, temperature)
         check_lengths(contexts, [len(r) for r in responses], self.max_context)
-        return tree_logprobs(
-            self.model,
-            contexts,
-            responses,
-            temperature=temperature,
-            chunk_tokens=self.logprob_chunk_tokens,
-        )
+        with self._autocast():
+            return tree_logprobs(
+                self.model,
+                contexts,
+                responses,
+                temperature=temperature,
+                chunk_tokens=self.logprob_chunk_tokens,
+            )
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        """``torch.autocast`` to ``autocast_dtype`` on the model's device type, or nothing."""
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)

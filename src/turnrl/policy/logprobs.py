@@ -42,12 +42,16 @@ def tempered_log_softmax(logits_N_V: torch.Tensor, temperature: float) -> torch.
     a padded position times its mask 0 stays 0), and the result is the exact limit of
     the distribution as the temperature goes to 0, the argmax with log-prob 0 (ties
     share the mass), instead of NaN. Sampling from it is greedy.
+
+    Autocast is off inside: under ``train.precision = "bf16-mixed"`` the logits come
+    in bfloat16 and are upcast before the division and the log-softmax.
     """
-    if temperature >= TINY_TEMPERATURE:
-        return torch.log_softmax(logits_N_V.float() / temperature, dim=-1)
-    shifted = logits_N_V.double() - logits_N_V.double().amax(-1, keepdim=True)
-    logp_N_V = torch.log_softmax(shifted / temperature, dim=-1).float()
-    return logp_N_V.clamp_min(torch.finfo(torch.float32).min)  # finite: 0 * it is 0
+    with torch.autocast(logits_N_V.device.type, enabled=False):  # bf16-mixed: upcast
+        if temperature >= TINY_TEMPERATURE:
+            return torch.log_softmax(logits_N_V.float() / temperature, dim=-1)
+        shifted = logits_N_V.double() - logits_N_V.double().amax(-1, keepdim=True)
+        logp_N_V = torch.log_softmax(shifted / temperature, dim=-1).float()
+        return logp_N_V.clamp_min(torch.finfo(torch.float32).min)  # finite: 0 * it is 0
 
 
 def target_logprobs(

@@ -46,6 +46,7 @@ from turnrl.train.sections import (
     Precision,
     UpdateLayout,
     WarmStartConfig,
+    check_update_precision,
 )
 from turnrl.train.validate import Problems
 
@@ -318,6 +319,7 @@ class RunConfig:
             )
         if not self.run_dir:
             p.add("run_dir", "must name a directory")
+        check_update_precision(self.policy, self.train, "train", p)
         self._check_inactive(p)
         if self.mode == "agent":
             self._check_agent_run(p)

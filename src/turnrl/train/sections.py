@@ -34,6 +34,9 @@ UpdateLayout = Literal["tree", "rows"]
 Precision = Literal["float32", "bfloat16", "float16"]
 """Model precisions (:data:`turnrl.policy.device.DTYPES`)."""
 
+TrainPrecision = Literal["fp32", "bf16-mixed"]
+"""How the update computes (see ``PPOConfig.precision``)."""
+
 
 @dataclass
 class EnvConfig:
@@ -372,6 +375,13 @@ class PPOConfig:
     log-softmax and gather per chunk, each chunk's logits recomputed in the backward), so
     no [tokens x vocab] float32 tensor is ever whole; 0: all at once. The same log-probs
     and gradients (docs/memory.md). Not with ``train.sharding = "fsdp2"``."""
+    precision: TrainPrecision = "fp32"
+    """``fp32``: the update computes in the weights' own dtype. ``bf16-mixed``: its
+    training forwards run under bfloat16 ``torch.autocast`` (the backward follows their
+    dtypes) while the weights, their gradients and the optimiser state stay float32 (the
+    master copy: needs ``policy.dtype = "float32"``); log-probs, ratios and the loss are
+    float32, upcast from the bfloat16 logits. Not exact: the loss and gradients differ
+    from ``fp32`` by bfloat16 rounding (docs/memory.md)."""
 
     def check(self, p: Problems) -> None:
         p.at_least("tis_cap", self.tis_cap, 0.0)
@@ -386,6 +396,18 @@ class PPOConfig:
         p.finite("kl_coef", self.kl_coef)
         p.at_least("max_grad_norm", self.max_grad_norm, 0)
         p.at_least("max_tokens_per_batch", self.max_tokens_per_batch, 1)
+
+
+def check_update_precision(policy: PolicyConfig, update: PPOConfig, name: str, p: Problems) -> None:
+    """``bf16-mixed`` keeps float32 master weights: the stored weights must be float32
+    (a bfloat16 copy would be the only copy, and its updates would round away);
+    ``name`` is the update section's (``train``, ``improve``)."""
+    if update.precision == "bf16-mixed" and policy.dtype != "float32":
+        p.add(
+            f"{name}.precision",
+            f"'bf16-mixed' keeps float32 master weights and optimiser state, so it needs "
+            f"policy.dtype = 'float32' (got {policy.dtype!r}; autocast computes in bfloat16)",
+        )
 
 
 @dataclass

@@ -20,6 +20,7 @@ from turnrl.train.sections import (
     PolicyConfig,
     PPOConfig,
     WarmStartConfig,
+    check_update_precision,
 )
 from turnrl.train.validate import Problems
 
@@ -269,6 +270,7 @@ class IterateConfig:
         p.at_least("keep_checkpoints", self.keep_checkpoints, 1)
         if not self.run_dir:
             p.add("run_dir", "must name a directory")
+        check_update_precision(self.policy, self.improve, "improve", p)
         if not self.env.name:
             return
         self.warm_start.check_mix(self.env.name, p)
