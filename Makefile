@@ -25,7 +25,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml requirements/vl
 STUDIES := demo-seeds tree-rollouts grouping-learning search-agent iterative-grpo iterative-persona agents-calc-openai agents-parity agents-solver-checker agents-warm agents-489 agents-489-no-pay agents-calc-x-warm agents-calc-x-parity agents-calc-x-489 agents-calc-x-held-out agents-smol-489 mechanism
 STUDY_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 
-.PHONY: setup setup-integrations setup-vllm test-vllm test-vllm-server browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-sampling bench-trl-peer bench-gateway bench-agents bench-distributed grouping grouping-gradient grouping-adam lookup-study studies $(addprefix study-,$(STUDIES)) clean
+.PHONY: setup setup-integrations setup-vllm setup-agents test-vllm test-vllm-server browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-sampling bench-trl-peer bench-gateway bench-agents bench-distributed grouping grouping-gradient grouping-adam lookup-study studies $(addprefix study-,$(STUDIES)) clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -77,6 +77,19 @@ $(VLLM_STAMP): pyproject.toml requirements/vllm.txt
 
 setup-vllm: $(VLLM_STAMP)
 
+# The agent frameworks in a venv of their own, without turnrl or torch (requirements/agents.txt):
+# tests/test_agent_frameworks_venv.py runs each example agent from it as an agent.command.
+AGENTS_VENV := .venv-agents
+AGENTS_STAMP := $(AGENTS_VENV)/.installed-$(shell cat requirements/agents.txt | cksum | cut -d' ' -f1)
+$(AGENTS_STAMP): requirements/agents.txt
+	test -x $(AGENTS_VENV)/bin/python || $(PYTHON) -m venv $(AGENTS_VENV)
+	$(AGENTS_VENV)/bin/pip install -q --upgrade pip
+	$(AGENTS_VENV)/bin/pip install -q -r requirements/agents.txt
+	rm -f $(AGENTS_VENV)/.installed-*
+	touch $(AGENTS_STAMP)
+
+setup-agents: $(AGENTS_STAMP)
+
 # --overwrite: `make demo` replaces its own earlier run (turnrl train refuses a run
 # directory that holds a run unless told to --resume or --overwrite it).
 demo: setup
@@ -97,7 +110,7 @@ browser:
 		|| echo "browser: apt-get could not install chromium; the report's browser test will skip"; \
 	else echo "browser: no chromium and no root apt-get; the report's browser test will skip"; fi; }
 
-test: setup $(SMOL_STAMP) setup-integrations setup-vllm browser
+test: setup $(SMOL_STAMP) setup-integrations setup-vllm setup-agents browser
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-integrations
@@ -215,4 +228,4 @@ $(addprefix study-,$(STUDIES)): study-%: setup $(SMOL_STAMP)
 		$(PY) examples/tree/run.py --summarise --out runs/studies/tree-rollouts/$$lr || exit 1; done; fi
 
 clean:
-	rm -rf $(VENV) $(INT_VENV) $(AGL_VENV) $(VLLM_VENV) runs .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(INT_VENV) $(AGL_VENV) $(VLLM_VENV) $(AGENTS_VENV) runs .pytest_cache .ruff_cache .hypothesis
