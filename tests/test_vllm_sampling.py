@@ -23,8 +23,10 @@ from hypothesis import strategies as st
 from turnrl.policy.tiny import build_tiny_tokenizer
 from turnrl.policy.vllm import (
     SEED_STRIDE,
+    VLLM_MIN_TEMPERATURE,
     VLLMPolicy,
     batch_token_budget,
+    engine_temperature,
     fitting_batches,
     request_seeds,
     row_seeds,
@@ -168,3 +170,40 @@ def test_each_row_samples_with_its_own_seed_whatever_else_is_in_the_call() -> No
     assert alone[0].response_ids == batch[4].response_ids
     other = policy.sample(rows, max_new_tokens=5, temperature=1.0, seed=12)
     assert [s.response_ids for s in other] != [s.response_ids for s in batch]
+
+
+# ------------------------------------------------------------------- tiny temperatures
+
+
+def test_a_temperature_vllm_would_raise_to_its_floor_is_asked_as_greedy() -> None:
+    """vLLM raises any temperature in (0, 0.01) to 0.01 (``SamplingParams``): such a row
+    is decoded greedily instead, the limit the HF backend samples (#38)."""
+    assert VLLM_MIN_TEMPERATURE == 1e-2
+    assert [engine_temperature(t) for t in (1e-300, 1e-40, 1e-8, 1e-3, 0.0099)] == [0.0] * 5
+    assert [engine_temperature(t) for t in (0.0, 0.01, 0.7, 2.0)] == [0.0, 0.01, 0.7, 2.0]
+
+
+@pytest.mark.usefixtures("fake_vllm")
+@pytest.mark.parametrize("temperature", [1e-300, 1e-40, 1e-8, 5e-3])
+def test_a_tiny_temperature_samples_greedily_with_log_prob_0(temperature: float) -> None:
+    """The engine is asked for temperature 0 and every token is recorded with log-prob 0
+    (the argmax's limit as t goes to 0, what the learner recomputes), not the engine's
+    log-probs at the 0.01 vLLM would have used."""
+    policy = VLLMPolicy(FakeEngine(4096), build_tiny_tokenizer())
+    samples = policy.sample(contexts(3, 6), max_new_tokens=4, temperature=temperature, seed=2)
+    [params] = policy.llm.calls
+    assert [q.temperature for q in params] == [0.0, 0.0, 0.0]
+    assert [s.logprobs for s in samples] == [[0.0] * 4] * 3
+    greedy = VLLMPolicy(FakeEngine(4096), build_tiny_tokenizer())
+    same = greedy.sample(contexts(3, 6), max_new_tokens=4, temperature=0.0, seed=2)
+    assert [s.response_ids for s in samples] == [s.response_ids for s in same]
+    assert all(lp < 0 for s in same for lp in s.logprobs)  # greedy keeps the engine's
+
+
+@pytest.mark.usefixtures("fake_vllm")
+def test_from_vllms_floor_up_the_engine_samples_and_its_log_probs_are_kept() -> None:
+    policy = VLLMPolicy(FakeEngine(4096), build_tiny_tokenizer())
+    samples = policy.sample(contexts(2, 6), max_new_tokens=3, temperature=0.01, seed=2)
+    [params] = policy.llm.calls
+    assert [q.temperature for q in params] == [0.01, 0.01]
+    assert all(lp < 0 for s in samples for lp in s.logprobs)

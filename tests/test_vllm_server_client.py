@@ -195,3 +195,32 @@ def test_each_lora_push_unloads_the_previous_versions_adapter() -> None:
         ("/v1/unload_lora_adapter", "turnrl-v2"),
     ]
     assert not client.weights_dir.exists()  # the client's own directory is removed
+
+
+@pytest.mark.parametrize(
+    ("temperature", "sent", "recorded"),
+    [(1e-40, 0.0, [0.0, 0.0]), (1e-300, 0.0, [0.0, 0.0]), (0.5, 0.5, [-0.5, -1.25])],
+)
+def test_a_tiny_temperature_is_asked_as_greedy_and_recorded_with_log_prob_0(
+    temperature: float, sent: float, recorded: list[float]
+) -> None:
+    """The server would raise a temperature in (0, 0.01) to 0.01 and sample there: the
+    client asks for 0 (greedy) and records the limit's log-prob 0 (#38)."""
+    from turnrl.policy.tiny import build_tiny_tokenizer
+
+    server = FakeVLLMServer()
+    client = VLLMServerPolicy(server.url, build_tiny_tokenizer(), timeout_s=10)
+    bodies: list[dict] = []
+
+    def complete(method: str, path: str, body: dict) -> dict:
+        bodies.append(body)
+        return answer([7, 9], [-0.5, -1.25])
+
+    client._call = complete  # type: ignore[method-assign]
+    try:
+        [sample] = client.sample([[5, 6]], max_new_tokens=2, temperature=temperature, seed=1)
+    finally:
+        client.close()
+        server.close()
+    assert [b["temperature"] for b in bodies] == [sent]
+    assert sample.response_ids == [7, 9] and sample.logprobs == recorded

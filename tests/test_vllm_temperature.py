@@ -68,3 +68,38 @@ def test_mismatch_and_tis_at_the_sampling_temperature(
         assert row["mismatch_logp_abs_max"] < 1e-3
         assert 0.99 < row["mismatch_seq_ratio_min"] <= row["mismatch_seq_ratio_max"] < 1.01
         assert row["is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.skipif(not VLLM, reason="vllm is not installed here (make test-vllm runs it)")
+@pytest.mark.parametrize("temperature", [1e-300, 1e-40])
+def test_a_tiny_temperature_on_the_engine_is_greedy_with_the_learners_log_probs(
+    temperature: float,
+) -> None:
+    """vLLM would raise 1e-40 to 0.01 and sample there, recording 0.01's log-probs; the
+    engine now decodes greedily and records log-prob 0, which is what the learner
+    recomputes at that temperature (the argmax's limit, ``tempered_log_softmax``)."""
+    import os
+
+    import torch
+
+    from turnrl.policy import factory
+    from turnrl.policy.vllm import VLLMPolicy
+    from turnrl.train.config import PolicyConfig
+
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    learner = factory.build_policy(PolicyConfig(heads=2), 0)
+    engine = VLLMPolicy.from_policy(learner, kv_cache_gib=1)
+    try:
+        ctx = [learner.encode_initial([{"role": "user", "content": f"{i}+{i}?"}]) for i in range(4)]
+        tiny = engine.sample(ctx, max_new_tokens=6, temperature=temperature, seed=1)
+        greedy = engine.sample(ctx, max_new_tokens=6, temperature=0.0, seed=1)
+    finally:
+        engine.close()
+    assert [s.response_ids for s in tiny] == [s.response_ids for s in greedy]
+    assert [s.logprobs for s in tiny] == [[0.0] * len(s.response_ids) for s in tiny]
+    with torch.no_grad():
+        logp, _ = learner.response_logprobs(
+            ctx, [s.response_ids for s in tiny], temperature=temperature
+        )
+    for i, s in enumerate(tiny):
+        assert logp[i, : len(s.response_ids)].tolist() == [0.0] * len(s.response_ids)

@@ -14,6 +14,13 @@ with grad); this engine holds a copy of its weights and samples the rollouts.
   the trainer recomputes; the difference (kernels, precision) is the train/inference
   mismatch the update logs (``mismatch_*`` metrics, see :mod:`turnrl.train.update.mismatch`).
   Greedy sampling (``temperature=0``) records untempered log-probs, as the HF backend.
+* **Tiny temperatures are their limit, greedy.** vLLM silently raises any temperature
+  in ``(0, 0.01)`` to 0.01 (``SamplingParams``), so a ``1e-40`` row would be sampled
+  and recorded at 0.01. Below :data:`VLLM_MIN_TEMPERATURE` the engine decodes greedily
+  instead and every sampled token is recorded with log-prob 0: the limit of
+  ``softmax(logits / t)`` as ``t`` goes to 0, what the HF backend samples and the
+  learner recomputes below 1e-3 (:func:`turnrl.policy.logprobs.tempered_log_softmax`;
+  :func:`engine_temperature`, :func:`tiny_temperature_logprobs`).
 * **Weights move in place.** :meth:`load_full_weights` reloads every weight of the
   engine's model from tensors under transformers names
   (``worker.model_runner.reload_weights``, run in the worker by ``collective_rpc``),
@@ -83,10 +90,12 @@ __all__ = [
     "batch_token_budget",
     "cpu_head_size_problem",
     "engine_sample",
+    "engine_temperature",
     "fitting_batches",
     "request_seeds",
     "response_budget",
     "row_seeds",
+    "tiny_temperature_logprobs",
 ]
 
 SEED_STRIDE = 1_000_003
@@ -124,6 +133,33 @@ def request_seeds(
         return []  # nothing to sample: no per-row seeds to match either
     check_lengths(contexts, [1] * len(contexts), max_context)
     return row_seeds(seed, len(contexts))
+
+
+VLLM_MIN_TEMPERATURE = 1e-2
+"""vLLM's smallest sampling temperature (``vllm.sampling_params._MAX_TEMP``): it raises a
+temperature in ``(0, 0.01)`` to 0.01, with a log line."""
+
+
+def engine_temperature(temperature: float) -> float:
+    """The temperature an engine is asked for: 0 (greedy) for a tiny one, below
+    :data:`VLLM_MIN_TEMPERATURE` (the engine would sample at 0.01 instead), else
+    ``temperature``."""
+    return 0.0 if 0 < temperature < VLLM_MIN_TEMPERATURE else temperature
+
+
+def tiny_temperature_logprobs(logprobs: list[float], temperature: float) -> list[float]:
+    """The log-probs to record for a row sampled at ``temperature``: 0 for each token
+    when the temperature was tiny (decoded greedily by :func:`engine_temperature`: the
+    argmax, with log-prob 0 in the limit ``t -> 0``), else the engine's.
+
+    Departure from the HF backend: a tie for the argmax shares the mass there (log-prob
+    ``log(1/2)``); the engine takes one of the tied tokens with log-prob 0. Between 1e-3
+    and 1e-2 the learner's exact log-prob of the argmax is ``-log(1 + sum exp(-gap/t))``
+    over the other tokens' logit gaps: within ``exp(-gap/t)`` of 0, what the mismatch
+    metrics measure."""
+    if 0 < temperature < VLLM_MIN_TEMPERATURE:
+        return [0.0] * len(logprobs)
+    return logprobs
 
 
 def response_budget(context: list[int], max_new_tokens: int, max_context: int | None) -> int:
@@ -379,7 +415,7 @@ class VLLMPolicy(ChatEncoding):
         params = [
             SamplingParams(
                 n=1,
-                temperature=temperature,
+                temperature=engine_temperature(temperature),
                 max_tokens=max_tokens,
                 seed=row_seed,
                 logprobs=0,
@@ -396,14 +432,15 @@ class VLLMPolicy(ChatEncoding):
             outputs = self.llm.generate(
                 prompts[run.start : run.stop], params[run.start : run.stop], use_tqdm=False
             )
-            samples.extend(self._sample(out.outputs[0]) for out in outputs)
+            samples.extend(self._sample(out.outputs[0], temperature) for out in outputs)
         return samples
 
-    def _sample(self, completion: Any) -> Sample:
+    def _sample(self, completion: Any, temperature: float) -> Sample:
         ids = [int(t) for t in completion.token_ids]
         logps = [
             float(step[token].logprob) for step, token in zip(completion.logprobs, ids, strict=True)
         ]
+        logps = tiny_temperature_logprobs(logps, temperature)
         return engine_sample(ids, logps, self.stop_token_ids, self.decode)
 
     @property

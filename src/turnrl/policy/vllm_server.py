@@ -17,6 +17,9 @@ backend works from the main venv too.
 * **Log-probs after temperature** need the server started with ``--logprobs-mode
   processed_logprobs`` (vLLM returns raw log-probs otherwise); where the server shows
   its config (``GET /server_info``, dev mode) a different mode is refused at start.
+  A tiny temperature (below 0.01, which the server would raise to 0.01) is sent as 0
+  and its tokens recorded with log-prob 0, as on the in-process engine
+  (:func:`turnrl.policy.vllm.engine_temperature`).
 * **Weights after each update** (:meth:`load_learner`, called by
   :func:`turnrl.policy.sync.push_weights`) go through a directory both sides can
   read (``weights_dir``, a temporary one by default: the server must run on this
@@ -58,7 +61,13 @@ from turnrl.errors import SamplerServerError
 from turnrl.policy import lora
 from turnrl.policy.chat import ChatEncoding, ChatFormat
 from turnrl.policy.hf import transformers_progress_off
-from turnrl.policy.vllm import engine_sample, request_seeds, response_budget
+from turnrl.policy.vllm import (
+    engine_sample,
+    engine_temperature,
+    request_seeds,
+    response_budget,
+    tiny_temperature_logprobs,
+)
 from turnrl.types import Sample
 
 __all__ = ["VLLMServerPolicy", "call_server", "check_server_reachable", "parse_completion"]
@@ -344,7 +353,10 @@ class VLLMServerPolicy(ChatEncoding):
         with ThreadPoolExecutor(max_workers=min(len(bodies), MAX_PARALLEL)) as pool:
             answers = list(pool.map(self._complete, bodies))
         return [
-            engine_sample(ids, logps, self.stop_token_ids, self.decode) for ids, logps in answers
+            engine_sample(
+                ids, tiny_temperature_logprobs(logps, temperature), self.stop_token_ids, self.decode
+            )
+            for ids, logps in answers
         ]
 
     def _request(
@@ -354,7 +366,7 @@ class VLLMServerPolicy(ChatEncoding):
             "model": self.served_model,
             "prompt": [int(t) for t in context],
             "max_tokens": max_tokens,
-            "temperature": temperature,
+            "temperature": engine_temperature(temperature),
             "n": 1,
             "logprobs": 0,
             "stop_token_ids": self.stop_token_ids,
