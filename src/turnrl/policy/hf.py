@@ -11,6 +11,8 @@ what; each job lives in its own module:
 * :mod:`turnrl.policy.logprobs`: log-probs of given responses, one row each;
 * :mod:`turnrl.policy.tree_layout`: the same log-probs, every distinct prefix
   of a batch computed once (the update's tree layout);
+* :mod:`turnrl.policy.packing`: the same log-probs, rows packed without padding
+  (the update's rows layout);
 * :mod:`turnrl.policy.lora`: what differs with LoRA adapters;
 * :mod:`turnrl.policy.memory_savers`: gradient checkpointing, chunked log-probs and
   bf16-mixed autocast while an update trains;
@@ -25,7 +27,7 @@ PPO ratio.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from turnrl.policy.batching import check_lengths
 from turnrl.policy.chat import ChatEncoding, ChatFormat, load_tokenizer
 from turnrl.policy.decoding import Decoder, make_generators
 from turnrl.policy.logprobs import check_pairs, row_logprobs
+from turnrl.policy.packing import packed_logprobs
 from turnrl.policy.prefix_cache import PrefixCache
 from turnrl.policy.shared_decoding import SharedDecoder
 from turnrl.policy.tree_layout import TreeLogprobs, tree_logprobs
@@ -237,18 +240,7 @@ class HFPolicy(ChatEncoding):
         ``T`` is the longest response. ``temperature`` must match the sampling
         temperature for these to equal ``Sample.logprobs``.
         """
-        check_pairs(contexts, responses, temperature)
-        check_lengths(contexts, [len(r) for r in responses], self.max_context)
-        with self._autocast():
-            return row_logprobs(
-                self.model,
-                contexts,
-                responses,
-                temperature=temperature,
-                pad_token_id=self.pad_token_id,
-                device=self.device,
-                chunk_tokens=self.logprob_chunk_tokens,
-            )
+        return self._scored(row_logprobs, contexts, responses, temperature, padded=True)
 
     def tree_logprobs(
         self,
@@ -259,15 +251,41 @@ class HFPolicy(ChatEncoding):
     ) -> TreeLogprobs:
         """What ``response_logprobs`` returns, with every distinct token prefix of the
         rows computed once (see :mod:`turnrl.policy.tree_layout`)."""
+        return self._scored(tree_logprobs, contexts, responses, temperature)
+
+    def packed_logprobs(
+        self,
+        contexts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+    ) -> TreeLogprobs:
+        """What ``response_logprobs`` returns, the rows packed into one sequence without
+        padding (see :mod:`turnrl.policy.packing`), with the positions run."""
+        return self._scored(packed_logprobs, contexts, responses, temperature, padded=True)
+
+    def _scored(
+        self,
+        layout: Callable[..., Any],
+        contexts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        temperature: float,
+        *,
+        padded: bool = False,
+    ) -> Any:
+        """``layout``'s log-probs of the checked rows, with the update's chunking and
+        autocast (``padded``: a layout that may pad, so it takes the pad id and device)."""
         check_pairs(contexts, responses, temperature)
         check_lengths(contexts, [len(r) for r in responses], self.max_context)
+        extra = {"pad_token_id": self.pad_token_id, "device": self.device} if padded else {}
         with self._autocast():
-            return tree_logprobs(
+            return layout(
                 self.model,
                 contexts,
                 responses,
                 temperature=temperature,
                 chunk_tokens=self.logprob_chunk_tokens,
+                **extra,
             )
 
     def _autocast(self) -> AbstractContextManager[Any]:

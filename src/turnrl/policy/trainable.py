@@ -3,7 +3,7 @@
 The sampling side is ``turnrl.types.Policy`` (encode, sample, decode): every backend has
 it, including samplers that hold no trainable weights (a vLLM engine). A learner has
 the sampling side too, plus this: parameters for an optimiser, state dicts for
-checkpoints and weight sync, log-probs of given tokens with grad (row and tree
+checkpoints and weight sync, log-probs of given tokens with grad (row, packed and tree
 layouts), a frozen copy (the KL reference), saving, and train/eval mode.
 ``turnrl.policy.hf.HFPolicy`` is the one implementation; ``ppo_update``, SFT and
 iterate are typed against this protocol, not against it.
@@ -91,4 +91,14 @@ class TrainablePolicy(Protocol):
         temperature: float = 1.0,
     ) -> TreeLogprobs:
         """The same log-probs, every distinct token prefix computed once."""
+        ...
+
+    def packed_logprobs(
+        self,
+        contexts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+    ) -> TreeLogprobs:
+        """The same log-probs, the rows packed into one sequence without padding."""
         ...

@@ -129,6 +129,33 @@ class TreeLayout:
         nodes = [[order[n] for n in row] for row in ends]
         return cls(ids, depth, parent, end, nodes, [order[n] for n in lasts])
 
+    @classmethod
+    def packed(
+        cls, contexts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+    ) -> TreeLayout:
+        """The rows' ``context + response`` sequences one after another, nothing merged:
+        a forest of one chain per row (the padding-free rows layout,
+        :mod:`turnrl.policy.packing`). Positions restart at 0 with each row, and
+        :meth:`ancestor_mask` is then block-diagonal causal: a token sees its own row's
+        earlier tokens only."""
+        ids: list[int] = []
+        parent: list[int] = []
+        depth: list[int] = []
+        end: list[int] = []
+        nodes: list[list[int]] = []
+        last: list[int] = []
+        for context, response in zip(contexts, responses, strict=True):
+            if not context:
+                raise ValueError("every row needs a non-empty context")
+            start, stop = len(ids), len(ids) + len(context) + len(response)
+            ids.extend((*context, *response))
+            depth.extend(range(stop - start))
+            parent.extend((-1, *range(start, stop - 1)))
+            end.extend([stop] * (stop - start))
+            nodes.append(list(range(stop - len(response), stop)))
+            last.append(stop - 1)
+        return cls(ids, depth, parent, end, nodes, last)
+
     def ancestor_mask(self, device: torch.device) -> torch.Tensor:
         """``[N, N]`` bool: ``mask[i, j]`` iff node ``j`` is node ``i`` or an ancestor."""
         index_N = torch.arange(self.size, device=device)
@@ -148,14 +175,15 @@ class TreeLogprobs:
     """Positions run through the model: the layout's size."""
 
 
-def _model_attention(model: Any) -> str:
+def model_attention(model: Any) -> str:
+    """The model's attention implementation (transformers' ``_attn_implementation``)."""
     return str(getattr(model.config, "_attn_implementation", None) or "eager")
 
 
 def _attention_mask(layout: TreeLayout, model: Any, device: torch.device) -> torch.Tensor:
     """The ancestor mask in the form the model's attention takes: bool for ``sdpa``,
     additive (0 / most negative value) for ``eager``; shape ``[1, 1, N, N]``."""
-    implementation = _model_attention(model)
+    implementation = model_attention(model)
     if implementation not in MASKABLE_ATTENTION:
         raise ValueError(
             f"the tree layout needs sdpa or eager attention, the model uses "
@@ -176,13 +204,16 @@ def tree_logprobs(
     *,
     temperature: float,
     chunk_tokens: int = 0,
+    merge: bool = True,
 ) -> TreeLogprobs:
     """Log-probs of each row's response tokens, from ONE forward over the rows' trie.
 
     Same contract as ``HFPolicy.response_logprobs`` (rows in the given order, ``T``
     the longest response, padding 0); the caller checks the inputs. ``chunk_tokens > 0``
     scores the trie's response nodes that many at a time
-    (:func:`turnrl.policy.logprobs.chunked_target_logprobs`).
+    (:func:`turnrl.policy.logprobs.chunked_target_logprobs`). ``merge = False`` lays the
+    rows out one after another instead (:meth:`TreeLayout.packed`): every row's tokens
+    computed, no padding.
     """
     device = next(model.parameters()).device
     batch = len(contexts)
@@ -190,7 +221,7 @@ def tree_logprobs(
     if batch == 0 or longest == 0:
         zeros = torch.zeros((batch, longest), device=device)
         return TreeLogprobs(zeros, zeros.clone(), 0)
-    layout = TreeLayout.build(contexts, responses)
+    layout = (TreeLayout.build if merge else TreeLayout.packed)(contexts, responses)
     # Every node some row scores, once; its predictor is its parent.
     scored = sorted({n for row in layout.nodes for n in row})
     slot = {n: k for k, n in enumerate(scored)}

@@ -343,10 +343,12 @@ class PPOConfig:
     every row's whole context again, rows shuffled freely into mini-batches. Same loss, same
     gradients (up to float rounding); see docs/tree-training.md."""
     max_tokens_per_batch: int = 2048
-    """``update = "tree"``: most positions in one forward; a larger mini-batch is cut into
-    several forwards at subtree boundaries (gradients accumulate, so the step is the same).
-    Bounds peak memory; the attention of one forward grows with its square. 2048 was
-    fastest among those measured on CPU (benchmarks/RESULTS.md); raise it on a GPU."""
+    """Most positions in one forward, both layouts (the one size knob of a forward): a
+    larger mini-batch is cut into several forwards (gradients accumulate, so the step is
+    the same), ``tree`` at subtree boundaries, ``rows`` packed without padding in the
+    mini-batch's order; a row longer than this is a forward of its own. Bounds peak
+    memory; the attention of one forward grows with its square. 2048 was fastest among
+    those measured on CPU (benchmarks/RESULTS.md); raise it on a GPU."""
     log_mismatch: bool = False
     """Before the update, recompute every sampled token's log-prob with the learner (one
     extra forward, no grad) and log the train/inference mismatch against the sampler's

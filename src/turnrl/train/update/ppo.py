@@ -18,12 +18,15 @@ What the update gets right, and tests pin (tests/test_ppo.py):
   enter the loss.
 
 Two layouts compute the same log-probs (``PPOConfig.update``): ``rows`` runs every
-row's whole context through the model; ``tree`` (the default) runs each
-mini-batch's distinct token prefixes once (:mod:`turnrl.policy.tree_layout`),
-with mini-batches of whole task trees (:mod:`turnrl.train.update.minibatches`) and
-forwards cut at ``max_tokens_per_batch`` positions (gradients accumulate within
-the step). The loss, its aggregation, clip factors and KL are the same code on
-the same numbers; tests/test_tree_update.py checks gradients against ``rows``.
+row's whole context through the model, rows packed without padding
+(:mod:`turnrl.policy.packing`); ``tree`` (the default) runs each mini-batch's
+distinct token prefixes once (:mod:`turnrl.policy.tree_layout`), with mini-batches
+of whole task trees (:mod:`turnrl.train.update.minibatches`). Both cut a
+mini-batch into forwards of at most ``max_tokens_per_batch`` positions (gradients
+accumulate within the step; the loss weights are the whole batch's, so the split
+changes no number beyond float rounding). The loss, its aggregation, clip factors
+and KL are the same code on the same numbers; tests/test_tree_update.py checks
+gradients against ``rows``, tests/test_packing.py packed rows against padded ones.
 
 Besides the loss statistics, ``ppo_update`` reports what the update computed:
 ``update_tokens_rows`` (positions a per-row update runs: every row's context +
@@ -57,6 +60,7 @@ import numpy as np
 import torch
 
 from turnrl.policy.memory_savers import configured_memory_savers
+from turnrl.policy.packing import token_budget_groups
 from turnrl.policy.trainable import TrainablePolicy
 from turnrl.policy.tree_layout import split_rows
 from turnrl.rollout.tokens import trie_size
@@ -381,15 +385,16 @@ def _check_finite_forward(
 
 
 def _forwards(batch: UpdateBatch, rows: list[int], config: PPOConfig) -> list[list[int]]:
-    """The rows of each forward of one mini-batch: all of them (``rows``), or groups of
-    at most ``max_tokens_per_batch`` distinct positions cut at subtree boundaries."""
-    if config.update != "tree":
-        return [rows]
-    groups = split_rows(
-        [batch.contexts[i] for i in rows],
-        [batch.responses[i] for i in rows],
-        config.max_tokens_per_batch,
-    )
+    """The rows of each forward of one mini-batch, at most ``max_tokens_per_batch``
+    positions each (a longer row alone): tree, groups cut at subtree boundaries; rows,
+    packed greedily in the mini-batch's (shuffled) order."""
+    contexts = [batch.contexts[i] for i in rows]
+    responses = [batch.responses[i] for i in rows]
+    if config.update == "tree":
+        groups = split_rows(contexts, responses, config.max_tokens_per_batch)
+    else:
+        sizes = [len(c) + len(r) for c, r in zip(contexts, responses, strict=True)]
+        groups = token_budget_groups(sizes, config.max_tokens_per_batch)
     return [[rows[g] for g in group] for group in groups]
 
 
@@ -441,13 +446,9 @@ def _logprobs(
     """``(logp_B_T, mask_B_T, positions run)`` in the configured layout."""
     if config.update == "tree":
         out = policy.tree_logprobs(contexts, responses, temperature=temperature)
-        return out.logp_B_T, out.mask_B_T, out.tokens_computed
-    logp_B_T, mask_B_T = policy.response_logprobs(contexts, responses, temperature=temperature)
-    return (
-        logp_B_T,
-        mask_B_T,
-        sum(len(c) + len(r) for c, r in zip(contexts, responses, strict=True)),
-    )
+    else:
+        out = policy.packed_logprobs(contexts, responses, temperature=temperature)
+    return out.logp_B_T, out.mask_B_T, out.tokens_computed
 
 
 SUMMED_STATS = frozenset({"loss", "pg_loss", "kl_loss", "n_tokens"})
