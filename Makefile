@@ -25,14 +25,23 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml requirements/vl
 STUDIES := demo-seeds tree-rollouts grouping-learning search-agent iterative-grpo iterative-persona agents-calc-openai agents-parity agents-solver-checker agents-warm agents-489 agents-489-no-pay agents-calc-x-warm agents-calc-x-parity agents-calc-x-489 agents-calc-x-held-out agents-smol-489 mechanism
 STUDY_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 
-.PHONY: setup setup-integrations setup-vllm setup-agents test-vllm test-vllm-server browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-sampling bench-trl-peer bench-gateway bench-agents bench-distributed grouping grouping-gradient grouping-adam lookup-study studies $(addprefix study-,$(STUDIES)) clean
+# `make test` builds its venvs at once (setup-all: make -j): they are independent, and pip
+# installing from local wheels is unpacking and compiling bytecode, one core each. Editable
+# installs of turnrl write its metadata beside the sources, so those take turns (flock on
+# pyproject.toml). The main suite runs on TEST_WORKERS processes (pytest-xdist), a test
+# file per process at a time (--dist loadfile: a module's shared fixtures are built once),
+# with one torch thread each; the tests marked `serial` then run alone.
+EDITABLE := flock pyproject.toml
+TEST_WORKERS ?= 2
+
+.PHONY: setup setup-all setup-integrations setup-vllm setup-agents test-vllm test-vllm-server browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-rollout bench-update bench-sampling bench-trl-peer bench-gateway bench-agents bench-distributed grouping grouping-gradient grouping-adam lookup-study studies $(addprefix study-,$(STUDIES)) clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned exactly: an unpinned/ranged torch pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[train,serve,textarena,ray,smol,dev,lookup,agents,trackers]'
+	$(EDITABLE) $(PIP) install -q -e '.[train,serve,textarena,ray,smol,dev,lookup,agents,trackers]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -50,7 +59,7 @@ define integration_venv
 	$(1)/bin/pip install -q --upgrade pip
 	$(1)/bin/pip install -q torch==2.13.0
 	$(1)/bin/pip install -q -r $(2)
-	$(1)/bin/pip install -q -e '.[dev]'
+	$(EDITABLE) $(1)/bin/pip install -q -e '.[dev]'
 	rm -f $(1)/.installed-*
 	touch $(3)
 endef
@@ -71,7 +80,7 @@ $(VLLM_STAMP): pyproject.toml requirements/vllm.txt
 	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
 	$(VLLM_VENV)/bin/pip install -q -r requirements/vllm.txt
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install -q -e '.[dev]'
+	$(EDITABLE) $(VLLM_VENV)/bin/pip install -q -e '.[dev]'
 	rm -f $(VLLM_VENV)/.installed-*
 	touch $(VLLM_STAMP)
 
@@ -110,11 +119,17 @@ browser:
 		|| echo "browser: apt-get could not install chromium; the report's browser test will skip"; \
 	else echo "browser: no chromium and no root apt-get; the report's browser test will skip"; fi; }
 
-test: setup $(SMOL_STAMP) setup-integrations setup-vllm setup-agents browser
+setup-all:
+	$(MAKE) --no-print-directory -j 6 --output-sync=target \
+		$(STAMP) $(SMOL_STAMP) $(INT_STAMP) $(AGL_STAMP) $(VLLM_STAMP) $(AGENTS_STAMP) browser
+
+# The adapter venvs' tests and the vLLM tests run side by side (make -j 2): each is one
+# process of its own venv.
+test: setup-all
 	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(PY) -m pytest -q
-	$(MAKE) --no-print-directory test-integrations
-	$(MAKE) --no-print-directory test-vllm
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not slow and not serial'
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m 'serial and not slow'
+	$(MAKE) --no-print-directory -j 2 --output-sync=target test-integrations test-vllm
 
 # The vLLM backend on CPU (tiny model of head size 32, and SmolLM2 from the directory the
 # main venv converted; the engine is in-process, not pinned to cores:

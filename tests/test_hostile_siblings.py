@@ -59,6 +59,9 @@ def test_rollouts_as_users_of_their_own_cannot_read_or_reward_a_sibling(
     assert descendants() == before
 
 
+# serial: its agent posts to every reward URL it finds in /proc/*/environ, which would
+# include the agents of tests running beside it in other pytest-xdist workers
+@pytest.mark.serial
 def test_rollouts_of_the_trainers_user_can_read_a_sibling_as_documented(
     served: tuple[Gateway, GatewayServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
