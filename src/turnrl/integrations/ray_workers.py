@@ -54,6 +54,7 @@ from typing import Any
 
 from turnrl.envs import make_env
 from turnrl.policy.factory import load_policy
+from turnrl.rollout.context_cap import build_capped
 from turnrl.rollout.runner import RolloutBatch, plan_episodes, run_planned_episodes
 from turnrl.train.config import RunConfig
 from turnrl.train.online.trainer import OnlineTrainer
@@ -443,13 +444,14 @@ def pool_for_config(
     ``warm_start/`` directory (through :func:`turnrl.policy.factory.load_policy`, on
     ``policy.device`` in ``policy.dtype``) (written by the trainer before its first push, and read
     by the workers only then), so on a cluster the run directory must be on a
-    filesystem every node sees.
+    filesystem every node sees. Their policy's context is capped at
+    ``rollout.max_context_tokens`` when the run sets it (:mod:`turnrl.rollout.context_cap`).
     """
     factory = policy_factory or partial(
         load_policy, str(Path(config.run_dir) / "warm_start"), config.policy
     )
     return RayRolloutPool(
-        factory,
+        partial(build_capped, factory, config.rollout.max_context_tokens),
         config.env.name,
         config.env.env_kwargs,
         workers=config.rollout.workers,

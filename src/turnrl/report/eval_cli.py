@@ -239,6 +239,7 @@ def _env_evaluation(config: Any, tasks: list[Any]) -> Any:
             samples=samples,
             temperature=temperature,
             max_new_tokens=config.policy.max_new_tokens,
+            max_context_tokens=config.rollout.max_context_tokens,
         )
 
     return run

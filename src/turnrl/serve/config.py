@@ -44,6 +44,12 @@ class GatewayConfig:
     """Close a rollout with no request for this long (and none in flight): an
     abandoned rollout's memory is freed (counted as ``idle_closed``). ``turnrl
     serve`` sets 600 s; ``None``: never."""
+    max_context_tokens: int | None = None
+    """Per-turn context cap (the agent loop passes ``rollout.max_context_tokens``): a call
+    whose prompt plus ``max_tokens`` exceed it is not sampled; it gets a 400
+    ``context_length_exceeded``, its rollout ends truncated (``truncated: "context"``
+    in its summary; later calls get the same 400) and may still post its reward.
+    ``None``: only the model's context bounds a call."""
     auto_open: bool = True
     """A call naming an unknown rollout id starts that rollout (``turnrl serve``,
     where clients choose ids). The agent loop sets ``False``: only rollouts it

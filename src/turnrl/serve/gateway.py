@@ -37,6 +37,11 @@ one), and ``forced`` holds the forced text.
 
 Rebuilt contexts are recorded as ``context_rebuilt: true`` and counted in
 ``Gateway.registry.context_rebuilds``.
+
+Context cap. With ``GatewayConfig.max_context_tokens`` set, a call whose prompt plus
+``max_tokens`` exceed it is not sampled: it gets the 400 ``context_length_exceeded``
+(:class:`~turnrl.serve.limits.ContextCapExceeded`) and its rollout ends truncated
+(``truncated: "context"``; later calls get the same 400; the reward may be posted).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from turnrl.serve.limits import (
     JSON_BYTES_PER_CHAR,
     MAX_ID_LENGTH,
     MESSAGE_OVERHEAD_BYTES,
+    ContextCapExceeded,
     budget,
     check_id,
     check_reward,
@@ -68,7 +74,13 @@ from turnrl.serve.protocol import ChatRequest, ToolSpec
 from turnrl.serve.recordsfile import RecordsFile
 from turnrl.serve.registry import RolloutRegistry, RolloutViews
 from turnrl.serve.responses import choice_body, completion_body, tool_call_id
-from turnrl.serve.rollouts import ClosedRollout, Conversation, Offered, Rollout
+from turnrl.serve.rollouts import (
+    TRUNCATED_AT_CONTEXT,
+    ClosedRollout,
+    Conversation,
+    Offered,
+    Rollout,
+)
 from turnrl.serve.stops import cut_at_stop
 from turnrl.serve.toolcalls import parse_reply
 from turnrl.serve.turnrecords import build_record, finish_reason, response_logprobs
@@ -267,7 +279,13 @@ class Gateway:
         prompt, prompt_ids, rebuilt, continued = self._contexts.context(conv, request, tools)
         forced, forced_ids = self._contexts.forced(request)
         prompt_ids = prompt_ids + forced_ids
-        max_tokens, temperature = budget(request, prompt_ids, self.config, self.policy.max_context)
+        try:
+            max_tokens, temperature = budget(
+                request, prompt_ids, self.config, self.policy.max_context
+            )
+        except ContextCapExceeded:
+            self.registry.end_truncated(state, TRUNCATED_AT_CONTEXT)
+            raise
         draws = self.served.sample_choices(
             prompt_ids,
             seeds=choice_seeds(request.seed, request.n),

@@ -4,7 +4,8 @@ Everything here refuses bad input with a 400 (:func:`~turnrl.serve.errors.bad_re
 before the gateway spends work on it: a huge body is refused by its size
 (:func:`max_body_bytes`, enforced by the HTTP app while reading), a request that
 cannot fit the context by its characters (:func:`check_size`), and a context
-that leaves no room for a response once it is tokenised (:func:`budget`).
+that leaves no room for a response once it is tokenised (:func:`budget`), or whose
+prompt plus ``max_tokens`` exceed the per-turn cap (:class:`ContextCapExceeded`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from turnrl.options import finite_real
 from turnrl.serve.config import GatewayConfig
-from turnrl.serve.errors import bad_request
+from turnrl.serve.errors import GatewayError, bad_request
 from turnrl.serve.protocol import ChatRequest
 
 MAX_ID_LENGTH = 256
@@ -96,16 +97,39 @@ def check_size(request: ChatRequest, max_context: int | None, chars: int | None)
         )
 
 
+class ContextCapExceeded(GatewayError):
+    """A call over the per-turn context cap (``GatewayConfig.max_context_tokens``): the
+    400 ``context_length_exceeded`` OpenAI answers a prompt plus ``max_tokens`` over the
+    model's context with (its message says the same numbers), so clients and agent
+    frameworks that handle that error handle this one. The gateway ends the rollout
+    truncated when it raises it."""
+
+    def __init__(self, cap: int, prompt_tokens: int, max_tokens: int) -> None:
+        super().__init__(
+            400,
+            f"This rollout's maximum context length is {cap} tokens (the per-turn context "
+            f"cap). However, you requested {prompt_tokens + max_tokens} tokens "
+            f"({prompt_tokens} in the messages, {max_tokens} in the completion). The "
+            "rollout has ended truncated at the context cap; post its reward.",
+            param="messages",
+            code="context_length_exceeded",
+        )
+
+
 def budget(
     request: ChatRequest, prompt_ids: list[int], config: GatewayConfig, max_context: int | None
 ) -> tuple[int, float]:
-    """``max_new_tokens`` and temperature; 400 if the context leaves no room."""
+    """``max_new_tokens`` and temperature; 400 if the context leaves no room
+    (:class:`ContextCapExceeded` if it is over the per-turn cap)."""
     max_tokens = request.max_tokens or config.default_max_tokens
     if max_tokens > config.max_tokens_limit:
         raise bad_request(
             f"max_tokens={max_tokens} exceeds this gateway's limit ({config.max_tokens_limit})",
             "max_tokens",
         )
+    cap = config.max_context_tokens
+    if cap is not None and len(prompt_ids) + max_tokens > cap:
+        raise ContextCapExceeded(cap, len(prompt_ids), max_tokens)
     if max_context is not None and len(prompt_ids) >= max_context:
         raise bad_request(
             f"the conversation is {len(prompt_ids)} tokens; the model accepts at most "

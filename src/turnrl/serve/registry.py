@@ -179,6 +179,14 @@ class RolloutRegistry:
                     f"rollout {rollout_id!r} is finished (its reward was posted)",
                     code="rollout_finished",
                 )
+            if state.truncated is not None:
+                raise GatewayError(
+                    400,
+                    f"rollout {rollout_id!r} ended at the per-turn context cap (a call over "
+                    "it was refused); no later call is sampled: post its reward",
+                    param="messages",
+                    code="context_length_exceeded",
+                )
             if task_id is not None:
                 self.set_task(state, task_id)
             state.in_flight = (role, request)
@@ -192,6 +200,19 @@ class RolloutRegistry:
             if not state.records and not state.pinned and state.closed is None:
                 self.table.open.pop(state.rollout_id, None)  # a failed first call
             self.table.cond.notify_all()
+
+    def end_truncated(self, state: Rollout, why: str) -> None:
+        """The claimed rollout ends truncated (``why``: ``"context"``): its later calls
+        are refused (:meth:`claim`); its reward may still be posted."""
+        with self.table.cond:
+            state.truncated = why
+
+    def truncation(self, rollout_id: str) -> str | None:
+        """Why an open rollout ended truncated (``"context"``), or ``None`` (also for a
+        rollout that is not open)."""
+        with self.table.cond:
+            state = self.table.open.get(rollout_id)
+            return None if state is None else state.truncated
 
     def record_turn(
         self,
@@ -329,6 +350,7 @@ class RolloutViews:
                     records=tuple(s.records),
                     policy_versions=s.policy_versions(),
                     context_rebuilds=s.rebuilds,
+                    truncated=s.truncated,
                 )
                 for s in done
             ]

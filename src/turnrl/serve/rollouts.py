@@ -34,6 +34,10 @@ CLOSED_IDS_KEPT = 65_536
 PROBLEMS_KEPT = 8
 """Refused calls and refused rewards remembered per rollout (the last ones)."""
 
+TRUNCATED_AT_CONTEXT = "context"
+"""``Rollout.truncated`` of a rollout that ended at the per-turn context cap (what an
+environment episode's ``Episode.end`` says when it ends for lack of context)."""
+
 
 @dataclass(frozen=True)
 class Offered:
@@ -99,6 +103,10 @@ class Rollout:
     closed: str | None = None
     """Why the rollout was closed without finishing (``timeout``, ``idle`` or
     ``discarded: ...``)."""
+    truncated: str | None = None
+    """``"context"`` once a call was refused at the per-turn context cap
+    (``GatewayConfig.max_context_tokens``): no later call is sampled; the reward may
+    still be posted."""
     secret: str | None = None
     """The rollout's own secret (``open_rollout``): every call and reward naming it
     must carry it; ``None`` for rollouts a first call started (``turnrl serve``)."""
@@ -122,6 +130,7 @@ class Rollout:
             "reward": self.reward,
             "context_rebuilds": self.rebuilds,
             "policy_versions": list(self.policy_versions()),
+            **({"truncated": self.truncated} if self.truncated is not None else {}),
         }
 
 
@@ -152,6 +161,8 @@ class FinishedRollout:
     policy_versions: tuple[int, ...]
     """Sorted distinct ``policy_version`` of its turns (empty when it has none)."""
     context_rebuilds: int
+    truncated: str | None = None
+    """``"context"``: it ended at the per-turn context cap (see :attr:`Rollout.truncated`)."""
 
     @property
     def mixed_versions(self) -> bool:

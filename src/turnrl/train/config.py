@@ -102,6 +102,13 @@ class RolloutConfig:
     split: across Ray workers (always on there) or torchrun ranks, which need it
     (docs/distributed.md). Off: one seed for the batch, as before. ``independent``
     strategy only."""
+    max_context_tokens: int = 0
+    """Per-turn context cap: a turn is sampled only if its prompt plus
+    ``policy.max_new_tokens`` fit in this many tokens; the next turn of an episode that
+    does not fit is not sampled and the episode ends truncated (counted as
+    ``context_truncated``). An agent program's call over it gets a 400
+    ``context_length_exceeded`` and its rollout ends truncated (docs/memory.md). 0: the
+    model's context, as without the cap."""
 
     def check(self, p: Problems) -> None:
         """The strategy is registered and its ``params`` fit it; workers and per-episode
@@ -126,6 +133,7 @@ class RolloutConfig:
                 f"({bounds.WHY})",
             )
         p.at_least("workers", self.workers, 0)
+        p.at_least("max_context_tokens", self.max_context_tokens, 0)
         if p.one_of("strategy", self.strategy, list_strategies()):
             p.options("params", get_strategy(self.strategy), self.params, skip=3)
             if self.workers > 0 and self.strategy != "independent":
@@ -319,12 +327,36 @@ class RunConfig:
             )
         if not self.run_dir:
             p.add("run_dir", "must name a directory")
+        self._check_context_cap(p)
         check_update_precision(self.policy, self.train, "train", p)
         self._check_inactive(p)
         if self.mode == "agent":
             self._check_agent_run(p)
         else:
             self._check_env_run(p)
+
+    def _check_context_cap(self, p: Problems) -> None:
+        """``rollout.max_context_tokens`` leaves room for a prompt beside a response of
+        ``policy.max_new_tokens`` and is at most the model's context (when known without
+        loading it; otherwise the smaller of the two bounds at run time)."""
+        from turnrl.policy.factory import model_context
+
+        cap, new = self.rollout.max_context_tokens, self.policy.max_new_tokens
+        if cap <= 0:
+            return
+        context = model_context(self.policy.model)
+        if cap <= new:
+            p.add(
+                "rollout.max_context_tokens",
+                f"{cap} leaves no room for a prompt beside a response of policy.max_new_tokens"
+                f" = {new}; give more than {new} (0: no cap)",
+            )
+        elif context is not None and cap > context:
+            p.add(
+                "rollout.max_context_tokens",
+                f"{cap} is more than the {context}-position context of policy.model = "
+                f"{self.policy.model!r}; give at most {context} (0: the model's context)",
+            )
 
     def _check_inactive(self, p: Problems) -> None:
         """A section of the other mode still at its defaults (a config built in code;

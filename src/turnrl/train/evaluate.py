@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.rollout import run_episodes
+from turnrl.rollout.context_cap import cap_context
 from turnrl.rollout.tokens import PrefixReuse
 from turnrl.train.agent.rollouts import RolloutSummary, plan_rollouts, rollout_metrics
 from turnrl.train.agent.runner import AgentRunner, RolloutResult
@@ -65,13 +66,15 @@ def evaluate_in_env(
     samples: int,
     temperature: float,
     max_new_tokens: int,
+    max_context_tokens: int | None = None,
 ) -> Evaluation:
     """``samples`` episodes per task of ``sampler`` (a policy, or a vLLM engine holding
     its weights) in fresh environments from ``make_env``; earlier turns and the shared
     prompt are encoded once (:class:`~turnrl.rollout.tokens.PrefixReuse`). The caller
-    puts a learner in eval mode first."""
+    puts a learner in eval mode first. ``max_context_tokens``: the run's per-turn context
+    cap (``rollout.max_context_tokens``, :mod:`turnrl.rollout.context_cap`), as in training."""
     batch = run_episodes(
-        PrefixReuse(sampler),
+        PrefixReuse(cap_context(sampler, max_context_tokens)),
         make_env,
         list(tasks),
         group_size=samples,

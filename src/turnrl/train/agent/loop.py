@@ -67,11 +67,17 @@ from turnrl.io import append_jsonl, atomic_write_text, read_jsonl_tolerant
 from turnrl.policy.factory import build_sampler, close_sampler
 from turnrl.policy.sync import push_weights
 from turnrl.records import dumps_record
+from turnrl.rollout.context_cap import truncation_metrics
 from turnrl.serve import Gateway, GatewayConfig, GatewayServer, bind_socket
 from turnrl.table import TurnTable
 from turnrl.train.agent.programs import make_program
 from turnrl.train.agent.rollouts import plan_rollouts, refuse_untrainable, rollout_metrics
-from turnrl.train.agent.runner import AgentRunner, RolloutResult, failure_fraction_error
+from turnrl.train.agent.runner import (
+    AgentRunner,
+    RolloutResult,
+    counted_failures,
+    failure_fraction_error,
+)
 from turnrl.train.agent.serving import (
     HOST,
     ServedAgents,
@@ -226,6 +232,7 @@ class AgentTrainer(LifecycleRun):
             "step": self.step,
             "episodes": sum(r.failure is None for r in results),
             **rollout_metrics(results),
+            **self.truncation_metrics(results),
             "seconds_agents": seconds_agents,
             "episodes_per_second": len(results) / max(seconds_agents, 1e-9),
         }
@@ -310,14 +317,22 @@ class AgentTrainer(LifecycleRun):
         """Run the jobs (failures' details saved under ``agent_failures/WHERE/``)."""
         return runner.run(jobs, failure_dir=self.run_dir / FAILURES_DIR / where)
 
+    def truncation_metrics(self, results: list[RolloutResult]) -> dict[str, float]:
+        """``context_truncated`` (and its share) of the step's rollouts when the run caps
+        the context (``rollout.max_context_tokens``); nothing otherwise."""
+        if self.config.rollout.max_context_tokens <= 0:
+            return {}
+        return truncation_metrics([r.truncated is not None for r in results])
+
     def check_failures(self, results: list[RolloutResult], where: str) -> None:
-        """Log every failed rollout; stop the run when more than allowed failed."""
+        """Log every failed rollout; stop the run when more than allowed failed (those
+        the context cap ended are logged, not counted: the run asked for them)."""
         failed = [r.failure for r in results if r.failure is not None]
         for failure in failed:
             append_jsonl(self.run_dir / FAILURES_LOG, {"at": where, **asdict(failure)})
             logger.warning("agent failure in %s: %s", where, failure.describe())
         message = failure_fraction_error(
-            failed, len(results), self.config.agent.max_failure_fraction, where
+            counted_failures(results), len(results), self.config.agent.max_failure_fraction, where
         )
         if message is not None:
             raise AgentRunError(message)

@@ -11,6 +11,11 @@ reward, exited non-zero, or never called the model) is closed in the gateway
 traceback, or the program's stderr and stdout) is saved as
 ``<failure_dir>/<rollout_id>.txt`` and returned as an :class:`AgentFailure`;
 the trainer counts, logs and limits them.
+
+A rollout whose call the gateway refused at the per-turn context cap
+(``rollout.max_context_tokens``) ends truncated (:attr:`RolloutResult.truncated`):
+trained on if its agent still gave a reward, else a failure whose reason says so
+(logged, but not held against ``agent.max_failure_fraction``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ from turnrl.io import atomic_write_text
 from turnrl.train.agent.contract import LLM, AgentFailed, AgentProgram, reward_of
 from turnrl.train.process_tree import agent_watchdog, no_process_left
 from turnrl.types import Task, TurnRecord
+
+AT_CONTEXT_CAP = (
+    "the gateway refused a call over the per-turn context cap (rollout.max_context_tokens: "
+    "400 context_length_exceeded), which ended the rollout truncated"
+)
+"""How a failure's reason starts when the context cap ended its rollout."""
 
 
 class Endpoint(Protocol):
@@ -64,6 +75,11 @@ class RolloutLink(Protocol):
         (the gateway then forgets them)."""
         ...
 
+    def truncated(self, rollout_id: str) -> str | None:
+        """Why the open rollout ended truncated (``"context"``: a call over the context
+        cap was refused), or ``None``."""
+        ...
+
 
 @dataclass(frozen=True)
 class AgentFailure:
@@ -90,6 +106,9 @@ class RolloutResult:
     info: dict[str, Any] = field(default_factory=dict)
     failure: AgentFailure | None = None
     seconds: float = 0.0
+    truncated: str | None = None
+    """``"context"``: the gateway refused a call over the per-turn context cap, which
+    ended the rollout (``None``: it was not truncated)."""
 
 
 class AgentRunner:
@@ -196,11 +215,19 @@ class AgentRunner:
         result = RolloutResult(rollout_id, task)
         try:
             llm = self.llm(rollout_id, task, clients)
-            output = await self.program.run(dict(task.payload), llm, self.timeout_s)
+            try:
+                output = await self.program.run(dict(task.payload), llm, self.timeout_s)
+            finally:
+                result.truncated = self._truncation(rollout_id)
             result.reward, result.info = reward_of(output, self.link.posted_reward(rollout_id))
             if self.link.finish(rollout_id, result.reward) == 0:
                 raise AgentFailed("the agent made no call to the model")
         except AgentFailed as failed:
+            if result.truncated is not None:
+                failed = AgentFailed(
+                    f"{AT_CONTEXT_CAP}; then: {failed.reason}",
+                    failed.details,
+                )
             result.failure = self._fail(rollout_id, task, failure_dir, failed)
         except Exception as exc:  # a fault in one rollout never stops the others
             failed = AgentFailed(
@@ -210,6 +237,14 @@ class AgentRunner:
             result.failure = self._fail(rollout_id, task, failure_dir, failed)
         result.seconds = time.perf_counter() - started
         return result
+
+    def _truncation(self, rollout_id: str) -> str | None:
+        """Whether the gateway ended the rollout at the context cap (``None`` also when
+        the gateway cannot say: it closed the rollout, or is going away)."""
+        try:
+            return self.link.truncated(rollout_id)
+        except Exception:
+            return None
 
     def _fail(
         self, rollout_id: str, task: Task, failure_dir: Path | None, failed: AgentFailed
@@ -259,6 +294,12 @@ def failure_fraction_error(
         f"{len(failures)} of {total} agent rollouts failed in {what}, more than "
         f"agent.max_failure_fraction={limit:g}; first failure: {failures[0].describe()}"
     )
+
+
+def counted_failures(results: Sequence[RolloutResult]) -> list[AgentFailure]:
+    """The failures ``agent.max_failure_fraction`` limits: all but those of rollouts the
+    context cap ended (the run asked for that truncation; they are still logged)."""
+    return [r.failure for r in results if r.failure is not None and r.truncated is None]
 
 
 class GatewayLink:
@@ -313,6 +354,9 @@ class GatewayLink:
 
     def close(self, rollout_id: str, reason: str) -> None:
         self.gateway.discard(rollout_id, reason)
+
+    def truncated(self, rollout_id: str) -> str | None:
+        return self.gateway.registry.truncation(rollout_id)
 
     def collect(self) -> dict[str, tuple[TurnRecord, ...]]:
         # counted in the gateway's stats; the runner has its own list

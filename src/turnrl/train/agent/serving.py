@@ -39,6 +39,7 @@ def gateway_config(config: Any, temperature: float) -> GatewayConfig:
         max_batch=agent.max_batch,
         # A safety net behind the runner's own timeout, which decides.
         rollout_timeout_s=agent.timeout_s + 2 * KILL_GRACE_S + 10,
+        max_context_tokens=config.rollout.max_context_tokens or None,
         auto_open=False,  # only rollouts the caller opened are served
     )
 

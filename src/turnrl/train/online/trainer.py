@@ -35,13 +35,19 @@ import torch
 
 from turnrl.credit import compute_credit, get_estimator
 from turnrl.envs import make_env
-from turnrl.errors import UsageError
+from turnrl.errors import ConfigError, UsageError
 from turnrl.io import atomic_write_text
 from turnrl.policy import HFPolicy
 from turnrl.policy.factory import build_sampler, close_sampler
 from turnrl.policy.sync import push_weights
 from turnrl.records import dumps_record
 from turnrl.rollout import RolloutBatch, StrategyContext, get_strategy, run_episodes
+from turnrl.rollout.context_cap import (
+    TRUNCATED_AT_CONTEXT,
+    cap_context,
+    no_turn_fits,
+    truncation_metrics,
+)
 from turnrl.rollout.strategies import RolloutPool, StepExperience
 from turnrl.rollout.tree import physical_env_steps
 from turnrl.table import TurnTable
@@ -237,6 +243,7 @@ class OnlineTrainer(LifecycleRun):
             samples=cfg.train.eval_samples,
             temperature=cfg.train.eval_temperature,
             max_new_tokens=cfg.policy.max_new_tokens,
+            max_context_tokens=cfg.rollout.max_context_tokens,
         )
         return {**evaluation.metrics, "eval_unseen": self.eval_unseen}
 
@@ -256,6 +263,8 @@ class OnlineTrainer(LifecycleRun):
     def learn(self, records: list[TurnRecord]) -> dict[str, float]:
         """Credit on ``records`` (one row per turn), then a PPO-clip update on them."""
         cfg = self.config
+        if not records and cfg.rollout.max_context_tokens > 0:
+            raise ConfigError(no_turn_fits(cfg.rollout.max_context_tokens, self.step))
         t0 = time.perf_counter()
         if "info_gain" in get_estimator(cfg.credit.estimator).needs:
             self.policy.model.eval()
@@ -304,7 +313,7 @@ class OnlineTrainer(LifecycleRun):
         tasks = [self.train_tasks[i] for i in picks]
         self.policy.model.eval()
         context = StrategyContext(
-            policy=self.rollout_policy,
+            policy=cap_context(self.rollout_policy, cfg.rollout.max_context_tokens),
             make_env=self._make_env,
             max_new_tokens=cfg.policy.max_new_tokens,
             temperature=cfg.policy.temperature,
@@ -323,12 +332,15 @@ class OnlineTrainer(LifecycleRun):
         self.env_steps += physical_env_steps(batch.records)
         self.tokens += batch.sampled_tokens
         learned = _mean_stats(experience.learn_stats)
+        capped = cfg.rollout.max_context_tokens > 0
+        ends = [e.end == TRUNCATED_AT_CONTEXT for e in batch.episodes]
         return {
             "step": self.step,
             "episodes": len(batch.episodes),
             "env_steps": self.env_steps,
             "tokens": self.tokens,
             **episode_metrics(batch.episodes),
+            **(truncation_metrics(ends) if capped else {}),
             **learned,
             **experience.extra,
             "seconds_sampling": batch.seconds_sampling,
