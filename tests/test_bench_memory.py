@@ -1,0 +1,89 @@
+"""benchmarks/memory.py's pieces that need no SmolLM2 run: the synthetic 4-turn
+trajectory, each arm's update fields, the median table and the 20 GiB extrapolation."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from argparse import Namespace
+
+import pytest
+
+from conftest import REPO
+
+_spec = importlib.util.spec_from_file_location("bench_memory", REPO / "benchmarks" / "memory.py")
+assert _spec is not None and _spec.loader is not None
+memory = importlib.util.module_from_spec(_spec)
+sys.modules["bench_memory"] = memory
+_spec.loader.exec_module(memory)
+
+
+@pytest.mark.parametrize("tokens", [2048, 8192, 10000])
+def test_trajectory_is_four_growing_turns_ending_at_the_size(tokens) -> None:
+    contexts, responses = memory.trajectory(tokens, vocab=500)
+    share = tokens // 4
+    assert [len(c) + len(r) for c, r in zip(contexts, responses, strict=True)] == [
+        share,
+        2 * share,
+        3 * share,
+        tokens,
+    ]
+    assert all(len(r) == memory.RESPONSE for r in responses)
+    for k in range(3):  # each turn's context holds the previous turn's context + response
+        assert contexts[k + 1][: len(contexts[k]) + memory.RESPONSE] == contexts[k] + responses[k]
+    assert all(10 <= t < 500 for c in contexts for t in c)
+    assert memory.trajectory(tokens, vocab=500) == (contexts, responses)  # fixed per size
+
+
+def test_arm_fields() -> None:
+    assert memory.arm_fields("none", 8192) == {"max_tokens_per_batch": 8192}
+    assert memory.arm_fields("none", 1000) == {"max_tokens_per_batch": 2048}
+    assert memory.arm_fields("chunks", 2048) == {
+        "max_tokens_per_batch": 2048,
+        "logprob_chunk_tokens": memory.CHUNK,
+    }
+    every = memory.arm_fields("all", 2048)
+    assert every["gradient_checkpointing"] is True
+    assert every["precision"] == "bf16-mixed"
+    assert every["logprob_chunk_tokens"] == memory.CHUNK
+    assert memory.default_arms()[0] == "none" and memory.default_arms()[-1] == "all"
+    with pytest.raises(SystemExit, match="unknown arm 'fast'"):
+        memory.arm_fields("fast", 2048)
+
+
+def _row(arm: str, tokens: int, peak: float, round_: int = 0, **extra) -> dict:
+    return {
+        "arm": arm,
+        "tokens": tokens,
+        "round": round_,
+        "peak_mib": peak,
+        "before_mib": 1024.0,
+        "wall_s": tokens / 1000,
+        "cpu_s": tokens / 2000,
+        "activation_mib": 1.0,
+        **extra,
+    }
+
+
+def test_summary_table_and_extrapolation() -> None:
+    results = [
+        _row("none", 2048, 2048.0),
+        _row("none", 2048, 4096.0, round_=1),
+        _row("none", 8192, 5120.0),
+        _row("all", 2048, 1024.0),
+        _row("all", 8192, 2048.0),
+        {"arm": "chunks", "tokens": 8192, "failed": "killed (out of memory?)"},
+    ]
+    cells = memory.summary(results)
+    assert cells[("none", 2048)]["peak_mib"] == 3072.0 and cells[("none", 2048)]["n"] == 2
+    assert cells[("chunks", 8192)] == {"failed": "killed (out of memory?)", "n": 1}
+    # through (2048, 1 GiB) and (8192, 2 GiB): 20 GiB at 8192 + 18 GiB / (1 GiB / 6144)
+    assert memory.extrapolated_tokens(cells, "all").startswith("~118,784 ")
+    assert memory.extrapolated_tokens(cells, "chunks") == "n/a"
+    args = Namespace(sizes=[2048, 8192], arms=["none", "chunks", "all"])
+    text = memory.table(args, cells)
+    lines = text.splitlines()
+    assert lines[0] == "| arm | 2k tokens | 8k tokens |"
+    assert lines[2].startswith("| `none` | 3.00 GiB; +2.00 over loaded; 1.00 ms/token (0.50 CPU)")
+    assert "| `chunks` | not run | failed: killed (out of memory?) |" in lines
+    assert lines[4].startswith("| `all` | 1.00 GiB (0.33x none);")
