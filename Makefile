@@ -34,7 +34,7 @@ STUDY_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 EDITABLE := flock pyproject.toml
 TEST_WORKERS ?= 2
 
-.PHONY: setup setup-all setup-integrations setup-vllm setup-agents test-vllm test-vllm-server browser test-integrations demo demo-smol test test-slow test-gpu lint bench bench-memory bench-rollout bench-update bench-sampling bench-trl-peer bench-gateway bench-agents bench-distributed grouping grouping-gradient grouping-adam lookup-study studies $(addprefix study-,$(STUDIES)) clean
+.PHONY: setup setup-all setup-integrations setup-vllm setup-agents test-vllm test-vllm-server browser test-integrations demo demo-smol test test-slow test-gpu gpu-check lint bench bench-memory bench-rollout bench-update bench-sampling bench-trl-peer bench-gateway bench-agents bench-distributed grouping grouping-gradient grouping-adam lookup-study studies $(addprefix study-,$(STUDIES)) clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -176,6 +176,12 @@ bench-update: setup setup-integrations $(SMOL_STAMP)
 # The CUDA smoke tests (skipped where torch sees no GPU).
 test-gpu: setup
 	$(PY) -m pytest -q -m gpu
+
+# The checks that need a CUDA GPU in one prepared script (vLLM backend, 2 NCCL ranks when
+# two GPUs, bf16-mixed training, the memory benchmark's small sizes; ~10 minutes on one
+# H200), one results file runs/gpu-check/results.md; one "skipped" line without CUDA.
+gpu-check: setup $(SMOL_STAMP)
+	$(PY) benchmarks/gpu_check.py
 
 # Peak memory of one update at 2k-32k tokens of a 4-turn context on SmolLM2 LoRA, per memory
 # option (docs/memory.md); long on CPU: `make bench-memory ARGS=--quick` runs 2k and 8k only.
