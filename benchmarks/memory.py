@@ -24,9 +24,10 @@ the trajectory's tokens (one torch thread).
 Arms (``--arms``), ``train.*`` fields over the recipe's: ``none``; each option alone
 (``checkpointing``: ``gradient_checkpointing``; ``chunks``: ``logprob_chunk_tokens =
 1024``; ``bf16-mixed``: ``precision``; ``packing``: ``update = "rows"`` with
-``max_tokens_per_batch``, only where this checkout has padding-free packing); and
-``all`` of them together. Arms alternate within each round (rotated each round),
-sizes in turn, so that a slower period of a shared machine does not fall on one arm.
+``max_tokens_per_batch = 2048``, the rows packed without padding, a longer row a
+forward of its own); and ``all`` of them together. Arms alternate within each round
+(rotated each round), sizes in turn, so that a slower period of a shared machine does
+not fall on one arm.
 
 SmolLM2 was trained on 8192 positions; 16k and 32k lift the model's position limit
 (RoPE runs on): the log-probs mean nothing there, the memory and time are real.
@@ -44,6 +45,7 @@ import argparse
 import dataclasses
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -74,9 +76,14 @@ OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
+PACKING = {"update": "rows", "max_tokens_per_batch": 2048}
+"""The ``packing`` arm: the rows layout packed without padding, at most 2048 positions a
+forward (a longer row is a forward of its own)."""
+
+
 def packing_available() -> bool:
     """Whether this checkout packs the rows layout without padding (another change of
-    issue #39; its module is ``turnrl.policy.packing``)."""
+    issue #39, ``turnrl.policy.packing``)."""
     return (ROOT / "src" / "turnrl" / "policy" / "packing.py").exists()
 
 
@@ -84,7 +91,7 @@ def arm_fields(arm: str, tokens: int) -> dict[str, Any]:
     """The ``PPOConfig`` fields of ``arm`` at ``tokens`` positions (over the defaults)."""
     options = dict(OPTIONS)
     if packing_available():
-        options["packing"] = {"update": "rows"}
+        options["packing"] = PACKING
     if arm == "none":
         fields: dict[str, Any] = {}
     elif arm == "all":
@@ -93,7 +100,7 @@ def arm_fields(arm: str, tokens: int) -> dict[str, Any]:
         fields = dict(options[arm])
     else:
         raise SystemExit(f"--arms: unknown arm {arm!r}; known: none, {', '.join(options)}, all")
-    # one forward for the whole trajectory (its rows share one chain of prefixes)
+    # else one forward for the whole trajectory (its rows share one chain of prefixes)
     return {"max_tokens_per_batch": max(tokens, 2048), **fields}
 
 
@@ -174,13 +181,23 @@ def child(arm: str, tokens: int) -> dict[str, Any]:
     }
 
 
-def measure(arm: str, tokens: int, timeout_s: float) -> dict[str, Any]:
-    """Run :func:`child` in a fresh process; its peak resident memory from ``wait4``."""
+def measure(arm: str, tokens: int, timeout_s: float, limit_gib: float = 0.0) -> dict[str, Any]:
+    """Run :func:`child` in a fresh process; its peak resident memory from ``wait4``.
+    ``limit_gib > 0`` caps the child's address space (``RLIMIT_AS``), so that an arm
+    that would need more fails alone instead of pushing a shared machine into swap or
+    its out-of-memory killer."""
     out = Path(f"/tmp/turnrl-bench-memory-{os.getpid()}-{arm}-{tokens}.json")
+
+    def cap() -> None:
+        if limit_gib > 0:
+            size = int(limit_gib * 2**30)
+            resource.setrlimit(resource.RLIMIT_AS, (size, size))
+
     process = subprocess.Popen(
         [sys.executable, __file__, "--child", arm, str(tokens), "--out", str(out)],
         cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=cap,
     )
     started = time.monotonic()
     while True:
@@ -197,6 +214,8 @@ def measure(arm: str, tokens: int, timeout_s: float) -> dict[str, Any]:
     process.returncode = code
     if code != 0 or not out.exists():
         why = "killed (out of memory?)" if code < 0 else f"exit {code}"
+        if limit_gib > 0 and code != 0:
+            why += f" under a {limit_gib:g} GiB address-space cap"
         return {"arm": arm, "tokens": tokens, "failed": why, "peak_mib": peak}
     result = json.loads(out.read_text())
     out.unlink()
@@ -225,7 +244,13 @@ def run_rounds(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if key in saved:
                     results.append(saved[key])
                     continue
-                row = {"key": key, "round": round_, **measure(arm, tokens, args.timeout)}
+                if args.report:
+                    continue  # only what --results holds
+                row = {
+                    "key": key,
+                    "round": round_,
+                    **measure(arm, tokens, args.timeout, args.max_memory_gib),
+                }
                 print(json.dumps(row), flush=True)
                 if args.results is not None:
                     with args.results.open("a") as handle:
@@ -355,7 +380,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], budget: Any)
     if not_run:
         text.append(f"Not run here: {', '.join(f'{t // 1024}k' for t in not_run)} tokens.")
     if not packing_available():
-        text.append("`packing`: not in this checkout yet (padding-free rows layout).")
+        text.append("`packing`: this checkout has no padding-free rows layout.")
     return "\n".join(text)
 
 
@@ -366,9 +391,15 @@ def main() -> None:
     parser.add_argument("--arms", default="", help="comma-separated arms (default: all)")
     parser.add_argument("--rounds", type=int, default=0, help="default 2 (--quick: 1)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per child")
+    parser.add_argument(
+        "--max-memory-gib", type=float, default=0.0, help="cap each child (RLIMIT_AS); 0: none"
+    )
     parser.add_argument("--results", type=Path, default=None, help="append/resume JSONL")
     parser.add_argument("--no-search", action="store_true", help="skip the 20 GiB search")
     parser.add_argument("--write", action="store_true", help="the section into RESULTS.md")
+    parser.add_argument(
+        "--report", action="store_true", help="measure nothing: report what --results holds"
+    )
     parser.add_argument("--out", type=Path, default=None, help="--child: its JSON file")
     parser.add_argument("--child", nargs=2, metavar=("ARM", "TOKENS"), default=None)
     args = parser.parse_args()
@@ -387,7 +418,7 @@ def main() -> None:
     args.rounds = args.rounds or (1 if args.quick else 2)
     results = run_rounds(args)
     budget = None
-    if not args.quick and not args.no_search:
+    if not args.quick and not args.no_search and not args.report:
         budget = search_budget("all", max(args.sizes), args.timeout)
     text = report(args, results, budget)
     print(text)

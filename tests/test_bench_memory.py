@@ -47,6 +47,10 @@ def test_arm_fields() -> None:
     assert every["precision"] == "bf16-mixed"
     assert every["logprob_chunk_tokens"] == memory.CHUNK
     assert memory.default_arms()[0] == "none" and memory.default_arms()[-1] == "all"
+    assert memory.packing_available()  # landed: rows packed, 2048 positions a forward
+    assert memory.arm_fields("packing", 8192) == {"update": "rows", "max_tokens_per_batch": 2048}
+    assert every["update"] == "rows" and every["max_tokens_per_batch"] == 2048
+    assert "packing" in memory.default_arms()
     with pytest.raises(SystemExit, match="unknown arm 'fast'"):
         memory.arm_fields("fast", 2048)
 
