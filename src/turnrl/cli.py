@@ -147,9 +147,9 @@ def _train(config: Any, args: argparse.Namespace) -> Any:
         from turnrl.integrations.ray_workers import train_with_workers
 
         return train_with_workers(config, report=report, **options)
-    from turnrl.train.online.trainer import OnlineTrainer
+    from turnrl.train.online.asynchronous import online_trainer
 
-    return Lifecycle(OnlineTrainer(config, **options), report=report).run()
+    return Lifecycle(online_trainer(config, **options), report=report).run()
 
 
 def _train_report(config: Any, run_dir: Any) -> None:

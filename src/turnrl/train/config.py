@@ -48,6 +48,7 @@ from turnrl.train.sections import (
     WarmStartConfig,
     check_update_precision,
 )
+from turnrl.train.staleness import check_staleness
 from turnrl.train.validate import Problems
 
 __all__ = [
@@ -216,6 +217,13 @@ class TrainConfig(PPOConfig):
     fully_shard`` splits its weights, gradients and AdamW state over the ranks, and a
     whole copy gathered once per step samples (built-in environments only; needs 2 or
     more ranks)."""
+    max_staleness: int = 0
+    """``K >= 1``: a sampler process with its own copy of the weights samples the next
+    steps' rollouts while the learner updates; step ``n`` samples with the weights of
+    ``max(n - 1 - K, last checkpoint before n)`` updates, and each turn is corrected by
+    its own behaviour log-probs when ``tis_cap > 0`` (docs/async.md). Built-in
+    environments, ``independent`` strategy, ``policy.backend = "hf"``, one process. 0:
+    sample, then update, as always (the same numbers bit for bit)."""
 
     def check(self, p: Problems) -> None:
         p.at_least("steps", self.steps, 0)
@@ -327,6 +335,7 @@ class RunConfig:
             )
         if not self.run_dir:
             p.add("run_dir", "must name a directory")
+        check_staleness(self, p)
         self._check_context_cap(p)
         check_update_precision(self.policy, self.train, "train", p)
         self._check_inactive(p)

@@ -1,0 +1,264 @@
+"""The sampler process of ``train.max_staleness >= 1``: its own copy of the weights, the
+built-in environments, and the independent strategy's episodes, run while the learner
+updates (docs/async.md).
+
+One child process (``torch.multiprocessing``: forked from a CPU learner on Linux, else
+spawned; one torch thread) reads one queue in order: ``weights`` messages (a state dict
+whose tensors the learner copied once into shared memory: the push costs that copy and
+nothing else) and ``sample`` requests (a step's tasks and seed). Because it reads them
+in the order the learner sent them, a request is sampled with exactly the version pushed
+before it: the schedule of :mod:`turnrl.train.staleness` holds whatever the timing, so
+an asynchronous run is reproducible. Each step's episodes come back whole (records
+tagged with the version, episodes without their environments, costs) on a second queue,
+with how long the sampler waited before starting it.
+
+Failures: the learner waits for a step with a timeout and checks that the process
+lives; a sampler that died (killed, out of memory) or raised is a
+:class:`SamplerProcessError`, one line naming it (exit code 2): the run stops, and
+``--resume`` continues from its last checkpoint. The child dies with the learner
+(``PR_SET_PDEATHSIG``) and also leaves when its parent is gone, so no process is left
+behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+
+from turnrl.errors import TurnrlError
+from turnrl.rollout.runner import Episode, RolloutBatch
+from turnrl.types import Task
+
+__all__ = ["SampledStep", "SamplerProcess", "SamplerProcessError", "SamplerSpec"]
+
+POLL_S = 0.2
+"""How often a waiting learner checks that the sampler lives."""
+STOP_WAIT_S = 10.0
+"""How long closing waits for the sampler to leave before it is killed."""
+
+
+class SamplerProcessError(TurnrlError, RuntimeError):
+    """The sampler process died or failed; the message names it and how to resume."""
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """What the sampler process builds: its policy (``policy`` is the run's
+    ``PolicyConfig`` without LoRA: it receives merged weights) and environment."""
+
+    policy: Any
+    seed: int
+    env_name: str
+    env_kwargs: Mapping[str, Any]
+    max_new_tokens: int
+    temperature: float
+    group_size: int
+    prefix_cache: bool
+    per_episode_seeds: bool
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """One step's rollouts: its tasks, sampling seed and trajectory-id prefix."""
+
+    step: int
+    tasks: tuple[Task, ...]
+    seed: int
+    traj_prefix: str
+
+
+@dataclass
+class SampledStep:
+    """A step's finished episodes, sampled with weights ``version``."""
+
+    step: int
+    version: int
+    batch: RolloutBatch
+    idle_s: float = 0.0
+    """Seconds the sampler waited (for a request or weights) before starting this step."""
+    task_ids: tuple[str, ...] = field(default_factory=tuple)
+
+
+# ------------------------------------------------------------------- the child process
+
+
+def _without_env(episode: Episode) -> Episode:
+    """The episode as a step's metrics read it, without its environment and context
+    (they stay in the sampler)."""
+    return dataclasses.replace(episode, env=None, context=[])  # type: ignore[arg-type]
+
+
+def _sample(policy: Any, spec: SamplerSpec, request: SampleRequest, version: int) -> RolloutBatch:
+    """The independent strategy's episodes of one step, as the learner's runner would
+    sample them (same seeds, same trajectory ids), records tagged with ``version``."""
+    from turnrl.envs import make_env
+    from turnrl.rollout.runner import run_episodes
+    from turnrl.rollout.tokens import PrefixReuse
+
+    counting = PrefixReuse(policy, enabled=spec.prefix_cache)
+    batch = run_episodes(
+        counting,
+        partial(make_env, spec.env_name, **spec.env_kwargs),
+        list(request.tasks),
+        group_size=spec.group_size,
+        max_new_tokens=spec.max_new_tokens,
+        temperature=spec.temperature,
+        seed=request.seed,
+        traj_prefix=request.traj_prefix,
+        per_episode_seeds=spec.per_episode_seeds,
+    )
+    batch.records = [dataclasses.replace(r, policy_version=version) for r in batch.records]
+    batch.episodes = [_without_env(e) for e in batch.episodes]
+    batch.extra["tokens_computed"] = counting.tokens_computed
+    batch.extra["policy_version"] = version
+    return batch
+
+
+def _serve(spec: SamplerSpec, inbox: Any, outbox: Any, parent: int) -> None:
+    """The sampler's loop (the child's entry point; see the module docstring)."""
+    from turnrl.policy.factory import build_policy
+    from turnrl.train.process_tree import die_with_parent
+
+    die_with_parent(parent)
+    torch.set_num_threads(1)
+    policy = build_policy(spec.policy, spec.seed)
+    policy.model.eval()
+    version: int | None = None
+    step = 0
+    try:
+        idle_since = time.perf_counter()
+        while True:
+            try:
+                message = inbox.get(timeout=1.0)
+            except queue.Empty:
+                if os.getppid() != parent:
+                    return
+                continue
+            kind = message[0]
+            if kind == "stop":
+                return
+            if kind == "weights":
+                _, version, state = message
+                policy.model.load_state_dict(state)
+                del state
+                outbox.put(("loaded", version))
+                continue
+            request: SampleRequest = message[1]
+            step = request.step
+            idle = time.perf_counter() - idle_since
+            assert version is not None, "a request before any weights"
+            batch = _sample(policy, spec, request, version)
+            task_ids = tuple(t.task_id for t in request.tasks)
+            outbox.put(("sampled", SampledStep(step, version, batch, idle, task_ids)))
+            idle_since = time.perf_counter()
+    except BaseException as err:  # said to the learner in one line; it stops the run
+        outbox.put(("failed", step, f"{type(err).__name__}: {err}"))
+
+
+# ------------------------------------------------------------------- the learner's side
+
+
+def shared_copy(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each tensor copied once into a new shared-memory CPU tensor (what crosses to the
+    sampler; the learner's own weights are never shared, so its updates stay its own)."""
+    out = {}
+    for name, tensor in state.items():
+        shared = torch.empty(tensor.shape, dtype=tensor.dtype).share_memory_()
+        shared.copy_(tensor.detach())
+        out[name] = shared
+    return out
+
+
+class SamplerProcess:
+    """The learner's handle on the sampler process (see the module docstring)."""
+
+    def __init__(self, spec: SamplerSpec) -> None:
+        import torch.multiprocessing as mp
+
+        # fork where the learner is on the CPU (Linux): the child starts in a second,
+        # where a spawned one first imports torch and transformers again (10 s of CPU);
+        # it sets one torch thread before any torch work. CUDA cannot be forked: spawn.
+        fork = sys.platform.startswith("linux") and not torch.cuda.is_initialized()
+        context = mp.get_context("fork" if fork else "spawn")
+        self._inbox = context.Queue()
+        self._outbox = context.Queue()
+        self._process = context.Process(
+            target=_serve,
+            args=(spec, self._inbox, self._outbox, os.getpid()),
+            name="turnrl-sampler",
+            daemon=True,
+        )
+        self._process.start()
+        self._finished: dict[int, SampledStep] = {}
+        self._pushed: dict[int, dict[str, torch.Tensor]] = {}
+        """Shared copies not yet loaded by the sampler (kept alive until it says so)."""
+
+    @property
+    def pid(self) -> int:
+        assert self._process.pid is not None
+        return self._process.pid
+
+    def push(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+        """Send the weights of ``version``; requests sent after it sample with them."""
+        shared = shared_copy(state)
+        self._pushed[version] = shared
+        self._inbox.put(("weights", version, shared))
+
+    def request(self, step: int, tasks: Sequence[Task], seed: int, traj_prefix: str) -> None:
+        """Ask for step ``step``'s episodes (sampled with the last weights pushed)."""
+        self._inbox.put(("sample", SampleRequest(step, tuple(tasks), seed, traj_prefix)))
+
+    def receive(self, step: int) -> tuple[SampledStep, float]:
+        """Step ``step``'s episodes, waiting for them; and the seconds waited. Raises
+        :class:`SamplerProcessError` when the sampler died or failed."""
+        started = time.perf_counter()
+        while step not in self._finished:
+            try:
+                message = self._outbox.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self._process.is_alive():
+                    raise SamplerProcessError(
+                        f"the sampler process (pid {self.pid}) ended with exit code "
+                        f"{self._process.exitcode} while step {step} was sampling; the run "
+                        "stopped (continue it with --resume)"
+                    ) from None
+                continue
+            self._take(message, step)
+        return self._finished.pop(step), time.perf_counter() - started
+
+    def _take(self, message: tuple[Any, ...], waiting_for: int) -> None:
+        kind = message[0]
+        if kind == "loaded":
+            for version in [v for v in self._pushed if v <= message[1]]:
+                del self._pushed[version]
+        elif kind == "sampled":
+            self._finished[message[1].step] = message[1]
+        else:
+            _, step, what = message
+            raise SamplerProcessError(
+                f"the sampler process (pid {self.pid}) failed at step {step or waiting_for}: "
+                f"{what}; the run stopped (continue it with --resume once fixed)"
+            )
+
+    def close(self) -> None:
+        """Stop the sampler and wait for it (killed if it does not leave in time)."""
+        process = self._process
+        if process.is_alive():
+            self._inbox.put(("stop",))
+            process.join(STOP_WAIT_S)
+        if process.is_alive():
+            process.kill()
+            process.join()
+        self._pushed.clear()
+        for channel in (self._inbox, self._outbox):
+            channel.cancel_join_thread()
+            channel.close()
