@@ -25,7 +25,9 @@ Arms (``--arms``), ``train.*`` fields over the recipe's: ``none``; each option a
 (``checkpointing``: ``gradient_checkpointing``; ``chunks``: ``logprob_chunk_tokens =
 1024``; ``bf16-mixed``: ``precision``; ``packing``: ``update = "rows"`` with
 ``max_tokens_per_batch = 2048``, the rows packed without padding, a longer row a
-forward of its own); and ``all`` of them together. Arms alternate within each round
+forward of its own); ``all`` of them together, and ``all-fp32``, all but
+``bf16-mixed`` (a CPU without bfloat16 instructions runs bfloat16 matrix products
+several times slower than float32). Arms alternate within each round
 (rotated each round), sizes in turn, so that a slower period of a shared machine does
 not fall on one arm.
 
@@ -94,18 +96,21 @@ def arm_fields(arm: str, tokens: int) -> dict[str, Any]:
         options["packing"] = PACKING
     if arm == "none":
         fields: dict[str, Any] = {}
-    elif arm == "all":
-        fields = {k: v for option in options.values() for k, v in option.items()}
+    elif arm in ("all", "all-fp32"):
+        chosen = [o for name, o in options.items() if arm == "all" or name != "bf16-mixed"]
+        fields = {k: v for option in chosen for k, v in option.items()}
     elif arm in options:
         fields = dict(options[arm])
     else:
-        raise SystemExit(f"--arms: unknown arm {arm!r}; known: none, {', '.join(options)}, all")
+        raise SystemExit(
+            f"--arms: unknown arm {arm!r}; known: none, {', '.join(options)}, all, all-fp32"
+        )
     # else one forward for the whole trajectory (its rows share one chain of prefixes)
     return {"max_tokens_per_batch": max(tokens, 2048), **fields}
 
 
 def default_arms() -> list[str]:
-    return ["none", *OPTIONS, *(["packing"] if packing_available() else []), "all"]
+    return ["none", *OPTIONS, *(["packing"] if packing_available() else []), "all-fp32", "all"]
 
 
 def trajectory(tokens: int, vocab: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -360,7 +365,9 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], budget: Any)
         f"peak resident memory of the child process (ru_maxrss via wait4), how much of it "
         f"the update added over the loaded model and batch, wall (CPU) milliseconds per "
         f"trajectory token; median of {', '.join(map(str, sorted(rounds)))} round(s), arms "
-        f"alternating. `chunks` = `logprob_chunk_tokens = {CHUNK}`; `all` = every option.",
+        f"alternating. `chunks` = `logprob_chunk_tokens = {CHUNK}`; `packing` = rows layout "
+        f"packed, 2048 positions a forward; `all` = every option; `all-fp32` = all but "
+        f"bf16-mixed.",
         "",
         table(args, cells),
         "",

@@ -46,7 +46,8 @@ def test_arm_fields() -> None:
     assert every["gradient_checkpointing"] is True
     assert every["precision"] == "bf16-mixed"
     assert every["logprob_chunk_tokens"] == memory.CHUNK
-    assert memory.default_arms()[0] == "none" and memory.default_arms()[-1] == "all"
+    assert memory.default_arms()[0] == "none" and memory.default_arms()[-2:] == ["all-fp32", "all"]
+    assert "precision" not in memory.arm_fields("all-fp32", 2048)
     assert memory.packing_available()  # landed: rows packed, 2048 positions a forward
     assert memory.arm_fields("packing", 8192) == {"update": "rows", "max_tokens_per_batch": 2048}
     assert every["update"] == "rows" and every["max_tokens_per_batch"] == 2048
