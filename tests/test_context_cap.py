@@ -434,3 +434,63 @@ def test_the_docs_name_the_field_where_fields_are_listed() -> None:
     memory = (REPO / "docs" / "memory.md").read_text()
     assert "rollout.max_context_tokens" in memory and "#3910" in memory
     assert "context_length_exceeded" in (REPO / "docs" / "agents.md").read_text()
+
+
+def test_the_report_plots_the_share_cut_at_the_cap(tmp_path: Path) -> None:
+    from turnrl.report.runs import load_runs
+    from turnrl.report.sections import build_sections
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [
+        {"step": s, "malformed_rate": 0.1 * s, "context_truncated_frac": 0.25 * s}
+        for s in range(1, 4)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sections = build_sections(load_runs([run]), ["malformed_rate", "context_truncated_frac"])
+    panels = {p.title: p.metrics for s in sections for p in s.panels}
+    assert panels == {
+        "Malformed and truncated responses; episodes cut at the context cap": (
+            "malformed_rate",
+            "context_truncated_frac",
+        )
+    }
+
+
+def test_turnrl_serve_takes_the_cap(capsys: pytest.CaptureFixture[str]) -> None:
+    from turnrl.cli import build_parser
+    from turnrl.serve.cli import gateway_config
+
+    parser = build_parser()
+    assert gateway_config(parser.parse_args(["serve"])).max_context_tokens is None
+    args = parser.parse_args(["serve", "--max-context-tokens", "512"])
+    assert gateway_config(args).max_context_tokens == 512
+    for bad, why in (("0", "must be >= 1, got 0"), ("many", "expected a number of tokens")):
+        with pytest.raises(SystemExit) as caught:
+            parser.parse_args(["serve", "--max-context-tokens", bad])
+        assert caught.value.code == 2
+        assert why in capsys.readouterr().err
+
+
+def test_the_async_sampler_samples_under_the_cap() -> None:
+    """``train.max_staleness > 0``: the sampler process runs the step's episodes with the
+    run's cap, as the learner's own runner would."""
+    from turnrl.train.async_sampler import SampleRequest, SamplerSpec, _sample
+
+    task = make_tasks("calculator", 1, seed=0)[0]
+    for cap, turns, end in ((0, 10, "env"), (75 + 2 * 27 + M, 3, "context")):
+        spec = SamplerSpec(
+            policy=None,
+            seed=0,
+            env_name="calculator",
+            env_kwargs={"max_turns": 10},
+            max_new_tokens=M,
+            temperature=1.0,
+            group_size=1,
+            prefix_cache=True,
+            per_episode_seeds=False,
+            max_context_tokens=cap,
+        )
+        batch = _sample(ToolCaller(), spec, SampleRequest(1, (task,), 0, "s1-"), 3)
+        (episode,) = batch.episodes
+        assert (episode.turn, episode.end) == (turns, end)

@@ -79,7 +79,10 @@ _SPECS: tuple[tuple[str, str, tuple[_Spec, ...]], ...] = (
             _Spec("Training tool use", (r"tool_rate", rf"tool_rate{_TAG}", r"tool_open_rate")),
             _Spec("Return by task tag", (rf"return{_TAG}",)),
             _Spec("Turns by task tag", (rf"turns{_TAG}",)),
-            _Spec("Malformed and truncated responses", (r"malformed_rate", r"truncated_rate")),
+            _Spec(
+                "Malformed and truncated responses; episodes cut at the context cap",
+                (r"malformed_rate", r"truncated_rate", r"context_truncated_frac"),
+            ),
             _Spec(
                 "Tokens per step",
                 (r"n_tokens", r"tokens_all", r"tokens_unique", r"tokens_computed"),

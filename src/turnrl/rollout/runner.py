@@ -44,7 +44,10 @@ class Episode:
     """Whether the first response (turn 0) was a tool call; None before it."""
     correct: bool | None = None
     end: str = ""
-    """Why the episode ended: "env" (the environment said done), "context" (no room left)."""
+    """Why the episode ended: "env" (the environment said done), "context" (no room left
+    for the next turn in the policy's ``max_context``: the model's, or the smaller
+    per-turn cap ``rollout.max_context_tokens``, :mod:`turnrl.rollout.context_cap`),
+    "max_turns"."""
     seed: int | None = None
     """Per-episode sampling seed, or ``None`` (the batch's seed). With it, turn ``t`` of this
     episode samples from its own generator seeded ``turn_seed(seed, t)``, whatever other

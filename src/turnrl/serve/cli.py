@@ -147,6 +147,17 @@ def reloader(args: argparse.Namespace, gateway: Any, served: Any, learner: Any) 
     return load
 
 
+def positive_tokens(text: str) -> int:
+    """``--max-context-tokens``: a whole number of tokens, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def gateway_config(args: argparse.Namespace) -> GatewayConfig:
     """The gateway settings of the command line."""
     return GatewayConfig(
@@ -161,6 +172,7 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
         records_path=args.records,
         rollout_timeout_s=args.rollout_timeout,
         max_request_chars=args.max_request_chars,
+        max_context_tokens=args.max_context_tokens,
         max_finished_kept=KEEP_FINISHED,
         idle_timeout_s=args.idle_timeout,
     )
@@ -331,6 +343,14 @@ def add_serve_command(subparsers: Any) -> None:
         type=int,
         default=None,
         help="refuse requests with more characters of text (default: 16 x the model context)",
+    )
+    p.add_argument(
+        "--max-context-tokens",
+        type=positive_tokens,
+        default=None,
+        metavar="N",
+        help="per-turn context cap: a call whose prompt plus max_tokens exceed N gets a 400 "
+        "context_length_exceeded and ends its rollout truncated (default: the model's context)",
     )
     p.add_argument(
         "--backend",

@@ -64,6 +64,9 @@ class SamplerSpec:
     group_size: int
     prefix_cache: bool
     per_episode_seeds: bool
+    max_context_tokens: int = 0
+    """``rollout.max_context_tokens``: the per-turn context cap the learner's own
+    rollouts would sample under (:mod:`turnrl.rollout.context_cap`); 0: none."""
 
 
 @dataclass(frozen=True)
@@ -101,10 +104,11 @@ def _sample(policy: Any, spec: SamplerSpec, request: SampleRequest, version: int
     """The independent strategy's episodes of one step, as the learner's runner would
     sample them (same seeds, same trajectory ids), records tagged with ``version``."""
     from turnrl.envs import make_env
+    from turnrl.rollout.context_cap import cap_context
     from turnrl.rollout.runner import run_episodes
     from turnrl.rollout.tokens import PrefixReuse
 
-    counting = PrefixReuse(policy, enabled=spec.prefix_cache)
+    counting = PrefixReuse(cap_context(policy, spec.max_context_tokens), enabled=spec.prefix_cache)
     batch = run_episodes(
         counting,
         partial(make_env, spec.env_name, **spec.env_kwargs),

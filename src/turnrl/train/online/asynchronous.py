@@ -91,6 +91,7 @@ class AsyncOnlineTrainer(OnlineTrainer):
             group_size=cfg.rollout.group_size,
             prefix_cache=bool(cfg.rollout.params.get("prefix_cache", True)),
             per_episode_seeds=cfg.rollout.per_episode_seeds,
+            max_context_tokens=cfg.rollout.max_context_tokens,
         )
         self.sampler_process = SamplerProcess(spec)
         self._send_version()
