@@ -96,7 +96,7 @@ def plan(
     gpus: int, out: Path, *, python: str = sys.executable, budget_s: float = 540
 ) -> list[Step]:
     """The steps for a machine with ``gpus`` CUDA devices; their time limits share
-    ``budget_s`` (vLLM 30 %, NCCL 15 %, bf16-mixed 20 %, memory 35 %)."""
+    ``budget_s`` (vLLM 30 %, NCCL 10 %, bf16-mixed and fp32 10 % each, memory 40 %)."""
     vllm_python = ROOT / ".venv-vllm" / "bin" / "python"
     steps = [
         Step(
@@ -123,7 +123,7 @@ def plan(
                     (*TINY_STEPS, "rollout.per_episode_seeds=true", "rollout.strategy=independent"),
                 )[1:],
             ],
-            0.15 * budget_s,
+            0.10 * budget_s,
             "" if gpus >= 2 else f"{gpus} CUDA device(s): two ranks need two",
         ),
     ]
@@ -150,9 +150,9 @@ def plan(
                 "--results",
                 str(out / "memory.jsonl"),
                 "--timeout",
-                str(int(0.05 * budget_s)),
+                str(int(0.1 * budget_s)),
             ],
-            0.35 * budget_s,
+            0.40 * budget_s,
         )
     )
     return steps

@@ -407,6 +407,7 @@ def main() -> None:
     parser.add_argument(
         "--report", action="store_true", help="measure nothing: report what --results holds"
     )
+    parser.add_argument("--command", default="", help="--write: the command(s) to name")
     parser.add_argument("--out", type=Path, default=None, help="--child: its JSON file")
     parser.add_argument("--child", nargs=2, metavar=("ARM", "TOKENS"), default=None)
     args = parser.parse_args()
@@ -430,7 +431,7 @@ def main() -> None:
     text = report(args, results, budget)
     print(text)
     if args.write:
-        command = "OMP_NUM_THREADS=1 .venv/bin/python " + " ".join(
+        command = args.command or "OMP_NUM_THREADS=1 .venv/bin/python " + " ".join(
             ["benchmarks/memory.py", *sys.argv[1:]]
         ).replace(" --write", "")
         write_section(RESULTS, TITLE, text, command, date.today())
