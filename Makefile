@@ -34,7 +34,7 @@ STUDY_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 EDITABLE := flock pyproject.toml
 TEST_WORKERS ?= 2
 
-.PHONY: setup setup-all setup-integrations setup-vllm setup-agents test-vllm test-vllm-server browser test-integrations demo demo-smol test test-slow test-gpu gpu-check lint bench bench-memory bench-rollout bench-update bench-sampling bench-trl-peer bench-gateway bench-agents bench-distributed grouping grouping-gradient grouping-adam lookup-study studies $(addprefix study-,$(STUDIES)) clean
+.PHONY: setup setup-all setup-integrations setup-vllm setup-agents test-vllm test-vllm-server browser test-integrations demo demo-smol test test-slow test-gpu gpu-check lint bench bench-memory bench-rollout bench-update bench-sampling bench-trl-peer bench-gateway bench-agents bench-distributed bench-async grouping grouping-gradient grouping-adam lookup-study studies $(addprefix study-,$(STUDIES)) clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -225,6 +225,11 @@ bench-agents: setup
 # Step and update time of `turnrl train` on 1 and 2 torchrun ranks (gloo; NCCL with 2 GPUs).
 bench-distributed: setup
 	$(PY) benchmarks/distributed.py
+
+# Synchronous against train.max_staleness = 1 on the tiny recipe, alternating rounds
+# (docs/async.md); a few minutes on 2 cores.
+bench-async: setup
+	OMP_NUM_THREADS=1 $(PY) benchmarks/async.py --rounds 2 --steps 4 --write
 
 # The grouping experiment (docs/grouping-experiment.md): the gradient projection table
 # first (it trains the shared warm start), then the confirming learning runs.

@@ -1,0 +1,131 @@
+"""Synchronous against ``train.max_staleness = 1``: steps per hour, alternating rounds.
+
+Each round trains the tiny calculator recipe twice from the same config, once
+synchronous (``K = 0``) and once asynchronous (``K = 1``, a sampler process), the order
+flipping every round so drifting machine load hits both alike. A step's time is its
+``seconds_step`` (the trainer's step: sampling or waiting for the sampler, credit and
+update; the warm start, evaluations and checkpoints are outside it, alike for both).
+Steps per hour = steps / summed step seconds. Beside the ratio stands its bound from
+the synchronous runs' own phases: ``(sampling + update) / max(sampling, update)``,
+what perfect overlap would give; on a machine whose two cores are busy with other
+work, the two processes also compete for them.
+
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/async.py --rounds 2 --steps 4
+    (--write: the result into benchmarks/RESULTS.md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+from results_file import RESULTS, write_section
+
+from turnrl.train.config import RunConfig, load_config
+from turnrl.train.lifecycle import Lifecycle
+from turnrl.train.online.asynchronous import online_trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "examples" / "calculator.toml"
+TINY = (
+    "warm_start.steps=6",
+    "warm_start.batch_size=8",
+    "env.n_train_tasks=64",
+    "env.n_eval_tasks=2",
+    "rollout.group_size=4",
+    "rollout.tasks_per_step=4",
+    "policy.max_new_tokens=12",
+    "train.eval_every=0",
+    "train.checkpoint_every=0",
+    "train.minibatch_size=8",
+    "train.epochs=2",
+    "train.threads=1",
+    "train.log_rollouts_every=0",
+    "train.tis_cap=2.0",
+)
+"""The tiny recipe of the tests, a little larger per step (4 tasks x 4 rollouts)."""
+
+
+def run_arm(root: Path, name: str, steps: int, staleness: int) -> list[dict]:
+    """One run; its metrics rows after step 0."""
+    overrides = [*TINY, f"train.steps={steps}", f"train.max_staleness={staleness}"]
+    config = load_config(RunConfig, RECIPE, [*overrides, f"run_dir={root / name}"])
+    Lifecycle(online_trainer(config, quiet=True)).run()
+    rows = [json.loads(line) for line in (root / name / "metrics.jsonl").read_text().splitlines()]
+    return rows[1:]
+
+
+def summary(rounds: list[dict[str, list[dict]]], steps: int) -> str:
+    """The result as a markdown table and its lines."""
+    lines = [
+        "| round | sync steps/h | K=1 steps/h | ratio | bound (sync phases) "
+        "| K=1 staleness mean | K=1 learner idle s/step |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    ratios, bounds = [], []
+    for i, arms in enumerate(rounds, 1):
+        sync, fast = arms["sync"], arms["k1"]
+        rate = {k: steps / sum(r["seconds_step"] for r in rows) * 3600 for k, rows in arms.items()}
+        sampling = float(np.mean([r["seconds_sampling"] for r in sync]))
+        update = float(np.mean([r["seconds_update"] for r in sync]))
+        bound = (sampling + update) / max(sampling, update)
+        ratio = rate["k1"] / rate["sync"]
+        ratios.append(ratio)
+        bounds.append(bound)
+        staleness = float(np.mean([r["staleness_mean"] for r in fast]))
+        idle = float(np.mean([r["seconds_learner_idle"] for r in fast]))
+        lines.append(
+            f"| {i} | {rate['sync']:,.0f} | {rate['k1']:,.0f} | {ratio:.2f}x | {bound:.2f}x "
+            f"(sampling {sampling:.2f} s + update {update:.2f} s) | {staleness:.2f} | {idle:.2f} |"
+        )
+    lines += [
+        "",
+        f"Mean ratio {np.mean(ratios):.2f}x against a mean bound of {np.mean(bounds):.2f}x "
+        f"({len(rounds)} rounds of {steps} steps per arm).",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--write", action="store_true", help="into benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+        for i in range(args.rounds):
+            order = [("sync", 0), ("k1", 1)]
+            if i % 2:
+                order.reverse()
+            arms = {}
+            for name, k in order:
+                arms[name] = run_arm(Path(tmp), f"{name}-{i}", args.steps, k)
+                print(f"round {i + 1}: {name} done ({time.perf_counter() - started:.0f} s)")
+            rounds.append(arms)
+    table = summary(rounds, args.steps)
+    print(table)
+    print(f"({time.perf_counter() - started:.0f} s of wall time)")
+    if args.write:
+        command = (
+            "OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/async.py "
+            f"--rounds {args.rounds} --steps {args.steps} --write"
+        )
+        body = (
+            "Tiny calculator recipe (4 tasks x 4 rollouts per step, tiny model, one torch "
+            "thread per process), synchronous against `train.max_staleness=1` "
+            "(docs/async.md), alternating order per round; steps/h from the summed "
+            "`seconds_step`.\n\n" + table
+        )
+        write_section(RESULTS, "Asynchronous sampling (train.max_staleness)", body, command,
+                      date.today())  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
