@@ -8,6 +8,10 @@ stack (an MCP calculator over stdio), each trained for 2 steps on the tiny model
 calculator tasks. An agent whose call the gateway refused would fail its episode, and
 the run would stop; so a finished run with no failed episode shows every call was
 served.
+
+The same agents run as commands from a venv of their own, without turnrl
+(tests/test_agent_frameworks_venv.py): the ``check_*`` functions below are what
+both versions assert of a run.
 """
 
 from __future__ import annotations
@@ -58,13 +62,16 @@ def _ids(text: str) -> list[int]:
     return build_tiny_policy(seed=0).chat.encode_text(text)
 
 
-def _train(tmp_path: Path, entrypoint: str) -> Path:
+def train_two_steps(tmp_path: Path, *agent: str) -> Path:
+    """A finished 2-step run of the agent the ``agent.*`` overrides ``agent`` name."""
     run = tmp_path / "run"
-    code = turnrl_main(
-        ["train", "--quiet", "--run-dir", str(run), f"agent.entrypoint={entrypoint}", *TWO_STEPS]
-    )
+    code = turnrl_main(["train", "--quiet", "--run-dir", str(run), *TWO_STEPS, *agent])
     assert code == 0
     return run
+
+
+def _train(tmp_path: Path, entrypoint: str) -> Path:
+    return train_two_steps(tmp_path, f"agent.entrypoint={entrypoint}")
 
 
 def _check_run(run: Path, system_prompt: str, max_turns: int) -> list[list[dict[str, Any]]]:
@@ -104,7 +111,11 @@ def test_a_smolagents_tool_calling_agent_over_litellm_trains_two_steps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch at import
-    run = _train(tmp_path, f"{AGENTS / 'calc_smolagents.py'}:run")
+    check_smolagents_tool_calling_run(_train(tmp_path, f"{AGENTS / 'calc_smolagents.py'}:run"))
+
+
+def check_smolagents_tool_calling_run(run: Path) -> None:
+    """What a 2-step run of examples/agents/calc_smolagents.py shows."""
     # max_steps=2 tool-calling steps, then smolagents' own final-answer call.
     rollouts = _check_run(run, "Solve the arithmetic problem. Call the calculator", max_turns=3)
     # LiteLLM's default tool_choice="required": every tool-calling step was forced, the
@@ -135,7 +146,11 @@ def test_a_smolagents_tool_calling_agent_over_litellm_trains_two_steps(
     reason="needs the agents extra (langgraph, langchain-openai)",
 )
 def test_a_langgraph_agent_trains_two_steps(tmp_path: Path) -> None:
-    run = _train(tmp_path, f"{AGENTS / 'calc_langgraph.py'}:run")
+    check_langgraph_run(_train(tmp_path, f"{AGENTS / 'calc_langgraph.py'}:run"))
+
+
+def check_langgraph_run(run: Path) -> None:
+    """What a 2-step run of examples/agents/calc_langgraph.py shows."""
     # recursion_limit=8 graph steps: at most 4 model calls (each tool round is a step).
     _check_run(run, "Solve the arithmetic problem. Reply with the number only.", max_turns=4)
 
@@ -148,7 +163,11 @@ def test_a_smolagents_code_agent_trains_two_steps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    run = _train(tmp_path, f"{AGENTS / 'calc_smolagents_code.py'}:run")
+    check_code_agent_run(_train(tmp_path, f"{AGENTS / 'calc_smolagents_code.py'}:run"))
+
+
+def check_code_agent_run(run: Path) -> None:
+    """What a 2-step run of examples/agents/calc_smolagents_code.py shows."""
     # max_steps=2 code steps, then smolagents' final-answer call.
     rollouts = _check_run(run, "Solve the arithmetic problem. Write Python", max_turns=3)
     # CodeAgent offers no tools to the model: nothing is forced or parsed as a call.
@@ -159,7 +178,11 @@ def test_a_smolagents_code_agent_trains_two_steps(
     importlib.util.find_spec("agents") is None, reason="needs the agents extra (openai-agents)"
 )
 def test_an_openai_agents_sdk_agent_trains_two_steps(tmp_path: Path) -> None:
-    run = _train(tmp_path, f"{AGENTS / 'calc_agents_sdk.py'}:run")
+    check_agents_sdk_run(_train(tmp_path, f"{AGENTS / 'calc_agents_sdk.py'}:run"))
+
+
+def check_agents_sdk_run(run: Path) -> None:
+    """What a 2-step run of examples/agents/calc_agents_sdk.py shows."""
     # Runner.run(max_turns=4): at most 4 model calls.
     _check_run(run, "Solve the arithmetic problem. Reply with the number only.", max_turns=4)
 
@@ -170,7 +193,11 @@ def test_an_openai_agents_sdk_agent_trains_two_steps(tmp_path: Path) -> None:
     reason="needs the agents extra (autogen-agentchat, autogen-ext, mcp-server-calculator)",
 )
 def test_the_autogen_calc_x_agent_trains_two_steps(tmp_path: Path) -> None:
-    run = _train(tmp_path, f"{AGENTS / 'calc_x' / 'agent.py'}:run")
+    check_calc_x_run(_train(tmp_path, f"{AGENTS / 'calc_x' / 'agent.py'}:run"))
+
+
+def check_calc_x_run(run: Path) -> None:
+    """What a 2-step run of examples/agents/calc_x/agent.py shows."""
     # One tool round and the reflection call after it, at most.
     _check_run(run, "You are a helpful AI assistant.", max_turns=2)
 

@@ -3,20 +3,26 @@
 One ``Agent`` with one ``@function_tool``, run by ``Runner.run``; the SDK's
 chat-completions model is given an ``AsyncOpenAI`` client whose base URL is the
 rollout's, which is all turnrl needs. Tracing is off (it would export to
-OpenAI's servers). The tool runs turnrl's safe arithmetic, never ``eval``.
+OpenAI's servers). The tool runs turnrl's safe arithmetic, never ``eval``
+(``calc_common.py``: no turnrl import).
 
-``agent.entrypoint = "examples/agents/calc_agents_sdk.py:run"``.
+``agent.entrypoint = "examples/agents/calc_agents_sdk.py:run"``; as a program in its
+own venv (``agent.command = [".venv-agents/bin/python",
+"examples/agents/calc_agents_sdk.py"]``) it prints ``{"reward": ...}``.
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
-from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
-from openai import AsyncOpenAI
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # calc_common, beside this file
 
-from turnrl.envs.calculator import is_correct
-from turnrl.envs.safe_math import SafeMathError, calculate
+from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
+from calc_common import calculator as safe_calculator
+from calc_common import main, score
+from openai import AsyncOpenAI
 
 INSTRUCTIONS = "Solve the arithmetic problem. Reply with the number only."
 
@@ -28,10 +34,7 @@ def calculator(expression: str) -> str:
     Args:
         expression: the expression, e.g. 123*456.
     """
-    try:
-        return calculate(expression)
-    except SafeMathError as exc:
-        return f"error: {exc}"
+    return safe_calculator(expression)
 
 
 async def solve(question: str, client: AsyncOpenAI, model: str) -> str:
@@ -48,7 +51,10 @@ async def solve(question: str, client: AsyncOpenAI, model: str) -> str:
 
 
 async def run(task: dict[str, Any], llm: Any) -> dict[str, Any]:
-    """turnrl entrypoint: one Agents-SDK episode on ``task``."""
-    reply = await solve(task["question"], llm.async_openai_client(), llm.model)
-    correct = is_correct(reply, float(task["answer"]))
-    return {"reward": float(correct), "info": {"success": correct}}
+    """One Agents-SDK episode on ``task`` (``llm``: turnrl's ``LLM`` in-process,
+    ``calc_common.Endpoint`` as a command; both give ``async_openai_client()``)."""
+    return score(task, await solve(task["question"], llm.async_openai_client(), llm.model))
+
+
+if __name__ == "__main__":
+    main(run)

@@ -5,29 +5,29 @@ A ``StateGraph`` over ``MessagesState`` with two nodes: the model
 LangGraph's prebuilt ``ToolNode``; ``tools_condition`` routes to the tools while
 the model asks for them, else ends. Only the base URL, key and model name come
 from turnrl (the rollout's). The calculator runs turnrl's safe arithmetic,
-never ``eval``.
+never ``eval`` (``calc_common.py``: no turnrl import).
 
-``agent.entrypoint = "examples/agents/calc_langgraph.py:run"``; as a program
-(``agent.command = ["python", "examples/agents/calc_langgraph.py"]``) it reads
-``OPENAI_BASE_URL``/``OPENAI_API_KEY``/``OPENAI_MODEL``/``TURNRL_TASK`` and
-prints ``{"reward": ...}``.
+``agent.entrypoint = "examples/agents/calc_langgraph.py:run"``; as a program in its
+own venv (``agent.command = [".venv-agents/bin/python",
+"examples/agents/calc_langgraph.py"]``) it prints ``{"reward": ...}``.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import sys
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # calc_common, beside this file
+
+from calc_common import calculator as safe_calculator
+from calc_common import main, score
 from langchain_core.messages import SystemMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.errors import GraphRecursionError
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
-
-from turnrl.envs.calculator import is_correct
-from turnrl.envs.safe_math import SafeMathError, calculate
 
 SYSTEM_PROMPT = "Solve the arithmetic problem. Reply with the number only."
 RECURSION_LIMIT = 8
@@ -37,10 +37,7 @@ RECURSION_LIMIT = 8
 @tool
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression, e.g. 123*456."""
-    try:
-        return calculate(expression)
-    except SafeMathError as exc:
-        return f"error: {exc}"
+    return safe_calculator(expression)
 
 
 def build_graph(model: ChatOpenAI) -> Any:
@@ -73,20 +70,11 @@ def solve(question: str, base_url: str, api_key: str, model: str) -> str:
     return content if isinstance(content, str) else ""
 
 
-def score(task: dict[str, Any], reply: str) -> dict[str, Any]:
-    correct = is_correct(reply, float(task["answer"]))
-    return {"reward": float(correct), "info": {"success": correct}}
-
-
 def run(task: dict[str, Any], llm: Any) -> dict[str, Any]:
-    """turnrl entrypoint: one LangGraph episode on ``task`` through the rollout's URL."""
+    """One LangGraph episode on ``task`` through the rollout's URL (``llm``: turnrl's
+    ``LLM`` in-process, ``calc_common.Endpoint`` as a command)."""
     return score(task, solve(task["question"], llm.base_url, llm.api_key, llm.model))
 
 
 if __name__ == "__main__":
-    task = json.loads(os.environ["TURNRL_TASK"])
-    env = os.environ
-    reply = solve(
-        task["question"], env["OPENAI_BASE_URL"], env["OPENAI_API_KEY"], env["OPENAI_MODEL"]
-    )
-    print(json.dumps(score(task, reply)))
+    main(run)

@@ -17,29 +17,30 @@ characters, more than the tiny test model's context. A real model keeps the defa
 LiteLLM fetches a model price list from GitHub when imported; the environment
 variable ``LITELLM_LOCAL_MODEL_COST_MAP`` makes it use its bundled copy (set here
 unless the caller set it). The calculator runs turnrl's safe arithmetic, never
-``eval``.
+``eval`` (``calc_common.py``: no turnrl import).
 
-``agent.entrypoint = "examples/agents/calc_smolagents.py:run"``; as a program
-(``agent.command = ["python", "examples/agents/calc_smolagents.py"]``) it reads
-``OPENAI_BASE_URL``/``OPENAI_API_KEY``/``OPENAI_MODEL``/``TURNRL_TASK`` and
-prints ``{"reward": ...}``.
+``agent.entrypoint = "examples/agents/calc_smolagents.py:run"``; as a program in its
+own venv (``agent.command = [".venv-agents/bin/python",
+"examples/agents/calc_smolagents.py"]``, docs/agents.md "An agent in its own venv") it
+reads the task and endpoint turnrl gives a command and prints ``{"reward": ...}``.
 """
 
 from __future__ import annotations
 
 import importlib.resources
-import json
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # calc_common, beside this file
 
+from calc_common import calculator as safe_calculator
+from calc_common import main, score
 from smolagents import LiteLLMModel, ToolCallingAgent, tool
-
-from turnrl.envs.calculator import is_correct
-from turnrl.envs.safe_math import SafeMathError, calculate
 
 SYSTEM_PROMPT = (
     "Solve the arithmetic problem. Call the calculator, then final_answer with the number."
@@ -54,10 +55,7 @@ def calculator(expression: str) -> str:
     Args:
         expression: the expression, e.g. 123*456.
     """
-    try:
-        return calculate(expression)
-    except SafeMathError as exc:
-        return f"error: {exc}"
+    return safe_calculator(expression)
 
 
 def prompt_templates(
@@ -92,20 +90,11 @@ def solve(
     return "" if answer is None else str(answer)
 
 
-def score(task: dict[str, Any], reply: str) -> dict[str, Any]:
-    correct = is_correct(reply, float(task["answer"]))
-    return {"reward": float(correct), "info": {"success": correct}}
-
-
 def run(task: dict[str, Any], llm: Any) -> dict[str, Any]:
-    """turnrl entrypoint: one smolagents episode on ``task`` through the rollout's URL."""
+    """One smolagents episode on ``task`` through the rollout's URL (``llm``: turnrl's
+    ``LLM`` in-process, ``calc_common.Endpoint`` as a command)."""
     return score(task, solve(task["question"], llm.base_url, llm.api_key, llm.model))
 
 
 if __name__ == "__main__":
-    task = json.loads(os.environ["TURNRL_TASK"])
-    env = os.environ
-    reply = solve(
-        task["question"], env["OPENAI_BASE_URL"], env["OPENAI_API_KEY"], env["OPENAI_MODEL"]
-    )
-    print(json.dumps(score(task, reply)))
+    main(run)

@@ -24,25 +24,24 @@ short system prompt (``prompt_templates``), because smolagents' default code-age
 prompt is longer than the tiny test model's context; a real model keeps the
 default.
 
-``agent.entrypoint = "examples/agents/calc_smolagents_code.py:run"``.
+``agent.entrypoint = "examples/agents/calc_smolagents_code.py:run"``; as a program in
+its own venv (``agent.command = [".venv-agents/bin/python",
+"examples/agents/calc_smolagents_code.py"]``) it prints ``{"reward": ...}``.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules beside this file
 
+from calc_common import main, score
+from calc_smolagents import prompt_templates, solve
 from smolagents import CodeAgent
-
-from turnrl.entrypoints import load_object
-
-_TOOL_CALLING = f"{Path(__file__).with_name('calc_smolagents.py')}:"
-prompt_templates = load_object(_TOOL_CALLING + "prompt_templates", "calc_smolagents_code")
-score = load_object(_TOOL_CALLING + "score", "calc_smolagents_code")
-solve = load_object(_TOOL_CALLING + "solve", "calc_smolagents_code")
 
 SYSTEM_PROMPT = (
     "Solve the arithmetic problem. Write Python between <code> and </code>: "
@@ -51,8 +50,8 @@ SYSTEM_PROMPT = (
 
 
 def run(task: dict[str, Any], llm: Any) -> dict[str, Any]:
-    """turnrl entrypoint: one CodeAgent episode on ``task`` through the rollout's URL (the
-    tool-calling example's ``solve`` with ``CodeAgent`` and the code-agent templates)."""
+    """One CodeAgent episode on ``task`` through the rollout's URL (the tool-calling
+    example's ``solve`` with ``CodeAgent`` and the code-agent templates)."""
     templates = prompt_templates("code_agent.yaml", SYSTEM_PROMPT)
     reply = solve(
         task["question"],
@@ -62,5 +61,8 @@ def run(task: dict[str, Any], llm: Any) -> dict[str, Any]:
         agent_class=CodeAgent,
         templates=templates,
     )
-    result: dict[str, Any] = score(task, reply)
-    return result
+    return score(task, reply)
+
+
+if __name__ == "__main__":
+    main(run)

@@ -3,7 +3,9 @@
 autogen-agentchat's ``AssistantAgent`` with an ``McpWorkbench`` that starts the
 ``mcp-server-calculator`` package over stdio, and autogen-ext's OpenAI client.
 Nothing here is turnrl-specific except where the base URL comes from: turnrl
-hands it over in ``llm`` (entrypoint) or in ``OPENAI_BASE_URL`` (command).
+hands it over in ``llm`` (entrypoint) or in ``OPENAI_BASE_URL`` (command:
+``agent.command = [".venv-agents/bin/python", "examples/agents/calc_x/agent.py"]``,
+an environment without turnrl; ``../calc_common.py`` reads it and prints the reward).
 ``reflect_on_tool_use=True``: after a tool call, autogen asks the model once more
 (without tools) to turn the tool result into the reply.
 
@@ -14,19 +16,18 @@ mcp-server-calculator).
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
 import re
 import sys
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/agents/calc_common
 
 from autogen_agentchat.agents import AssistantAgent
 from autogen_core.models import ModelFamily
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 from autogen_ext.tools.mcp import McpWorkbench, StdioServerParams
-
-from turnrl.envs.calculator import is_correct
+from calc_common import is_correct, main
 
 ANSWER_FORMAT = "Give the result as ### ANSWER: <number> ###."
 ANSWER = re.compile(r"###\s*ANSWER:\s*(.+?)\s*(?:###|$)")
@@ -73,7 +74,8 @@ def score(task: dict[str, Any], reply: str) -> dict[str, Any]:
 
 
 async def run(task: dict[str, Any], llm: Any) -> dict[str, Any]:
-    """turnrl entrypoint: one autogen episode on ``task``."""
+    """One autogen episode on ``task`` (``llm``: turnrl's ``LLM`` in-process,
+    ``calc_common.Endpoint`` as a command)."""
     reply = await solve(
         task["question"], model=llm.model, base_url=llm.base_url, api_key=llm.api_key
     )
@@ -81,13 +83,4 @@ async def run(task: dict[str, Any], llm: Any) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    task = json.loads(os.environ["TURNRL_TASK"])
-    reply = asyncio.run(
-        solve(
-            task["question"],
-            model=os.environ["OPENAI_MODEL"],
-            base_url=os.environ["OPENAI_BASE_URL"],
-            api_key=os.environ["OPENAI_API_KEY"],
-        )
-    )
-    print(json.dumps(score(task, reply)))
+    main(run)
