@@ -65,7 +65,9 @@ def test_every_step_is_requested_once_in_order_within_k(k, steps, checkpoints) -
     ("override", "named"),
     [
         ("rollout.strategy=rtpo", "on-policy refresh"),
+        ("rollout.strategy=patr", "scorer refresh"),
         ("policy.backend=vllm-server", "'vllm-server' has no sampler process"),
+        ("rollout.workers=2", "Ray workers sample in step with the learner"),
         ("train.max_staleness=-1", "must be >= 0"),
     ],
 )
