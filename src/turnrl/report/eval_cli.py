@@ -255,7 +255,9 @@ def _agent_evaluation(config: Any, tasks_file: str | None, out: Path) -> Any:
     from turnrl.train.evaluate import evaluate_agents
 
     agent = config.agent
-    program = make_program(agent.entrypoint, agent.command or None, agent.env)
+    program = make_program(
+        agent.entrypoint, agent.command or None, agent.env, isolation=agent.isolation
+    )
     tasks = agent_eval_tasks(config.tasks) if tasks_file is None else read_tasks(tasks_file)[0]
 
     def run(sampler: Any, *, samples: int, temperature: float) -> Any:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnrl.train.agent.contract import LLM, AgentConfigError, AgentFailed, AgentOutput
+from turnrl.train.agent.isolation import choose_isolation, namespace_prefix
 from turnrl.train.process_tree import die_with_parent, watchdog_environment
 
 OUTPUT_TAIL_BYTES = 64 * 1024
@@ -49,7 +50,7 @@ KILL_GRACE_S = 2.0
 
 ROLLOUT_UID_BASE = 1_500_000_000
 ROLLOUT_UID_SPAN = 500_000_000
-"""``agent.user_per_rollout`` draws a run's first uid in ``[BASE, BASE + SPAN)`` and
+"""``agent.isolation = "user"`` draws a run's first uid in ``[BASE, BASE + SPAN)`` and
 counts up: far above any account (Linux uids go to 2**32 - 2), distinct per rollout."""
 
 
@@ -178,14 +179,19 @@ class CommandProgram:
 
     It dies with the trainer, whatever kills it: ``PR_SET_PDEATHSIG`` for the command
     itself, the batch's watchdog for what it starts
-    (:func:`~turnrl.train.process_tree.agent_watchdog`).
+    (:func:`~turnrl.train.process_tree.agent_watchdog`). In namespaces the process
+    started is ``unshare``, which SIGKILLs the command when it dies (``--kill-child``),
+    and the command is PID 1 of its namespace: the kernel kills everything in it when
+    the command ends.
 
-    With ``user_per_rollout`` (``agent.user_per_rollout``; the trainer must be root)
-    each rollout runs as a uid of its own that no other rollout of the run has had, in
-    a private working directory: a sibling cannot read its environment
-    (``/proc/PID/environ``, which holds its reward URL and secret), signal it, or read
-    its files. Without it, commands run as the trainer's user, and any of them can
-    read a sibling's environment (docs/agents.md, "What an agent can reach").
+    ``isolation`` (``agent.isolation``, :mod:`turnrl.train.agent.isolation`) keeps a
+    sibling from reading its environment (``/proc/PID/environ``, which holds its reward
+    URL and secret): ``"namespaces"`` runs each rollout's command in user, PID and
+    mount namespaces of its own (its siblings have no PID it can see);
+    ``"user"`` (the trainer is root) as a uid of its own that no other rollout of the
+    run has had, in a private working directory; ``"auto"`` picks the first that
+    works here. With ``"none"`` commands run as the trainer's user, and any of them
+    can read a sibling's environment (docs/agents.md, "What an agent can reach").
     """
 
     spawns_processes = True
@@ -196,18 +202,18 @@ class CommandProgram:
         command: Sequence[str],
         *,
         env: dict[str, str] | None = None,
-        user_per_rollout: bool = False,
+        isolation: str = "auto",
     ) -> None:
         self.argv = resolve_command(command)
         self.extra_env = dict(env or {})
         self.description = f"command {' '.join(command)}"
-        self.user_per_rollout = user_per_rollout
-        """Run each rollout's command as a user of its own (the trainer is root)."""
+        self.isolation = choose_isolation(isolation, self.argv)
+        """How rollouts are kept apart here: ``"namespaces"``, ``"user"`` or ``"none"``."""
         self._next_uid = ROLLOUT_UID_BASE + secrets.randbelow(ROLLOUT_UID_SPAN)
 
     def _rollout_uid(self) -> int | None:
-        """A uid no other rollout of this run has had, or None (``user_per_rollout`` off)."""
-        if not self.user_per_rollout:
+        """A uid no other rollout of this run has had, or None (not ``"user"``)."""
+        if self.isolation != "user":
             return None
         self._next_uid += 1
         return self._next_uid
@@ -251,8 +257,10 @@ class CommandProgram:
         uid: int | None = None,
         cwd: str | None = None,
     ) -> AgentOutput:
+        prefix = namespace_prefix() if self.isolation == "namespaces" else []
         try:
             process = await asyncio.create_subprocess_exec(
+                *prefix,
                 *self.argv,
                 env=env,
                 cwd=cwd,

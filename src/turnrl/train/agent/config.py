@@ -9,7 +9,6 @@ them, ``[agent]`` and ``[tasks]`` are.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,13 +42,17 @@ class AgentConfig:
     model: str = "agent"
     """The model name the agent is handed (``llm.model``, ``OPENAI_MODEL``). The name a call
     asks for becomes the turn's ``role``, so a program may use several (``"solver"``...)."""
-    user_per_rollout: bool = False
-    """Run each rollout's ``command`` as a user id of its own (a fresh, unnamed uid per
-    rollout, in a private working directory that is also ``HOME``), so that no other
-    rollout can read its environment (its reward URL and secret, in
-    ``/proc/PID/environ``), signal it or read its files. Needs the trainer to run as
-    root and ``command`` (an entrypoint shares the trainer's memory: docs/agents.md,
-    "What an agent can reach"); the command must be readable and runnable by any user."""
+    isolation: Literal["auto", "namespaces", "user", "none"] = "auto"
+    """How each rollout's ``command`` is kept from its siblings, so that none can read
+    another's environment (its reward URL and secret, in ``/proc/PID/environ``) and
+    reward it (docs/agents.md, "What an agent can reach"). ``"namespaces"``: user, PID
+    and mount namespaces of its own per rollout (``unshare``; siblings have no PID it
+    can see). ``"user"``: a fresh uid per rollout, in a private working directory
+    (needs the trainer to run as root and the command, its interpreter and its files
+    reachable by any user). ``"auto"``: the first of those that works here, else
+    ``"none"`` with a warning line. ``"none"``: commands run as the trainer's user (a
+    sibling can read their secrets). A named kind that does not work here is refused
+    before any work. An entrypoint runs in-process and is not isolated."""
     concurrency: int = 16
     """Rollouts running at once."""
     timeout_s: float = 300.0
@@ -87,12 +90,8 @@ class AgentConfig:
             )
         if not self.model:
             p.add("model", "must name a model (it becomes the turns' role)")
-        if self.user_per_rollout and not self.command:
-            p.add(
-                "user_per_rollout", "applies to agent.command only (an entrypoint runs in-process)"
-            )
-        elif self.user_per_rollout and os.geteuid() != 0:
-            p.add("user_per_rollout", "needs the trainer to run as root (it switches user ids)")
+        if self.isolation not in ("auto", "none") and self.entrypoint is not None:
+            p.add("isolation", "applies to agent.command only (an entrypoint runs in-process)")
         p.at_least("concurrency", self.concurrency, 1)
         p.at_most("concurrency", self.concurrency, bounds.MAX_CONCURRENCY, bounds.WHY)
         p.above("timeout_s", self.timeout_s, 0)

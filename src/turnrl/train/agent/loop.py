@@ -163,7 +163,7 @@ class AgentTrainer(LifecycleRun):
             agent.entrypoint,
             agent.command or None,
             agent.env,
-            user_per_rollout=agent.user_per_rollout,
+            isolation=agent.isolation,
         )
         teacher = config.warm_start.teacher
         self.teacher = load_teacher(teacher) if teacher is not None else None

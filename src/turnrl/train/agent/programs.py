@@ -51,13 +51,14 @@ def make_program(
     command: Sequence[str] | None,
     env: dict[str, str] | None = None,
     *,
-    user_per_rollout: bool = False,
+    isolation: str = "auto",
 ) -> AgentProgram:
     """The program an ``[agent]`` section describes: exactly one of entrypoint and command
-    (``user_per_rollout``: each rollout's command as a uid of its own)."""
+    (``isolation``: how each rollout's command is kept from its siblings, see
+    :mod:`turnrl.train.agent.isolation`)."""
     if (entrypoint is None) == (not command):
         raise AgentConfigError("[agent]: set exactly one of agent.entrypoint and agent.command")
     if entrypoint is not None:
         return EntrypointProgram(entrypoint)
     assert command is not None
-    return CommandProgram(command, env=env, user_per_rollout=user_per_rollout)
+    return CommandProgram(command, env=env, isolation=isolation)
