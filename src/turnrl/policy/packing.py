@@ -1,19 +1,27 @@
-"""The update's rows layout without padding: a forward's rows packed into one sequence.
+"""The update's rows layout without padding: a forward's rows packed into few sequences.
 
 ``update = "rows"`` recomputes every row's whole context. Padded to the longest row
 (:func:`turnrl.policy.logprobs.row_logprobs`), a forward of rows of unequal length
-runs ``rows x longest`` positions, the padding included. Packed, it runs exactly the
-rows' tokens: their ``context + response`` sequences one after another in ONE row,
+runs ``rows x longest`` positions, the padding included. Packed, the rows'
+``context + response`` sequences are laid one after another in as few bins as fit:
 
-* position ids restarting at 0 with every sequence (each token sees the positions it
+* position ids restart at 0 with every sequence (each token sees the positions it
   would see in its own row; rotary embeddings depend on positions only),
-* attention kept within each sequence: a block-diagonal causal mask.
+* attention is kept within each sequence: a block-diagonal causal mask per bin.
 
-That is the tree layout with nothing merged (:meth:`TreeLayout.packed`, a forest of
-one chain per row), so the mask, the scoring of response tokens and the chunked
-log-probs are :mod:`turnrl.policy.tree_layout`'s code, not a second copy. The numbers
-equal the padded layout's up to float summation order (tested within 1e-5 in float32,
-tests/test_packing.py).
+A bin is the tree layout with nothing merged (:meth:`TreeLayout.packed`, a forest of
+one chain per row), so its mask is :mod:`turnrl.policy.tree_layout`'s code, not a
+second copy. The numbers equal the padded layout's up to float summation order
+(tested within 1e-5 in float32, tests/test_packing.py).
+
+Why bins as long as the forward's longest row, not one sequence of all its rows: a
+dense 4D mask makes attention cost the square of a sequence's length, masked pairs
+included (sdpa's and eager's kernels compute them). One sequence of a whole 2048-token
+budget of short turns ran the calculator batch's update 2.4x slower than padding on
+CPU (benchmarks/RESULTS.md); bins no longer than the longest row never cost more
+attention than padding (``sum of bin length squared <= rows x longest squared``) and
+leave only each bin's tail as padding. Bins are filled greedily in the rows' order
+(:func:`token_budget_groups` with the longest row as the budget).
 
 A forward's rows are chosen by a token budget, ``train.max_tokens_per_batch``, the
 same knob that cuts the tree layout's forwards (:func:`token_budget_groups`).
@@ -29,12 +37,19 @@ from typing import Any
 
 import torch
 
-from turnrl.policy.logprobs import row_logprobs
+from turnrl.policy.logprobs import (
+    chunked_target_logprobs,
+    output_parts,
+    response_mask,
+    row_logprobs,
+    target_logprobs,
+)
 from turnrl.policy.tree_layout import (
     MASKABLE_ATTENTION,
+    TreeLayout,
     TreeLogprobs,
     model_attention,
-    tree_logprobs,
+    model_mask,
 )
 
 __all__ = ["packed_logprobs", "token_budget_groups"]
@@ -75,27 +90,61 @@ def packed_logprobs(
     device: torch.device,
     chunk_tokens: int = 0,
 ) -> TreeLogprobs:
-    """Log-probs of each row's response tokens from ONE forward over the packed rows
-    (contract of ``HFPolicy.response_logprobs``; the caller checks the inputs), and
-    the positions it ran: the rows' tokens (with padding on the fallback of a model
-    whose attention takes no 4D mask)."""
-    if model_attention(model) in MASKABLE_ATTENTION:
-        return tree_logprobs(
+    """Log-probs of each row's response tokens from ONE forward over the rows packed
+    into bins (contract of ``HFPolicy.response_logprobs``; the caller checks the
+    inputs), and the positions it ran (bins x longest bin; with padding on the fallback
+    of a model whose attention takes no 4D mask)."""
+    sizes = [len(c) + len(r) for c, r in zip(contexts, responses, strict=True)]
+    if model_attention(model) not in MASKABLE_ATTENTION:
+        logp_B_T, mask_B_T = row_logprobs(
             model,
             contexts,
             responses,
             temperature=temperature,
+            pad_token_id=pad_token_id,
+            device=device,
             chunk_tokens=chunk_tokens,
-            merge=False,
         )
-    logp_B_T, mask_B_T = row_logprobs(
-        model,
-        contexts,
-        responses,
-        temperature=temperature,
-        pad_token_id=pad_token_id,
-        device=device,
-        chunk_tokens=chunk_tokens,
+        return TreeLogprobs(logp_B_T, mask_B_T, len(sizes) * max(sizes, default=0))
+    mask_B_T, targets_B_T = response_mask(responses, device)
+    if not sizes or mask_B_T.numel() == 0:
+        return TreeLogprobs(mask_B_T.clone(), mask_B_T, 0)
+    bins = token_budget_groups(sizes, max(sizes))
+    layouts = [
+        TreeLayout.packed([contexts[b] for b in rows], [responses[b] for b in rows])
+        for rows in bins
+    ]
+    length = max(layout.size for layout in layouts)
+    ids_K_L = torch.full((len(bins), length), pad_token_id, dtype=torch.long)
+    positions_K_L = torch.zeros((len(bins), length), dtype=torch.long)
+    # padding attends to itself only (a row of the mask with no key would be NaN)
+    allowed_K_L_L = torch.eye(length, dtype=torch.bool, device=device).repeat(len(bins), 1, 1)
+    # (bin, predictor position) of every response token, and its (row, step)
+    where: list[tuple[int, int, int, int]] = []
+    for k, (rows, layout) in enumerate(zip(bins, layouts, strict=True)):
+        ids_K_L[k, : layout.size] = torch.tensor(layout.ids)
+        positions_K_L[k, : layout.size] = torch.tensor(layout.depth)
+        allowed_K_L_L[k, : layout.size, : layout.size] = layout.ancestor_mask(device)
+        for b, nodes in zip(rows, layout.nodes, strict=True):
+            where.extend((k, layout.parent[n], b, t) for t, n in enumerate(nodes))
+    bin_N, predictor_N, row_N, step_N = (
+        torch.tensor(column, device=device) for column in zip(*where, strict=True)
     )
-    longest = max((len(c) + len(r) for c, r in zip(contexts, responses, strict=True)), default=0)
-    return TreeLogprobs(logp_B_T, mask_B_T, len(contexts) * longest)
+    inputs = {
+        "input_ids": ids_K_L.to(device),
+        "attention_mask": model_mask(allowed_K_L_L[:, None], model),
+        "position_ids": positions_K_L.to(device),
+        "use_cache": False,
+    }
+    targets_N = targets_B_T[row_N, step_N]
+    if chunk_tokens > 0:
+        decoder, head = output_parts(model)
+        hidden_N_H = decoder(**inputs).last_hidden_state[bin_N, predictor_N]
+        logp_N = chunked_target_logprobs(head, hidden_N_H, targets_N, temperature, chunk_tokens)
+    else:
+        # logits only at positions some bin predicts from (the union over bins)
+        keep_P, slot_N = torch.unique(predictor_N, return_inverse=True)
+        logits_K_P_V = model(**inputs, logits_to_keep=keep_P).logits
+        logp_N = target_logprobs(logits_K_P_V[bin_N, slot_N], targets_N, temperature)
+    logp_B_T = torch.zeros_like(mask_B_T).index_put((row_N, step_N), logp_N)
+    return TreeLogprobs(logp_B_T, mask_B_T, len(bins) * length)

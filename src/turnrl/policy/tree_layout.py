@@ -181,20 +181,24 @@ def model_attention(model: Any) -> str:
 
 
 def _attention_mask(layout: TreeLayout, model: Any, device: torch.device) -> torch.Tensor:
-    """The ancestor mask in the form the model's attention takes: bool for ``sdpa``,
-    additive (0 / most negative value) for ``eager``; shape ``[1, 1, N, N]``."""
+    """The ancestor mask in the form the model's attention takes (``[1, 1, N, N]``)."""
+    return model_mask(layout.ancestor_mask(device)[None, None], model)
+
+
+def model_mask(allowed: torch.Tensor, model: Any) -> torch.Tensor:
+    """A boolean 4D mask (True: may attend) in the form the model's attention takes:
+    bool for ``sdpa``, additive (0 / most negative value) for ``eager``."""
     implementation = model_attention(model)
     if implementation not in MASKABLE_ATTENTION:
         raise ValueError(
             f"the tree layout needs sdpa or eager attention, the model uses "
             f"{implementation!r} (use train.update = 'rows', or load it with sdpa)"
         )
-    allowed_N_N = layout.ancestor_mask(device)
     if implementation == "sdpa":
-        return allowed_N_N[None, None]
+        return allowed
     dtype = next(model.parameters()).dtype
-    zero = torch.zeros((), dtype=dtype, device=device)
-    return torch.where(allowed_N_N, zero, torch.finfo(dtype).min)[None, None]
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)
 
 
 def tree_logprobs(
@@ -204,16 +208,13 @@ def tree_logprobs(
     *,
     temperature: float,
     chunk_tokens: int = 0,
-    merge: bool = True,
 ) -> TreeLogprobs:
     """Log-probs of each row's response tokens, from ONE forward over the rows' trie.
 
     Same contract as ``HFPolicy.response_logprobs`` (rows in the given order, ``T``
     the longest response, padding 0); the caller checks the inputs. ``chunk_tokens > 0``
     scores the trie's response nodes that many at a time
-    (:func:`turnrl.policy.logprobs.chunked_target_logprobs`). ``merge = False`` lays the
-    rows out one after another instead (:meth:`TreeLayout.packed`): every row's tokens
-    computed, no padding.
+    (:func:`turnrl.policy.logprobs.chunked_target_logprobs`).
     """
     device = next(model.parameters()).device
     batch = len(contexts)
@@ -221,7 +222,7 @@ def tree_logprobs(
     if batch == 0 or longest == 0:
         zeros = torch.zeros((batch, longest), device=device)
         return TreeLogprobs(zeros, zeros.clone(), 0)
-    layout = (TreeLayout.build if merge else TreeLayout.packed)(contexts, responses)
+    layout = TreeLayout.build(contexts, responses)
     # Every node some row scores, once; its predictor is its parent.
     scored = sorted({n for row in layout.nodes for n in row})
     slot = {n: k for k, n in enumerate(scored)}
