@@ -397,38 +397,18 @@ def test_turnrl_train_two_steps_on_vllm(tmp_path: Path, capsys: pytest.CaptureFi
     assert records and all(len(r["logprobs"]) == len(r["response_ids"]) for r in records)
 
 
-def test_training_pushes_every_update_to_the_engine(tmp_path: Path, tiny_train) -> None:
+def test_training_pushes_every_update_to_the_engine_and_closes_it_at_the_end(
+    tmp_path: Path, tiny_train, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On the parity environment an untrained model gets varied rewards, so every update
     changes the weights; the step-2 and step-3 samples agree with the learner only if each
     update reached the engine (measured with the push skipped, benchmarks/mismatch.py
-    --skip-sync: step-2 |dlogp| mean 0.058, max 0.22; with it: max 5e-7)."""
-    from conftest import PARITY
-    from turnrl.train.online.trainer import OnlineTrainer
+    --skip-sync: step-2 |dlogp| mean 0.058, max 0.22; with it: max 5e-7).
 
-    config = tiny_train(
-        tmp_path / "run", *PARITY, *VLLM_HEADS, "policy.backend=vllm", "train.steps=3",
-        "train.log_mismatch=true", "train.eval_every=0", "train.checkpoint_every=0",
-    )  # fmt: skip
-    trainer = OnlineTrainer(config, quiet=True)
-    trainer.run()
-    assert isinstance(trainer.rollout_policy, VLLMPolicy)
-    assert trainer.policy_version == trainer.rollout_policy.policy_version == 3
-    rows = [
-        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    ]
-    steps = [r for r in rows if r["step"] >= 1]
-    assert len(steps) == 3
-    assert all(r["mismatch_logp_abs_max"] < 1e-3 for r in steps)
-    assert all(r["grad_norm"] > 0 for r in steps)  # every update changed the weights
-    trainer.rollout_policy.close()
-
-
-def test_a_finished_run_closes_its_engine_and_leaves_nothing_running(
-    tmp_path: Path, tiny_train, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """#26: the run closes its engine when it ends. The engine's threads (about 40 here:
+    #26: the run closes its engine when it ends. The engine's threads (about 40 here:
     its compute and I/O threads) are gone after ``run()``, and no process it started
-    is left (the engine core is a separate process where vLLM runs it multiprocess)."""
+    is left (the engine core is a separate process where vLLM runs it multiprocess).
+    One run checks both (#38: each engine start is tens of seconds of ``make test``)."""
     import psutil
 
     from conftest import PARITY
@@ -445,12 +425,21 @@ def test_a_finished_run_closes_its_engine_and_leaves_nothing_running(
 
     monkeypatch.setattr(VLLMPolicy, "close", counting_close)
     config = tiny_train(
-        tmp_path / "run", *PARITY, *VLLM_HEADS, "policy.backend=vllm", "train.steps=1",
-        "train.eval_every=0", "train.checkpoint_every=0",
+        tmp_path / "run", *PARITY, *VLLM_HEADS, "policy.backend=vllm", "train.steps=3",
+        "train.log_mismatch=true", "train.eval_every=0", "train.checkpoint_every=0",
     )  # fmt: skip
     trainer = OnlineTrainer(config, quiet=True)
     trainer.run()
-    assert isinstance(trainer.rollout_policy, VLLMPolicy) and trainer.rollout_policy.closed
+    assert isinstance(trainer.rollout_policy, VLLMPolicy)
+    assert trainer.policy_version == trainer.rollout_policy.policy_version == 3
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [r for r in rows if r["step"] >= 1]
+    assert len(steps) == 3
+    assert all(r["mismatch_logp_abs_max"] < 1e-3 for r in steps)
+    assert all(r["grad_norm"] > 0 for r in steps)  # every update changed the weights
+    assert trainer.rollout_policy.closed
     assert len(threads_at_close) == 1  # run() closed it, once
     assert me.num_threads() < threads_at_close[0] - 20  # the engine's threads stopped
     assert {p.pid for p in me.children(recursive=True)} - children_before == set()
