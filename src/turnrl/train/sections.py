@@ -345,8 +345,9 @@ class PPOConfig:
     max_tokens_per_batch: int = 2048
     """Most positions in one forward, both layouts (the one size knob of a forward): a
     larger mini-batch is cut into several forwards (gradients accumulate, so the step is
-    the same), ``tree`` at subtree boundaries, ``rows`` packed without padding in the
-    mini-batch's order; a row longer than this is a forward of its own. Bounds peak
+    the same), ``tree`` at subtree boundaries, ``rows`` in the mini-batch's order, packed
+    into bins as long as the forward's longest row (no per-row padding; docs/memory.md);
+    a row longer than this is a forward of its own. Bounds peak
     memory; the attention of one forward grows with its square. 2048 was fastest among
     those measured on CPU (benchmarks/RESULTS.md); raise it on a GPU."""
     log_mismatch: bool = False
