@@ -23,7 +23,7 @@ from turnrl.cli import main as turnrl_main
 from turnrl.policy import HFPolicy, build_tiny_policy
 from turnrl.serve import Gateway, GatewayServer
 from turnrl.train.agent import isolation
-from turnrl.train.agent.command import resolve_command
+from turnrl.train.agent.command import files_needed, resolve_command
 from turnrl.train.agent.contract import AgentConfigError
 from turnrl.train.agent.programs import make_program
 from turnrl.train.process_tree import descendants
@@ -136,7 +136,7 @@ def test_a_user_isolation_the_command_is_out_of_reach_of_is_refused_first() -> N
     """This machine's venv Python is under /root (mode 0700): asked for by name,
     ``"user"`` is refused before any rollout, naming what another uid cannot read."""
     argv = resolve_command(command("reads_siblings"))
-    problem = isolation.user_problem(argv)
+    problem = isolation.user_problem(files_needed(argv))
     if problem is None:
         pytest.skip("another uid reaches this Python here")
     with pytest.raises(AgentConfigError) as caught:
@@ -150,7 +150,7 @@ def nothing_works(monkeypatch: pytest.MonkeyPatch) -> None:
     """A machine where neither mechanism works (as measured on one without unshare,
     not root)."""
     monkeypatch.setattr(isolation, "namespaces_problem", lambda: "no 'unshare' program")
-    monkeypatch.setattr(isolation, "user_problem", lambda argv: "not root")
+    monkeypatch.setattr(isolation, "user_problem", lambda paths: "not root")
 
 
 @pytest.mark.usefixtures("nothing_works")

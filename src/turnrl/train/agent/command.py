@@ -28,6 +28,7 @@ import secrets
 import shutil
 import signal
 import sys
+import sysconfig
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -124,6 +125,22 @@ def _interpreter_exists(words: list[str]) -> bool:
     return True
 
 
+def files_needed(argv: Sequence[str]) -> list[str]:
+    """The files a fresh uid must read to run ``argv`` (``agent.isolation = "user"``):
+    the program and its ``#!`` interpreter; this Python's standard library and
+    site-packages when the program is this interpreter; each argument that names an
+    existing file."""
+    program = shutil.which(argv[0]) or argv[0]
+    paths = [program]
+    interpreter = shebang_interpreter(program)
+    if interpreter is not None:
+        paths.append(interpreter[0])
+    if os.path.realpath(program) == os.path.realpath(sys.executable):
+        paths += [sysconfig.get_path("stdlib"), sysconfig.get_path("purelib")]
+    paths += [a for a in argv[1:] if os.path.isfile(a)]
+    return [os.path.realpath(p) for p in paths]  # a link's target: what is out of reach
+
+
 def last_line_reward(stdout: str) -> Any:
     """The parsed last non-empty stdout line if it is a JSON object, else ``None``."""
     lines = [line for line in stdout.splitlines() if line.strip()]
@@ -207,7 +224,7 @@ class CommandProgram:
         self.argv = resolve_command(command)
         self.extra_env = dict(env or {})
         self.description = f"command {' '.join(command)}"
-        self.isolation = choose_isolation(isolation, self.argv)
+        self.isolation = choose_isolation(isolation, files_needed(self.argv))
         """How rollouts are kept apart here: ``"namespaces"``, ``"user"`` or ``"none"``."""
         self._next_uid = ROLLOUT_UID_BASE + secrets.randbelow(ROLLOUT_UID_SPAN)
 

@@ -32,7 +32,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from collections.abc import Sequence
 from typing import Literal
 
@@ -107,40 +106,24 @@ def _trial(argv: list[str], uid: int | None = None) -> str | None:
     return (trial.stderr.strip().splitlines() or [f"exit code {trial.returncode}"])[-1]
 
 
-def reachable_paths(argv: Sequence[str]) -> list[str]:
-    """The files a fresh uid must reach to run ``argv``: the program and its ``#!``
-    interpreter; this Python's standard library and site-packages when the program is
-    this interpreter; each argument that names an existing file."""
-    from turnrl.train.agent.command import shebang_interpreter
-
-    program = shutil.which(argv[0]) or argv[0]
-    paths = [program]
-    interpreter = shebang_interpreter(program)
-    if interpreter is not None:
-        paths.append(interpreter[0])
-    if os.path.realpath(program) == os.path.realpath(sys.executable):
-        paths += [sysconfig.get_path("stdlib"), sysconfig.get_path("purelib")]
-    paths += [a for a in argv[1:] if os.path.isfile(a)]
-    return [os.path.realpath(p) for p in paths]  # a link's target: what is out of reach
-
-
-def user_problem(argv: Sequence[str]) -> str | None:
-    """Why ``"user"`` does not work for ``argv`` (None when it does): the trainer must
-    be root, and a process of a fresh uid must be able to read every path of
-    :func:`reachable_paths` (checked by such a process)."""
+def user_problem(paths: Sequence[str]) -> str | None:
+    """Why ``"user"`` does not work for a command that needs ``paths`` (None when it
+    does; :func:`turnrl.train.agent.command.files_needed`): the trainer must be root,
+    and a process of a fresh uid must be able to read every one (checked by such a
+    process)."""
     if os.geteuid() != 0:
         return "switching user ids needs the trainer to run as root"
     check = 'for p; do test -r "$p" || { echo "cannot read $p" >&2; exit 1; }; done'
     shell = shutil.which("sh") or "/bin/sh"
-    failed = _trial([shell, "-c", check, "sh", *reachable_paths(argv)], uid=PROBE_UID)
+    failed = _trial([shell, "-c", check, "sh", *paths], uid=PROBE_UID)
     return None if failed is None else f"another user cannot reach what the command needs: {failed}"
 
 
-def choose_isolation(requested: str, argv: Sequence[str]) -> str:
-    """The isolation a command agent runs with: ``requested`` itself when it works
-    here (else :class:`AgentConfigError` naming why), or for ``"auto"`` the first of
-    ``"namespaces"`` and ``"user"`` that works, else ``"none"`` with one warning line
-    on stderr naming why."""
+def choose_isolation(requested: str, paths: Sequence[str]) -> str:
+    """The isolation a command agent that needs ``paths`` runs with: ``requested``
+    itself when it works here (else :class:`AgentConfigError` naming why), or for
+    ``"auto"`` the first of ``"namespaces"`` and ``"user"`` that works, else ``"none"``
+    with one warning line on stderr naming why."""
     option = "agent.isolation"
     if requested not in ISOLATIONS:
         raise AgentConfigError(
@@ -150,7 +133,7 @@ def choose_isolation(requested: str, argv: Sequence[str]) -> str:
         return "none"
     problems = {
         "namespaces": namespaces_problem if requested in ("auto", "namespaces") else None,
-        "user": functools.partial(user_problem, argv) if requested in ("auto", "user") else None,
+        "user": functools.partial(user_problem, paths) if requested in ("auto", "user") else None,
     }
     why: list[str] = []
     for kind, check in problems.items():
