@@ -28,6 +28,7 @@ from turnrl.train.config import RunConfig
 from turnrl.train.iterate.config import IterateConfig
 from turnrl.train.update.loss import ppo_clip_loss
 from turnrl.train.update.minibatches import tree_minibatches
+from turnrl.train.update.mismatch import learner_logprobs
 from turnrl.train.update.ppo import PPOConfig
 from turnrl.train.validate import validate
 
@@ -273,3 +274,23 @@ def test_the_budget_is_a_checked_positive_int(value: str) -> None:
             validate(load_config(config_class, None, overrides), overrides=overrides)
     ok = ["train.max_tokens_per_batch=1", "train.update=rows"]
     validate(load_config(RunConfig, None, ok), overrides=ok)
+
+
+def test_the_mismatch_pass_is_cut_by_the_token_budget(monkeypatch) -> None:
+    policy = _shared_policy()
+    batch = _batch(policy, "token-mean")
+    whole = learner_logprobs(policy, batch, temperature=0.9, max_tokens=10**6)
+    forwards: list[int] = []
+    real = policy.response_logprobs
+
+    def counted(contexts, responses, *, temperature):
+        forwards.append(sum(len(c) + len(r) for c, r in zip(contexts, responses, strict=True)))
+        return real(contexts, responses, temperature=temperature)
+
+    monkeypatch.setattr(policy, "response_logprobs", counted)
+    cut = learner_logprobs(policy, batch, temperature=0.9, max_tokens=200)
+    sizes = [len(c) + len(r) for c, r in zip(batch.contexts, batch.responses, strict=True)]
+    assert len(forwards) == len(token_budget_groups(sizes, 200)) > 1
+    assert all(tokens <= 200 for tokens in forwards)  # no row here is longer than 200
+    assert torch.allclose(cut, whole, atol=1e-5, rtol=0)
+    assert torch.equal(whole == 0, batch.mask_B_T == 0)

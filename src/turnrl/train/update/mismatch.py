@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
+from turnrl.policy.packing import token_budget_groups
 from turnrl.policy.trainable import TrainablePolicy
 
 
@@ -47,21 +48,25 @@ def learner_logprobs(
     batch: SampledRows,
     *,
     temperature: float,
-    rows_per_forward: int,
+    max_tokens: int,
 ) -> torch.Tensor:
     """``logp_B_T`` of every row's response under ``policy`` now (float32, CPU, 0 at
-    padding, the shape of ``batch.old_logp_B_T``), ``rows_per_forward`` rows at a time in
-    the row layout (the layout whose numbers the tree layout is tested against)."""
+    padding, the shape of ``batch.old_logp_B_T``), in forwards of rows holding at most
+    ``max_tokens`` tokens (``train.max_tokens_per_batch``; a longer row alone), in batch
+    order, each in the padded row layout (the layout whose numbers the others are tested
+    against)."""
     out_B_T = torch.zeros_like(batch.old_logp_B_T)
     was_training = policy.model.training
     policy.model.eval()
+    sizes = [len(c) + len(r) for c, r in zip(batch.contexts, batch.responses, strict=True)]
     try:
-        for start in range(0, len(batch.contexts), rows_per_forward):
-            stop = min(start + rows_per_forward, len(batch.contexts))
+        for rows in token_budget_groups(sizes, max_tokens):
             logp_B_T, _ = policy.response_logprobs(
-                batch.contexts[start:stop], batch.responses[start:stop], temperature=temperature
+                [batch.contexts[b] for b in rows],
+                [batch.responses[b] for b in rows],
+                temperature=temperature,
             )
-            out_B_T[start:stop, : logp_B_T.shape[1]] = logp_B_T.float().cpu()
+            out_B_T[rows, : logp_B_T.shape[1]] = logp_B_T.float().cpu()
     finally:
         policy.model.train(was_training)
     return out_B_T

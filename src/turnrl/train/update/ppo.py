@@ -246,7 +246,7 @@ def ppo_update(
     is_weight_B_T = None
     if config.log_mismatch or config.tis_cap > 0:
         learner_B_T = learner_logprobs(
-            policy, batch, temperature=temperature, rows_per_forward=config.minibatch_size
+            policy, batch, temperature=temperature, max_tokens=config.max_tokens_per_batch
         )
         mismatch = mismatch_stats(learner_B_T, batch.old_logp_B_T, batch.mask_B_T)
         if config.tis_cap > 0:  # per turn: each row against its own behaviour log-probs
