@@ -429,12 +429,16 @@ def main() -> None:
     if not args.quick and not args.no_search and not args.report:
         budget = search_budget("all", max(args.sizes), args.timeout)
     text = report(args, results, budget)
+    table_text = text.split("\n\n")[1]  # the table (report's second paragraph)
     print(text)
     if args.write:
         command = args.command or "OMP_NUM_THREADS=1 .venv/bin/python " + " ".join(
             ["benchmarks/memory.py", *sys.argv[1:]]
         ).replace(" --write", "")
         write_section(RESULTS, TITLE, text, command, date.today())
+        from turnrl.study.markers import replace_block
+
+        replace_block(ROOT / "docs" / "memory.md", "bench-memory", "update", table_text)
 
 
 if __name__ == "__main__":

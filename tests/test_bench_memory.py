@@ -92,3 +92,7 @@ def test_summary_table_and_extrapolation() -> None:
     assert lines[2].startswith("| `none` | 3.00 GiB; +2.00 over loaded; 1.00 ms/token (0.50 CPU)")
     assert "| `chunks` | not run | failed: killed (out of memory?) |" in lines
     assert lines[4].startswith("| `all` | 1.00 GiB (0.33x none);")
+    report = memory.report(args, results, None)
+    assert report.split("\n\n")[1] == text  # what --write puts between the doc's markers
+    assert "Longest trajectory under 20 GiB, `all`: ~118,784 (extrapolated" in report
+    assert "Not run here: 16k, 32k tokens." in report

@@ -69,6 +69,13 @@ MEASUREMENTS: dict[str, Measurement] = {
             60.0,
         ),
         Measurement(
+            "bench-memory",
+            "make bench-memory ARGS=--quick",
+            "docs/memory.md",
+            ("update",),
+            60.0,
+        ),
+        Measurement(
             "bench-tree-attention",
             "python benchmarks/tree_attention.py --only calculator,frozenlake,patr --steps 1 "
             "--budgets 1024,2048,1000000 --write",
