@@ -15,6 +15,7 @@ grpo_mixed`` of the end value is the difference of the changes from step 0."""
 SUCCESS = Metric("eval_success", "success", digits=3)
 RETURN = Metric("eval_return", "return", digits=3)
 MECHANISM_OUTCOMES = (TOOL_RATE, SUCCESS, RETURN)
+MALFORMED = Metric("eval_malformed_rate", "malformed turns", digits=3)
 
 ECONOMICS = (
     Metric("eval_tool_open_rate", "opened with a call", "first", 3),
@@ -75,7 +76,9 @@ MECHANISM = Study(
         Table("arms", "arms", MECHANISM_OUTCOMES),
         Table("paired", "paired", MECHANISM_OUTCOMES),
         Table("std", "paired", (TOOL_RATE,), arms=("grpo", "dr_grpo"), baseline="grpo"),
-        Table("seeds", "seeds", (TOOL_RATE, SUCCESS)),
+        # malformed turns added after seed 0 of warm start 0 ran: two arms' outputs broke
+        # down at cost 0, which the tool rate alone would read as dropping the tool
+        Table("seeds", "seeds", (TOOL_RATE, SUCCESS, MALFORMED)),
     ),
     curve="eval_tool_open_rate",
     minutes_per_cell=1.5,
