@@ -15,7 +15,12 @@ _spec = importlib.util.spec_from_file_location("bench_memory", REPO / "benchmark
 assert _spec is not None and _spec.loader is not None
 memory = importlib.util.module_from_spec(_spec)
 sys.modules["bench_memory"] = memory
+_path = list(sys.path)
 _spec.loader.exec_module(memory)
+# memory.py puts benchmarks/ first on sys.path, where benchmarks/agents.py shadows the
+# openai-agents package (``agents``) for every later test of this process: seen under
+# pytest-xdist, where the agent tests ran after this file in one worker
+sys.path[:] = _path
 
 
 @pytest.mark.parametrize("tokens", [2048, 8192, 10000])
