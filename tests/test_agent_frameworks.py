@@ -11,7 +11,11 @@ served.
 
 The same agents run as commands from a venv of their own, without turnrl
 (tests/test_agent_frameworks_venv.py): the ``check_*`` functions below are what
-both versions assert of a run.
+both versions assert of a run. The five in-process 2-step trainings here are marked
+slow (``make test-slow``): ``make test`` runs the command versions, which call the
+same ``run(task, llm)`` functions and assert the same ``check_*``; the in-process
+entry stays covered there by test_agent_teacher (Agents SDK, calc_x) and the
+CodeAgent tests below.
 """
 
 from __future__ import annotations
@@ -103,6 +107,7 @@ def _check_run(run: Path, system_prompt: str, max_turns: int) -> list[list[dict[
     return rollouts
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("smolagents") is None or importlib.util.find_spec("litellm") is None,
     reason="needs the agents extra (smolagents, litellm)",
@@ -140,6 +145,7 @@ def check_smolagents_tool_calling_run(run: Path) -> None:
         assert turns[2]["context_rebuilt"] is True
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("langgraph") is None
     or importlib.util.find_spec("langchain_openai") is None,
@@ -155,6 +161,7 @@ def check_langgraph_run(run: Path) -> None:
     _check_run(run, "Solve the arithmetic problem. Reply with the number only.", max_turns=4)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("smolagents") is None or importlib.util.find_spec("litellm") is None,
     reason="needs the agents extra (smolagents, litellm)",
@@ -174,6 +181,7 @@ def check_code_agent_run(run: Path) -> None:
     assert all("forced" not in t and t["tool_call"] is False for r in rollouts for t in r)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("agents") is None, reason="needs the agents extra (openai-agents)"
 )
@@ -187,6 +195,7 @@ def check_agents_sdk_run(run: Path) -> None:
     _check_run(run, "Solve the arithmetic problem. Reply with the number only.", max_turns=4)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("autogen_agentchat") is None
     or importlib.util.find_spec("mcp_server_calculator") is None,
