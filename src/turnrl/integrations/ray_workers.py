@@ -450,8 +450,9 @@ def pool_for_config(
     factory = policy_factory or partial(
         load_policy, str(Path(config.run_dir) / "warm_start"), config.policy
     )
+    cap = config.rollout.max_context_tokens
     return RayRolloutPool(
-        partial(build_capped, factory, config.rollout.max_context_tokens),
+        partial(build_capped, factory, cap) if cap else factory,  # no cap: the factory as is
         config.env.name,
         config.env.env_kwargs,
         workers=config.rollout.workers,
