@@ -308,23 +308,25 @@ def search_budget(arm: str, start: int, timeout_s: float) -> dict[str, Any]:
     fits, over = 0, None
     tokens = start
     tried = []
-    while over is None:
+
+    def trains(tokens: int) -> bool:
+        """Measure one update at ``tokens``; whether it ran within the budget."""
         row = measure(arm, tokens, timeout_s)
         tried.append(row)
         print(json.dumps(row), flush=True)
-        if "failed" in row or row["peak_mib"] > budget:
-            over = tokens
-        else:
+        return "failed" not in row and row["peak_mib"] <= budget
+
+    while over is None:
+        if trains(tokens):
             fits, tokens = tokens, tokens * 2
+        else:
+            over = tokens
     while over - fits > 1024:
         tokens = (fits + over) // 2 // 1024 * 1024
-        row = measure(arm, tokens, timeout_s)
-        tried.append(row)
-        print(json.dumps(row), flush=True)
-        if "failed" in row or row["peak_mib"] > budget:
-            over = tokens
-        else:
+        if trains(tokens):
             fits = tokens
+        else:
+            over = tokens
     return {"arm": arm, "fits": fits, "over": over, "tried": tried}
 
 
