@@ -33,6 +33,9 @@ from turnrl.train.config import PolicyConfig  # noqa: E402
 LOGP_TOL = 1e-4
 VLLM_HEADS = ("policy.heads=2",)
 """A tiny model vLLM's CPU attention accepts: 64 hidden / 2 heads = head size 32."""
+EAGER = ("policy.vllm_compile=false",)
+"""The trainings' short-lived engines start eagerly (about 30 s against 50 s compiled here);
+the module's shared engine (``engine``) compiles, vLLM's default."""
 
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # a shared machine: no pinning
 
@@ -377,7 +380,7 @@ def test_turnrl_train_two_steps_on_vllm(tmp_path: Path, capsys: pytest.CaptureFi
         "env.n_eval_tasks=2", "rollout.group_size=2", "rollout.tasks_per_step=2",
         "policy.max_new_tokens=10", "train.steps=2", "train.eval_every=0",
         "train.checkpoint_every=0", "train.minibatch_size=4", "train.threads=1",
-        "train.log_rollouts_every=1", "train.log_mismatch=true", "policy.backend=vllm",
+        "train.log_rollouts_every=1", "train.log_mismatch=true", "policy.backend=vllm", *EAGER,
         *VLLM_HEADS, f"run_dir={run_dir}",
     ]  # fmt: skip
     code = main(
@@ -425,7 +428,7 @@ def test_training_pushes_every_update_to_the_engine_and_closes_it_at_the_end(
 
     monkeypatch.setattr(VLLMPolicy, "close", counting_close)
     config = tiny_train(
-        tmp_path / "run", *PARITY, *VLLM_HEADS, "policy.backend=vllm", "train.steps=3",
+        tmp_path / "run", *PARITY, *VLLM_HEADS, "policy.backend=vllm", *EAGER, "train.steps=3",
         "train.log_mismatch=true", "train.eval_every=0", "train.checkpoint_every=0",
     )  # fmt: skip
     trainer = OnlineTrainer(config, quiet=True)
@@ -452,7 +455,7 @@ def test_a_resumed_run_samples_from_the_checkpoints_weights(tmp_path: Path, tiny
     from turnrl.train.online.trainer import OnlineTrainer
 
     config = tiny_train(
-        tmp_path / "run", *PARITY, *VLLM_HEADS, "policy.backend=vllm", "train.steps=2",
+        tmp_path / "run", *PARITY, *VLLM_HEADS, "policy.backend=vllm", *EAGER, "train.steps=2",
         "train.log_mismatch=true", "train.eval_every=0", "train.checkpoint_every=1",
     )  # fmt: skip
     first = OnlineTrainer(config, quiet=True)
@@ -488,7 +491,7 @@ def test_the_agent_loop_samples_through_the_engine(
             "tasks.n_eval=2", "rollout.group_size=2", "rollout.tasks_per_step=2",
             "policy.max_new_tokens=8", "train.steps=2", "train.eval_every=0",
             "train.checkpoint_every=0", "train.minibatch_size=4", "train.threads=1",
-            "train.log_mismatch=true", "agent.concurrency=4", "policy.backend=vllm",
+            "train.log_mismatch=true", "agent.concurrency=4", "policy.backend=vllm", *EAGER,
             *VLLM_HEADS,
         ],
     )  # fmt: skip

@@ -41,7 +41,7 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # a shared machine
 def test_smollm2_engine_samples_what_the_learner_recomputes() -> None:
     temperature = 1.0
     learner = factory.build_policy(PolicyConfig(model=SMOLLM2_DIR), 0)
-    engine = VLLMPolicy.from_policy(learner, kv_cache_gib=1)
+    engine = VLLMPolicy.from_policy(learner, kv_cache_gib=1, enforce_eager=True)
     try:
         contexts = [
             learner.encode_initial([{"role": "user", "content": f"What is {a} * {a + 7}?"}])

@@ -184,6 +184,7 @@ def build_sampler(
     if backend == "vllm":
         from turnrl.policy.vllm import VLLMPolicy
 
+        engine_options.setdefault("enforce_eager", not getattr(settings, "vllm_compile", True))
         return VLLMPolicy.from_policy(learner, rows=rows, **engine_options)
     if backend == "vllm-server":
         from turnrl.policy.vllm_server import VLLMServerPolicy
