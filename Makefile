@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install $(PIP_FLAGS) --upgrade pip
 	# torch first, pinned exactly: an unpinned/ranged torch pulls a multi-GB CUDA build.
 	$(PIP) install $(PIP_FLAGS) torch==2.13.0
-	$(EDITABLE) $(PIP) install $(PIP_FLAGS) -e '.[train,serve,textarena,ray,smol,dev,lookup,agents,trackers]'
+	$(EDITABLE) $(PIP) install $(PIP_FLAGS) -e '.[train,serve,textarena,ray,smol,dev,lookup,agents,trackers,parquet]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

@@ -157,6 +157,26 @@ def test_a_parquet_task_file_needs_pyarrow(tmp_path: Path, capsys) -> None:
     assert f"{tasks}: row 1: field 'expression': missing" in capsys.readouterr().err
 
 
+def test_a_parquet_task_file_reads_as_the_same_tasks_in_jsonl(tmp_path: Path) -> None:
+    """A Parquet task file gives the tasks its JSONL twin gives, each located by row."""
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is the [parquet] extra (make setup)")
+    import pyarrow.parquet as pq
+
+    from turnrl.train.eval_tasks import read_tasks
+
+    rows = [
+        {"task_id": "calc-1+2", "tags": ["easy"], "expression": "1+2", "answer": "3"},
+        {"task_id": "calc-7*6", "tags": ["hard"], "expression": "7*6", "answer": "42"},
+    ]
+    parquet, jsonl = tmp_path / "tasks.parquet", tmp_path / "tasks.jsonl"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    jsonl.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    from_parquet, where = read_tasks(parquet)
+    assert from_parquet == read_tasks(jsonl)[0]
+    assert [t.task_id for t in from_parquet] == ["calc-1+2", "calc-7*6"]
+    assert where == [f"{parquet}: row 1", f"{parquet}: row 2"]
+
+
 def test_a_directory_that_holds_no_policy_is_refused(tmp_path: Path, capsys) -> None:
     args = ["eval", "--policy", str(tmp_path), "--config", str(CALCULATOR), *TINY_TRAIN]
     assert main([*args, "-o", str(tmp_path / "out")]) == 2
