@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -144,18 +147,24 @@ def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_tiny_run_end_to_end_without_env_calls_in_improvement(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_iterate
-) -> None:
+def iterate_config(run_dir: Path, *extra: str) -> IterateConfig:
+    """The ``tiny_iterate`` run for module-scoped fixtures (which cannot take it)."""
+    recipe = REPO / "examples" / "iterate_haggle.toml"
+    return load_config(IterateConfig, recipe, [*TINY_ITERATE, f"run_dir={run_dir}", *extra])
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
+    """One tiny 2-iteration run, uninterrupted, counting ``HaggleEnv.step`` calls (all of
+    them, and those made inside ``improve``): its directory and the counts. Shared by the
+    end-to-end test and the resume test (which compares a killed run with it)."""
     calls = {"step": 0, "during_improve": 0}
     original_step = HaggleEnv.step
+    original_improve = IterativeGRPO.improve
 
     def counting_step(self, response):
         calls["step"] += 1
         return original_step(self, response)
-
-    monkeypatch.setattr(HaggleEnv, "step", counting_step)
-    original_improve = IterativeGRPO.improve
 
     def watched_improve(self, records, q, iteration):
         before = calls["step"]
@@ -163,9 +172,18 @@ def test_tiny_run_end_to_end_without_env_calls_in_improvement(
         calls["during_improve"] += calls["step"] - before
         return out
 
-    monkeypatch.setattr(IterativeGRPO, "improve", watched_improve)
-    config = tiny_iterate(tmp_path)
-    run = IterativeGRPO(config, quiet=True).run()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(HaggleEnv, "step", counting_step)
+        patch.setattr(IterativeGRPO, "improve", watched_improve)
+        config = iterate_config(tmp_path_factory.mktemp("straight") / "run")
+        run = IterativeGRPO(config, quiet=True).run()
+    return run, calls
+
+
+def test_tiny_run_end_to_end_without_env_calls_in_improvement(
+    straight_run: tuple[Path, dict[str, int]],
+) -> None:
+    run, calls = straight_run
     assert calls["step"] > 0 and calls["during_improve"] == 0
     metrics = rows(run)
     assert [m["step"] for m in metrics] == [0, 1, 2]
@@ -246,22 +264,24 @@ def test_cli_iterate_reports_bad_logs_with_file_line_field(
     assert not (tmp_path / "r").exists()  # nothing written before the input is valid
 
 
-def test_cli_iterate_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(
-        [
-            "iterate",
-            "--config",
-            str(REPO / "examples" / "iterate_haggle.toml"),
-            "--quiet",
-            "--run-dir",
-            str(tmp_path),
-            *TINY_ITERATE,
-            "iterations=1",
-        ]
-    )
+ITERATE_CLI = ("iterate", "--config", str(REPO / "examples" / "iterate_haggle.toml"), "--quiet")
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """``turnrl iterate`` of the tiny recipe, 1 iteration: its run directory and what it
+    printed (the exit code is asserted here)."""
+    run_dir = tmp_path_factory.mktemp("cli") / "run"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main([*ITERATE_CLI, "--run-dir", str(run_dir), *TINY_ITERATE, "iterations=1"])
     assert code == 0
-    out = capsys.readouterr().out
-    assert "report:" in out and (tmp_path / "report.html").exists()
+    return run_dir, printed.getvalue()
+
+
+def test_cli_iterate_runs(cli_run: tuple[Path, str]) -> None:
+    run_dir, out = cli_run
+    assert "report:" in out and (run_dir / "report.html").exists()
 
 
 # --------------------------------------------------------------------------- format check
@@ -334,12 +354,14 @@ def comparable(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in m.items() if k not in TIMING} for m in rows(run_dir)]
 
 
-def test_killed_run_resumes_to_the_same_numbers(tmp_path: Path, tiny_iterate) -> None:
-    def config(run_dir: Path) -> IterateConfig:
-        return tiny_iterate(run_dir, "iterations=3")
-
-    straight = IterativeGRPO(config(tmp_path / "a"), quiet=True).run()
-    killed = IterativeGRPO(config(tmp_path / "b"), quiet=True).run(stop_after=1)
+def test_killed_run_resumes_to_the_same_numbers(
+    tmp_path: Path, tiny_iterate, straight_run: tuple[Path, dict[str, int]]
+) -> None:
+    """Stopped after iteration 1 of 2 (a half-written metrics line after it), resumed:
+    the same metrics and final weights as the uninterrupted run (``straight_run``, whose
+    ``HaggleEnv.step`` counting changes no number)."""
+    straight, _ = straight_run
+    killed = IterativeGRPO(tiny_iterate(tmp_path / "b"), quiet=True).run(stop_after=1)
     assert [m["step"] for m in rows(killed)] == [0, 1]
     assert not (killed / "policy").exists()
     # A crash half-way through writing iteration 2's metrics line: dropped on resume.
@@ -347,32 +369,34 @@ def test_killed_run_resumes_to_the_same_numbers(tmp_path: Path, tiny_iterate) ->
         handle.write('{"step": 2, "conversa')
     # the global RNG is the checkpoint's after restoring (building models draws from it)
     saved = torch.load(killed / "checkpoints" / "step-000001.pt", weights_only=True)
-    trainer = IterativeGRPO(config(killed), quiet=True, resume=True)
+    trainer = IterativeGRPO(tiny_iterate(killed), quiet=True, resume=True)
     checkpoint = trainer.run_directory.start()
     assert checkpoint is not None and checkpoint.step == 1
     trainer._restore(checkpoint)
     assert torch.equal(torch.get_rng_state(), saved["rng"]["torch"])
-    resumed = IterativeGRPO(config(killed), quiet=True, resume=True).run()
+    resumed = IterativeGRPO(tiny_iterate(killed), quiet=True, resume=True).run()
     assert comparable(resumed) == comparable(straight)
-    a = torch.load(straight / "checkpoints" / "step-000003.pt", weights_only=True)
-    b = torch.load(resumed / "checkpoints" / "step-000003.pt", weights_only=True)
+    a = torch.load(straight / "checkpoints" / "step-000002.pt", weights_only=True)
+    b = torch.load(resumed / "checkpoints" / "step-000002.pt", weights_only=True)
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
     assert a["extra"] == b["extra"]
     # Resuming a finished run changes nothing; --resume without checkpoints starts fresh.
-    IterativeGRPO(config(resumed), quiet=True, resume=True).run()
+    IterativeGRPO(tiny_iterate(resumed), quiet=True, resume=True).run()
     assert comparable(resumed) == comparable(straight)
-    fresh = IterativeGRPO(config(tmp_path / "c"), quiet=True, resume=True).run(stop_after=1)
+    fresh = IterativeGRPO(tiny_iterate(tmp_path / "c"), quiet=True, resume=True).run(stop_after=1)
     assert [m["step"] for m in rows(fresh)] == [0, 1]
 
 
-def test_cli_resume_extends_a_finished_run(tmp_path: Path) -> None:
-    args = ["iterate", "--config", str(REPO / "examples" / "iterate_haggle.toml"), "--quiet"]
-    args += ["--run-dir", str(tmp_path)]
-    assert main([*args, *TINY_ITERATE, "iterations=1"]) == 0
-    assert main([*args, "--resume", *TINY_ITERATE, "iterations=2"]) == 0
-    assert [m["step"] for m in rows(tmp_path)] == [0, 1, 2]
-    assert [m["conversations"] for m in rows(tmp_path)] == [0, 6, 12]
+def test_cli_resume_extends_a_finished_run(cli_run: tuple[Path, str], tmp_path: Path) -> None:
+    """``turnrl iterate --resume`` with more iterations than a finished run had (a copy of
+    ``cli_run``'s, 1 iteration) runs the missing one."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(cli_run[0], run_dir)
+    args = [*ITERATE_CLI, "--run-dir", str(run_dir), "--resume", *TINY_ITERATE, "iterations=2"]
+    assert main(args) == 0
+    assert [m["step"] for m in rows(run_dir)] == [0, 1, 2]
+    assert [m["conversations"] for m in rows(run_dir)] == [0, 6, 12]
 
 
 def test_each_rejected_candidate_and_only_it_gets_the_malformed_score(
