@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,38 @@ def test_audit_numbers_on_the_489_case() -> None:
     assert "WARNING: grouping by task mixes different prompts" in text
     assert "100% of task groups" in text
     assert "2.0x as often" in text
+
+
+def test_audit_reports_policy_versions_per_group_key(tmp_path: Path, capsys) -> None:
+    """The #489 log sampled by three weight versions (asynchronous training): each key's
+    share of groups mixing versions and their spread, rows per version and the lag behind
+    the newest by turn; the same from records and from the file's columnar reader."""
+    versions = {("a", 0): 3, ("a", 1): 4, ("b", 0): 3, ("b", 1): 4, ("c", 0): 2, ("d", 0): 4}
+    rows = [{**r, "policy_version": versions[r["traj_id"], r["turn"]]} for r in issue_489_log()]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from_file, from_records = audit(TurnTable.from_jsonl(log)), audit(TurnTable.from_records(rows))
+    for report in (from_file, from_records):
+        keys = {k.key: k for k in report.group_keys}
+        # task: one group holding v2, v3 and v4
+        assert (keys["task"].version_mixed_share, keys["task"].version_spread_max) == (1.0, 2.0)
+        # turn 0 (v3, v3, v2, v4) mixes, spread 2; turn 1 (v4, v4) does not
+        for key in ("turn", "node"):
+            assert (keys[key].version_mixed_share, keys[key].version_spread_max) == (0.5, 2.0)
+        assert report.versions == {2: 1, 3: 2, 4: 3}
+        # behind v4: turn 0 rows 1, 1, 2, 0 -> 1.0; turn 1 rows 0, 0
+        assert report.version_lag_by_turn == [1.0, 0.0]
+    as_text = json.dumps({**from_records.to_dict(), "source": str(log)})  # NaN == NaN as text
+    assert json.dumps(from_file.to_dict()) == as_text
+    assert main(["audit", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "Policy versions (rows): v2: 1, v3: 2, v4: 3" in out
+    assert "groups mixing versions" in out
+    # a log without versions reports none
+    plain = audit(TurnTable.from_records(issue_489_log()))
+    assert plain.versions == {} and plain.version_lag_by_turn == []
+    assert all(math.isnan(k.version_mixed_share) for k in plain.group_keys)
+    assert "Policy versions" not in plain.to_text()
 
 
 def test_audit_of_exact_log_does_not_warn() -> None:

@@ -163,6 +163,8 @@ class RecordColumns:
     line: array
     computed: array
     """1 where the line already has a key of :data:`COMPUTED`."""
+    policy_version: array
+    """The weights' version that sampled the row (``policy_version``), -1 where unset."""
 
 
 def read_columns(path: str | os.PathLike[str], node_id: Any) -> RecordColumns:
@@ -182,6 +184,7 @@ def read_columns(path: str | os.PathLike[str], node_id: Any) -> RecordColumns:
         q=array("d"),
         line=array("q"),
         computed=array("b"),
+        policy_version=array("q"),
     )
     nan = float("nan")
     # Bound once: this loop runs once per line of logs of a million lines.
@@ -190,7 +193,7 @@ def read_columns(path: str | os.PathLike[str], node_id: Any) -> RecordColumns:
     nodes, add_node = cols.node.index, cols.node.codes.append
     add_turn, add_reward, add_done = cols.turn.append, cols.reward.append, cols.done.append
     add_ig, add_q, add_line = cols.info_gain.append, cols.q.append, cols.line.append
-    add_computed = cols.computed.append
+    add_computed, add_version = cols.computed.append, cols.policy_version.append
     with open_input(path, error=TurnRecordError) as handle:
         for number, raw in enumerate(handle, start=1):
             raw = raw.rstrip(b"\r\n")
@@ -231,6 +234,8 @@ def read_columns(path: str | os.PathLike[str], node_id: Any) -> RecordColumns:
             add_q(nan if q is None or q is UNSET else q)
             add_line(number)
             add_computed(computed)
+            version = row.policy_version
+            add_version(-1 if version is None or version is UNSET else version)
     if not cols.line:
         raise TurnRecordError(source, None, None, "no turn records (the file is empty)")
     return cols

@@ -110,6 +110,9 @@ class TurnTable:
     source: str = "<records>"
     records: list[TurnRecord] | None = field(default=None, repr=False)
     """The checked input records, in row order, when built from records."""
+    policy_version: np.ndarray | None = field(default=None, repr=False)
+    """The weights' version that sampled each row (``policy_version``), -1 where a row
+    has none; ``None`` when built from arrays without it."""
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -151,13 +154,14 @@ class TurnTable:
             q=np.frombuffer(columns.q, dtype=np.float64),
             line=np.frombuffer(columns.line, dtype=np.int64),
             source=source,
+            policy_version=np.frombuffer(columns.policy_version, dtype=np.int64),
         )
 
     @classmethod
     def _from_validated(cls, numbered: Iterable[tuple[int, TurnRecord]], source: str):
         tasks, trajs, roles, states, nodes = (_Factoriser() for _ in range(5))
         columns: dict[str, list[Any]] = {k: [] for k in ("task", "traj", "turn", "role", "reward")}
-        columns.update({k: [] for k in ("done", "state", "node", "ig", "q", "line")})
+        columns.update({k: [] for k in ("done", "state", "node", "ig", "q", "line", "version")})
         records: list[TurnRecord] = []
         for number, record in numbered:
             records.append(record)
@@ -176,6 +180,8 @@ class TurnTable:
             columns["ig"].append(np.nan if record.info_gain is None else record.info_gain)
             columns["q"].append(np.nan if record.q is None else record.q)
             columns["line"].append(number)
+            version = record.policy_version
+            columns["version"].append(-1 if version is None else version)
         if not records:
             raise TurnRecordError(source, None, None, "no turn records")
         node_names = nodes.names()
@@ -201,6 +207,7 @@ class TurnTable:
             line=np.asarray(columns["line"], dtype=np.int64),
             source=source,
             records=records,
+            policy_version=np.asarray(columns["version"], dtype=np.int64),
         )
 
     @classmethod
@@ -217,12 +224,14 @@ class TurnTable:
         node_id: Sequence[Hashable] | np.ndarray | None = None,
         info_gain: Sequence[float] | np.ndarray | None = None,
         q: Sequence[float] | np.ndarray | None = None,
+        policy_version: Sequence[int] | np.ndarray | None = None,
         source: str = "<arrays>",
     ) -> TurnTable:
         """Build directly from per-row arrays (fast path for adapters and benchmarks).
 
         Ids may be integers or strings. ``node_id`` defaults to one decision point
-        per row (no context is known). ``info_gain``/``q`` use NaN for "missing".
+        per row (no context is known). ``info_gain``/``q`` use NaN for "missing",
+        ``policy_version`` -1.
         The same cross-record checks apply; a row's "line" is its 1-based position.
         """
         n = len(turn)
@@ -269,6 +278,9 @@ class TurnTable:
             q=floats(q),
             line=np.arange(1, n + 1, dtype=np.int64),
             source=source,
+            policy_version=None
+            if policy_version is None
+            else np.asarray(policy_version, dtype=np.int64),
         )
 
     @classmethod

@@ -6,7 +6,10 @@ decision points (node ids), how many produce only zero advantages, and how much
 more a long trajectory counts than a short one inside a group. For every
 estimator that can run on the log it reports the mean and std of advantages by
 turn position and the gap between its turn-0 advantages and the exact ``node``
-baseline. ``turnrl audit LOG.jsonl`` prints it; ``--json`` gives the same dict.
+baseline. Where rows record the ``policy_version`` that sampled them (asynchronous
+training), it reports rows per version, the lag behind the newest by turn position, and
+per group key how many groups mix versions. ``turnrl audit LOG.jsonl`` prints it;
+``--json`` gives the same dict.
 """
 
 from __future__ import annotations
@@ -49,6 +52,13 @@ class GroupKeyAudit:
     length_weight_max: float
     rows_covered: float
     """Share of rows that belong to a group of this key with at least two members."""
+    version_mixed_share: float = float("nan")
+    """Share of multi-member groups whose rows were sampled by more than one policy
+    version (``policy_version``; asynchronous training, or a rollout that spanned a
+    weight push): such a group's baseline compares samples of different policies.
+    NaN when no row records a version."""
+    version_spread_max: float = float("nan")
+    """Most versions apart two rows of one multi-member group are (NaN as above)."""
 
 
 @dataclass
@@ -77,6 +87,11 @@ class AuditReport:
     estimators: list[EstimatorAudit] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     """Estimators that could not run on this log, with the reason."""
+    versions: dict[int, int] = field(default_factory=dict)
+    """Rows per ``policy_version`` (rows without one are not counted)."""
+    version_lag_by_turn: list[float] = field(default_factory=list)
+    """Mean versions behind the log's newest version, by turn position (empty when no
+    row records a version): how stale each turn position's samples are."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -152,6 +167,7 @@ def audit_group_key(table: TurnTable, key: str, advantages: np.ndarray | None) -
         weights = np.ones(n_groups)
     else:
         weights = _length_weighting(table, codes, n_groups)
+    mixed_versions, spread = _version_mixing(table, codes, valid, multi, n_groups)
     finite = weights[present & np.isfinite(weights)]
     row_members = np.bincount(codes[valid], minlength=max(n_groups, 1))
     covered = valid & (row_members[np.where(valid, codes, 0)] > 1)
@@ -171,7 +187,31 @@ def audit_group_key(table: TurnTable, key: str, advantages: np.ndarray | None) -
         length_weight_mean=float(finite.mean()) if finite.size else 1.0,
         length_weight_max=float(finite.max()) if finite.size else 1.0,
         rows_covered=float(covered.mean()),
+        version_mixed_share=mixed_versions,
+        version_spread_max=spread,
     )
+
+
+def _version_mixing(
+    table: TurnTable, codes: np.ndarray, valid: np.ndarray, multi: np.ndarray, n_groups: int
+) -> tuple[float, float]:
+    """(share of the ``multi`` groups holding more than one policy version, the largest
+    spread of versions inside one of them), over the rows that record a version; NaNs
+    when none does. Every row of a group counts (for trajectory-member keys too: a
+    trajectory that spanned a push brings both versions)."""
+    version = table.policy_version
+    if version is None or not (version >= 0).any():
+        return float("nan"), float("nan")
+    rows = valid & (version >= 0)
+    newest = np.full(n_groups, -1, dtype=np.int64)
+    oldest = np.full(n_groups, np.iinfo(np.int64).max, dtype=np.int64)
+    np.maximum.at(newest, codes[rows], version[rows])
+    np.minimum.at(oldest, codes[rows], version[rows])
+    counted = multi & (newest >= 0)
+    if not counted.any():
+        return 0.0, 0.0
+    spread = newest[counted] - oldest[counted]
+    return float((spread > 0).mean()), float(spread.max())
 
 
 def _by_turn(
@@ -226,6 +266,13 @@ def audit(table: TurnTable, estimators: list[str] | None = None) -> AuditReport:
     has_peer = node_sizes[table.node_code] > 1
     turn0 = (table.turn == 0) & has_peer
     later = (table.turn > 0) & has_peer
+    version = table.policy_version
+    if version is not None and (version >= 0).any():
+        known = version >= 0
+        values, counts = np.unique(version[known], return_counts=True)
+        report.versions = {int(v): int(c) for v, c in zip(values, counts, strict=True)}
+        lag = (version.max() - version[known]).astype(np.float64)
+        report.version_lag_by_turn, _ = _by_turn(lag, bucket[known], len(labels))
     for key in GROUP_KEYS:
         report.group_keys.append(
             audit_group_key(table, key, advantages.get(GROUP_KEYS[key].estimator))
@@ -297,6 +344,25 @@ def headline(report: AuditReport) -> list[str]:
     return lines
 
 
+def _version_lines(report: AuditReport) -> list[str]:
+    """The staleness section: rows per policy version, lag by turn, mixing per key."""
+    versions = ", ".join(f"v{v}: {n}" for v, n in sorted(report.versions.items()))
+    lags = ", ".join(
+        f"turn {t}: {_fmt(lag, '.2f')}"
+        for t, lag in zip(report.turn_labels, report.version_lag_by_turn, strict=True)
+    )
+    out = [
+        f"Policy versions (rows): {versions}",
+        f"Versions behind the newest, by turn position: {lags}",
+    ]
+    rows = [
+        [k.key, _fmt(k.version_mixed_share, ".0%"), _fmt(k.version_spread_max, ".0f")]
+        for k in report.group_keys
+    ]
+    out += _table(["key", "groups mixing versions", "most versions apart"], rows)
+    return out
+
+
 def format_audit(report: AuditReport) -> str:
     """The audit as plain text."""
     histogram = ", ".join(f"{k} turns: {v}" for k, v in sorted(report.turns_histogram.items()))
@@ -333,6 +399,8 @@ def format_audit(report: AuditReport) -> str:
         "rows in 2+",
     ]
     out += _table(header, rows)
+    if report.versions:
+        out += ["", *_version_lines(report)]
     out += [
         "",
         "Advantages by turn position (mean ± std), and their gap to the exact node baseline "
