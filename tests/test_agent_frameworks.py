@@ -1,8 +1,8 @@
 """Agent frameworks a new user brings, trained unchanged through ``turnrl train``.
 
 From examples/agents/, with each framework's defaults: a smolagents
-``ToolCallingAgent`` over LiteLLM (``stop`` and ``tool_choice="required"`` on every
-call), a smolagents ``CodeAgent`` (it runs the code the policy writes), a LangGraph
+``ToolCallingAgent`` (``stop`` and ``tool_choice="required"`` on every call), a
+smolagents ``CodeAgent`` (it runs the code the policy writes), a LangGraph
 tool-calling graph over ``ChatOpenAI``, the OpenAI Agents SDK and autogen's calc_x
 stack (an MCP calculator over stdio), each trained for 2 steps on the tiny model with
 calculator tasks. An agent whose call the gateway refused would fail its episode, and
@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 import torch
 
+import turnrl.cli
 from turnrl.cli import main as turnrl_main
 from turnrl.entrypoints import load_object
 from turnrl.policy import build_tiny_policy
@@ -39,13 +40,19 @@ torch.set_num_threads(1)
 
 AGENTS = Path(__file__).resolve().parents[1] / "examples" / "agents"
 
+TASKS_PER_STEP = 1
+GROUP_SIZE = 2
+EPISODES_PER_STEP = TASKS_PER_STEP * GROUP_SIZE
+"""Rollouts of each training step: one group of two, the least that has a group
+(every rollout of a command agent starts a fresh interpreter of its framework)."""
+
 TWO_STEPS = (
     "tasks.train=calculator",
     "tasks.n_train=8",
-    "tasks.n_eval=2",
+    "tasks.n_eval=1",  # the loop always evaluates after the warm start and at the end
     "warm_start.steps=0",
-    "rollout.tasks_per_step=2",
-    "rollout.group_size=2",
+    f"rollout.tasks_per_step={TASKS_PER_STEP}",
+    f"rollout.group_size={GROUP_SIZE}",
     "policy.max_new_tokens=8",
     "train.steps=2",
     "train.eval_every=2",
@@ -54,6 +61,12 @@ TWO_STEPS = (
     "train.threads=1",
     "agent.concurrency=4",
     "agent.timeout_s=120",
+)
+
+
+needs_smolagents = pytest.mark.skipif(
+    importlib.util.find_spec("smolagents") is None or importlib.util.find_spec("openai") is None,
+    reason="needs the agents extra (smolagents, openai)",
 )
 
 
@@ -67,10 +80,18 @@ def _ids(text: str) -> list[int]:
 
 
 def train_two_steps(tmp_path: Path, *agent: str) -> Path:
-    """A finished 2-step run of the agent the ``agent.*`` overrides ``agent`` name."""
+    """A finished 2-step run of the agent the ``agent.*`` overrides ``agent`` name.
+
+    Through ``turnrl train``, less the HTML report it writes at the end (about 8 s of
+    plotting, the same for every agent): an agent run's report is made in
+    test_agent_loop (test_an_entrypoint_agent_trains_and_its_records_are_what_it_sent_and_got
+    and test_a_command_agent_trains_through_the_cli)."""
     run = tmp_path / "run"
-    code = turnrl_main(["train", "--quiet", "--run-dir", str(run), *TWO_STEPS, *agent])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(turnrl.cli, "_train_report", lambda config, run_dir: None)
+        code = turnrl_main(["train", "--quiet", "--run-dir", str(run), *TWO_STEPS, *agent])
     assert code == 0
+    assert not (run / "report.html").exists()
     return run
 
 
@@ -84,7 +105,7 @@ def _check_run(run: Path, system_prompt: str, max_turns: int) -> list[list[dict[
     trained = [m for m in metrics if m["step"] > 0]
     assert [m["step"] for m in trained] == [1, 2]
     assert [m["policy_version"] for m in trained] == [1, 2]
-    assert [m["episodes"] for m in trained] == [4, 4]
+    assert [m["episodes"] for m in trained] == [EPISODES_PER_STEP] * 2
     assert [m["agent_failures"] for m in trained] == [0, 0]
     assert not (run / "agent_failures.jsonl").exists()
     rollouts = []
@@ -94,7 +115,7 @@ def _check_run(run: Path, system_prompt: str, max_turns: int) -> list[list[dict[
         by_rollout: dict[str, list[dict[str, Any]]] = {}
         for record in records:
             by_rollout.setdefault(record["traj_id"], []).append(record)
-        assert len(by_rollout) == 4
+        assert len(by_rollout) == EPISODES_PER_STEP
         for turns in by_rollout.values():
             assert [r["turn"] for r in turns] == list(range(len(turns)))
             assert 1 <= len(turns) <= max_turns
@@ -108,14 +129,8 @@ def _check_run(run: Path, system_prompt: str, max_turns: int) -> list[list[dict[
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("smolagents") is None or importlib.util.find_spec("litellm") is None,
-    reason="needs the agents extra (smolagents, litellm)",
-)
-def test_a_smolagents_tool_calling_agent_over_litellm_trains_two_steps(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch at import
+@needs_smolagents
+def test_a_smolagents_tool_calling_agent_trains_two_steps(tmp_path: Path) -> None:
     check_smolagents_tool_calling_run(_train(tmp_path, f"{AGENTS / 'calc_smolagents.py'}:run"))
 
 
@@ -123,7 +138,7 @@ def check_smolagents_tool_calling_run(run: Path) -> None:
     """What a 2-step run of examples/agents/calc_smolagents.py shows."""
     # max_steps=2 tool-calling steps, then smolagents' own final-answer call.
     rollouts = _check_run(run, "Solve the arithmetic problem. Call the calculator", max_turns=3)
-    # LiteLLM's default tool_choice="required": every tool-calling step was forced, the
+    # smolagents' default tool_choice="required": every tool-calling step was forced, the
     # forced "<call>" the last prompt ids (never a response id); the final-answer call
     # sends no tools and is not forced.
     for turns in rollouts:
@@ -162,14 +177,8 @@ def check_langgraph_run(run: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("smolagents") is None or importlib.util.find_spec("litellm") is None,
-    reason="needs the agents extra (smolagents, litellm)",
-)
-def test_a_smolagents_code_agent_trains_two_steps(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+@needs_smolagents
+def test_a_smolagents_code_agent_trains_two_steps(tmp_path: Path) -> None:
     check_code_agent_run(_train(tmp_path, f"{AGENTS / 'calc_smolagents_code.py'}:run"))
 
 
@@ -228,14 +237,8 @@ def _code_agent_episode(code: str) -> tuple[dict[str, Any], list[dict[str, Any]]
         return result, gateway.views.rollout("code-1")["records"]
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("smolagents") is None or importlib.util.find_spec("litellm") is None,
-    reason="needs the agents extra (smolagents, litellm)",
-)
-def test_the_code_agent_runs_the_policy_s_code_and_its_interpreter_refuses_imports(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+@needs_smolagents
+def test_the_code_agent_runs_the_policy_s_code_and_its_interpreter_refuses_imports() -> None:
     result, records = _code_agent_episode('final_answer(calculator("6*7"))')
     assert result == {"reward": 1.0, "info": {"success": True}}  # the code ran the tool
     # One call, ended by the stop string "</code>" (kept in the record's sampled tokens).
@@ -251,10 +254,7 @@ def test_the_code_agent_runs_the_policy_s_code_and_its_interpreter_refuses_impor
     assert "Import of os is not allowed" in seen and os.getcwd() not in seen
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("smolagents") is None or importlib.util.find_spec("litellm") is None,
-    reason="needs the agents extra (smolagents, litellm)",
-)
+@needs_smolagents
 def test_the_code_agent_recipe_loads_its_agent(monkeypatch: pytest.MonkeyPatch) -> None:
     from turnrl.train.agent.programs import make_program
     from turnrl.train.config import RunConfig, load_config

@@ -1,22 +1,25 @@
-"""A calculator agent written with smolagents: a ``ToolCallingAgent`` over LiteLLM, unchanged.
+"""A calculator agent written with smolagents: a ``ToolCallingAgent``, unchanged.
 
 The agent is smolagents' own tool-calling loop (``ToolCallingAgent`` with one
-``@tool``), its model a ``LiteLLMModel`` pointed at the rollout's base URL with
-the run's key: what a new user writes to put an existing smolagents agent behind
-an OpenAI-compatible server. It sends ``stop=["Observation:", "Calling tools:"]``
-on every call; the gateway ends the response where a stop string completes and
-records exactly the tokens sampled up to there (docs/gateway.md).
+``@tool``), its model smolagents' class for an OpenAI-compatible server
+(``OpenAIServerModel``) pointed at the rollout's base URL with the run's key: what a
+new user writes to put an existing smolagents agent behind such a server. It sends
+``stop=["Observation:", "Calling tools:"]`` on every call; the gateway ends the
+response where a stop string completes and records exactly the tokens sampled up to
+there (docs/gateway.md).
 
-``LiteLLMModel`` keeps its default ``tool_choice="required"``: the gateway forces the
-call by writing the call's start into the context and the policy samples the rest
-(the forced tokens are recorded as prompt, never trained; docs/gateway.md "Forced
-tool calls"). The one setting changed is smolagents' own option, not code: a short
-system prompt (``prompt_templates``): smolagents' default one is about 3,800
-characters, more than the tiny test model's context. A real model keeps the default.
+The model class keeps smolagents' default ``tool_choice="required"`` (every smolagents
+API model sends it, ``LiteLLMModel`` too): the gateway forces the call by writing the
+call's start into the context and the policy samples the rest (the forced tokens are
+recorded as prompt, never trained; docs/gateway.md "Forced tool calls"). The one
+setting changed is smolagents' own option, not code: a short system prompt
+(``prompt_templates``): smolagents' default one is about 3,800 characters, more than
+the tiny test model's context. A real model keeps the default.
 
-LiteLLM fetches a model price list from GitHub when imported; the environment
-variable ``LITELLM_LOCAL_MODEL_COST_MAP`` makes it use its bundled copy (set here
-unless the caller set it). The calculator runs turnrl's safe arithmetic, never
+``OpenAIServerModel`` rather than ``LiteLLMModel``: both send the same OpenAI chat
+request here (LiteLLM's ``openai/`` provider goes through the same ``openai`` client),
+but importing LiteLLM costs about 8 s of CPU, paid by every rollout of a command agent
+(a fresh interpreter each). The calculator runs turnrl's safe arithmetic, never
 ``eval`` (``calc_common.py``: no turnrl import).
 
 ``agent.entrypoint = "examples/agents/calc_smolagents.py:run"``; as a program in its
@@ -28,19 +31,17 @@ reads the task and endpoint turnrl gives a command and prints ``{"reward": ...}`
 from __future__ import annotations
 
 import importlib.resources
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # calc_common, beside this file
 
 from calc_common import calculator as safe_calculator
 from calc_common import main, score
-from smolagents import LiteLLMModel, ToolCallingAgent, tool
+from smolagents import OpenAIServerModel, ToolCallingAgent, tool
 
 SYSTEM_PROMPT = (
     "Solve the arithmetic problem. Call the calculator, then final_answer with the number."
@@ -78,7 +79,7 @@ def solve(
 ) -> str:
     """One smolagents episode of ``agent_class`` (with the calculator tool, at most
     ``MAX_STEPS`` steps); the final answer as text ("" when there is none)."""
-    llm = LiteLLMModel(model_id=f"openai/{model}", api_base=base_url, api_key=api_key)
+    llm = OpenAIServerModel(model_id=model, api_base=base_url, api_key=api_key)
     agent = agent_class(
         tools=[calculator],
         model=llm,

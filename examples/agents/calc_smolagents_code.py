@@ -1,4 +1,4 @@
-"""A calculator agent written with smolagents' ``CodeAgent`` over LiteLLM, unchanged.
+"""A calculator agent written with smolagents' ``CodeAgent``, unchanged.
 
 The model writes Python in ``<code>...</code>`` blocks (smolagents' default tags);
 smolagents runs it with its ``LocalPythonExecutor``, which can call the agent's
@@ -19,7 +19,8 @@ untrusted models run the agent as a program (``agent.command``) in a container,
 or use smolagents' remote executors (``executor_type="docker"``, ``"e2b"``...).
 See docs/agents.md "smolagents CodeAgent".
 
-Defaults kept: ``LiteLLMModel`` and ``CodeAgent`` as they come. One option set: a
+Defaults kept: ``CodeAgent`` and its model (``OpenAIServerModel``, as in
+``calc_smolagents.py``) as they come. One option set: a
 short system prompt (``prompt_templates``), because smolagents' default code-agent
 prompt is longer than the tiny test model's context; a real model keeps the
 default.
@@ -31,12 +32,10 @@ its own venv (``agent.command = [".venv-agents/bin/python",
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules beside this file
 
 from calc_common import main, score
