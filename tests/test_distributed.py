@@ -12,7 +12,8 @@ float rounding (a rank's batch is smaller, so padding and summation order differ
 and gradients are summed in another order. After 3 steps (2 epochs of mini-batches
 each) every weight agrees within ``WEIGHT_ATOL = 1e-5`` (measured: under 1e-6 on
 weights of order 1) and every float metric within a relative ``METRIC_RTOL = 1e-5``.
-A 2-rank run resumed with 2 ranks equals the uninterrupted one exactly.
+A 2-rank run resumed with 2 ranks from its step-2 checkpoint (as a crash leaves the
+run directory) equals the uninterrupted one exactly.
 
 Metrics that count what each process ran (:data:`SPLIT_DEPENDENT`) differ by design:
 prefixes shared by tasks on different ranks are computed once per rank.
@@ -180,8 +181,27 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 # --------------------------------------------------------------------------- 2 ranks = 1
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+FAST_LAYOUT = "rows-full-kl"
+"""The layout of ``make test`` (#38: ``make test`` within 20 minutes); the others are in
+``make test-slow`` only, see :func:`test_two_ranks_equal_one_process`."""
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param(layout, marks=[] if layout == FAST_LAYOUT else [pytest.mark.slow])
+        for layout in sorted(LAYOUTS)
+    ],
+)
 def test_two_ranks_equal_one_process(runs: dict[str, Path], layout: str) -> None:
+    """``rows-full-kl`` runs in ``make test``; ``tree-full`` and ``tree-lora`` in ``make
+    test-slow`` only (#38: about 80 s each). ``make test`` covers them in parts: the tree
+    update split over 2 ranks equals one process in tests/test_distributed_fsdp.py's
+    ``test_fsdp2_ranks_equal_one_process[tree-pad]`` (sharded; both ranks sample their
+    own tasks as here), and the gradient sum over ranks of any parameter list, LoRA's
+    (frozen base weights without gradients) included, in
+    ``test_collectives_on_two_gloo_ranks`` (``nobody``: a parameter no rank has a
+    gradient for stays without one)."""
     one, two = runs[f"{layout}-0"], runs[f"{layout}-2"]
     for step in (1, 2, 3):
         assert max_difference(weights(one, step), weights(two, step)) <= WEIGHT_ATOL, step
@@ -196,17 +216,43 @@ def test_two_ranks_equal_one_process(runs: dict[str, Path], layout: str) -> None
     assert (two / "report.html").is_file()
 
 
+def crashed_after(whole: Path, step: int, copy: Path) -> Path:
+    """A copy of the finished run ``whole`` as a crash right after its checkpoint of
+    ``step`` leaves it: the later checkpoints and rollout logs are gone and ``latest``
+    names that checkpoint (the metrics log keeps its later lines: ``--resume`` cuts it
+    back to the checkpoint's step). Resuming it redoes the later steps, as a run stopped
+    there would, without a launch that trains the first steps again."""
+    shutil.copytree(whole, copy)
+    checkpoints = copy / "checkpoints"
+    for path in [*checkpoints.glob("step-*.pt"), *copy.glob("rollouts/step-*.jsonl")]:
+        if int(path.name.split(".")[0].removeprefix("step-")) > step:
+            path.unlink()
+    (checkpoints / "latest").write_text(f"step-{step:06d}.pt")
+    assert load_latest_checkpoint(copy)["step"] == step
+    return copy
+
+
 def test_resumed_two_rank_run_equals_uninterrupted(runs: dict[str, Path], tmp_path: Path) -> None:
-    whole = runs["tree-full-2"]
-    cut = tmp_path / "cut"
-    train(cut, 2, *LAYOUTS["tree-full"], "train.steps=2")
-    other = tmp_path / "other"
-    shutil.copytree(cut, other)
-    train(cut, 2, *LAYOUTS["tree-full"], resume=True)
+    whole = runs[f"{FAST_LAYOUT}-2"]
+    cut = crashed_after(whole, 2, tmp_path / "cut")
+    train(cut, 2, *LAYOUTS[FAST_LAYOUT], resume=True)
     assert metrics(cut) == metrics(whole)
     assert max_difference(weights(cut, 3), weights(whole, 3)) == 0.0
-    # any rank count that divides the batch resumes it: here one process
-    train(other, 0, *LAYOUTS["tree-full"], resume=True)
+
+
+@pytest.mark.slow
+def test_two_rank_run_resumes_as_one_process(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Any rank count that divides the batch resumes a run: here one process.
+
+    In ``make test-slow`` only (#38: one launch more). ``make test`` covers it in two
+    halves: a 2-rank checkpoint resumes to the uninterrupted numbers
+    (``test_resumed_two_rank_run_equals_uninterrupted``), and 2 ranks and one process
+    hold the same weights and metrics after each step
+    (``test_two_ranks_equal_one_process``), so what one process restores is the state
+    it would have reached itself."""
+    whole = runs[f"{FAST_LAYOUT}-2"]
+    other = crashed_after(whole, 2, tmp_path / "other")
+    train(other, 0, *LAYOUTS[FAST_LAYOUT], resume=True)
     assert max_difference(weights(other, 3), weights(whole, 3)) <= WEIGHT_ATOL
     assert_metrics_close(metrics(other), metrics(whole))
 
@@ -367,60 +413,11 @@ def test_unsupported_modes_are_refused_in_one_line(tmp_path: Path) -> None:
         check_supported(config("rollout.strategy=patr", "rollout.per_episode_seeds=false"), two)
 
 
-def _collectives_worker(rank: int, init_file: str, out_dir: str) -> None:
-    """One of 2 gloo ranks: the collectives of :mod:`turnrl.train.distributed` on hand-built
-    values; writes what it saw to ``out_dir/rank{rank}.pt``."""
-    from turnrl.train import distributed as dist
-
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2
-    )
-    world = World(rank, 2, rank)
-    try:
-        both, only_rank0, nobody = (torch.nn.Parameter(torch.zeros(3)) for _ in range(3))
-        both.grad = torch.full((3,), float(rank + 1))  # 1 and 2
-        if rank == 0:
-            only_rank0.grad = torch.tensor([1.0, 2.0, 3.0])
-        dist.reduce_gradients([both, only_rank0, nobody], world)
-        seen: dict[str, Any] = {
-            "both": both.grad,
-            "only_rank0": only_rank0.grad,
-            "nobody": nobody.grad,
-            "count": dist.sum_over_ranks(torch.tensor(rank + 3, dtype=torch.float64), world),
-            "gathered": dist.gather_objects({"rank": rank}, world),
-            "broadcast": dist.broadcast_object(f"from {rank}", world),
-        }
-        tensor = torch.full((2,), float(rank))
-        dist.broadcast_tensors_([tensor], world)
-        seen["tensor"] = tensor
-        seen["scatter"] = dist.scatter_objects(["to 0", "to 1"] if rank == 0 else None, world)
-
-        def refuse_on_rank1() -> None:
-            if rank == 1:
-                raise UsageError("rank 1 refuses")
-
-        try:
-            dist.all_agree(refuse_on_rank1, world)
-            seen["all_agree"] = None
-        except UsageError as error:
-            seen["all_agree"] = str(error)
-
-        def refuse() -> None:
-            raise UsageError("rank 0 refuses")
-
-        try:
-            dist.on_main(refuse, world)
-            seen["on_main"] = None
-        except UsageError as error:
-            seen["on_main"] = str(error)
-        torch.save(seen, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.shutdown()
-
-
 def test_collectives_on_two_gloo_ranks(tmp_path: Path) -> None:
+    from distributed_collectives import collectives_worker
+
     torch.multiprocessing.spawn(
-        _collectives_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True
+        collectives_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True
     )
     for rank in (0, 1):
         seen = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)

@@ -37,6 +37,7 @@ from test_distributed import (
     METRIC_RTOL,
     WEIGHT_ATOL,
     assert_metrics_close,
+    crashed_after,
     environment,
     max_difference,
     weights,
@@ -166,20 +167,37 @@ def test_agent_loop_on_two_ranks_equals_one_process(runs: Path) -> None:
     assert (two / "report.html").is_file()
 
 
-def test_resumed_two_rank_agent_run_equals_uninterrupted(runs: Path, tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_resumed_two_rank_agent_run_equals_uninterrupted(runs: Path) -> None:
     """Rank 0 reads the checkpoint and hands it to rank 1; the seeded agent makes the
-    resumed step sample what the uninterrupted run sampled."""
-    done = train(tmp_path, "cut", 2, SEEDED, "train.steps=1")
+    resumed step sample what the uninterrupted run sampled. The run is the module's
+    2-rank one as a crash right after its step-1 checkpoint leaves it.
+
+    In ``make test-slow`` only (#38: one 2-rank launch more). ``make test`` covers it in
+    parts: a 2-rank run resumes to the uninterrupted numbers exactly, rank 0 reading the
+    checkpoint and broadcasting it (tests/test_distributed.py's
+    ``test_resumed_two_rank_run_equals_uninterrupted``), the agent loop on 2 ranks
+    equals one process from the same weights (``test_agent_loop_on_two_ranks_equals_one_process``),
+    and a one-process agent run resumes (tests/test_agent_loop.py's
+    ``test_resume_continues_from_the_last_checkpoint``)."""
+    whole = runs / "two"
+    cut = crashed_after(whole, 1, runs / "cut")
+    done = train(runs, "cut", 2, SEEDED, resume=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    done = train(tmp_path, "cut", 2, SEEDED, resume=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    cut, whole = tmp_path / "cut", runs / "two"
     assert max_difference(weights(cut, 2), weights(whole, 2)) == 0.0
     assert records(cut, 2) == records(whole, 2)
     assert metrics(cut)[-1] == metrics(whole)[-1]
 
 
+@pytest.mark.slow
 def test_a_failure_on_rank_zero_ends_every_rank_with_one_line(tmp_path: Path) -> None:
+    """In ``make test-slow`` only (#38: 29 s of the suite). ``make test`` covers it in
+    parts: a refusal raised on rank 0 alone is raised on every rank and the others end
+    with it (tests/test_distributed.py's ``test_collectives_on_two_gloo_ranks``:
+    ``on_main``, ``all_agree``), a 2-rank run that fails ends with one
+    ``turnrl train: error:`` line (``test_killed_rank_ends_the_run_with_one_line``),
+    and failing agents stop a one-process run naming the first (tests/test_agent_loop.py's
+    ``test_too_many_failures_stop_the_run_naming_the_first``)."""
     done = train(tmp_path, "run", 2, f"{FIXTURES}:raises", "train.steps=1")
     assert done.returncode != 0
     ours = [line for line in done.stderr.splitlines() if line.startswith("turnrl train: error:")]

@@ -31,6 +31,7 @@ from test_distributed import (
     RUN,
     WEIGHT_ATOL,
     assert_metrics_close,
+    crashed_after,
     max_difference,
     metrics,
     train,
@@ -84,23 +85,34 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return Runs()
 
 
-SLOW_LAYOUTS = {"rows-full-kl"}
-"""In ``make test-slow`` only (#38: ``make test`` within 20 minutes). ``rows-full-kl``'s
-two properties are each covered in ``make test``: the rows update with a KL reference,
-split over 2 ranks, equals one process (tests/test_distributed.py's
-``test_two_ranks_equal_one_process[rows-full-kl]``, the same layout unsharded), and a
-rows update with a frozen reference model beside the sharded learner equals one process
-(``rows-a2tgpo`` here: information gain is computed with that reference)."""
+FAST_LAYOUT = "tree-pad"
+"""The layout of ``make test`` (#38: ``make test`` within 20 minutes); the others run in
+``make test-slow`` only, each property covered in ``make test`` as :data:`COVERED` says."""
+COVERED = {
+    "rows-full-kl": "the rows update with a KL reference, split over 2 ranks, equals one "
+    "process (tests/test_distributed.py's ``test_two_ranks_equal_one_process[rows-full-kl]``, "
+    "the same layout unsharded), and the sharded learner equals one process "
+    "(``tree-pad`` here)",
+    "tree-lora": "LoRA's gradients over ranks (tests/test_distributed.py's "
+    "``test_collectives_on_two_gloo_ranks``: parameters without gradients stay without) "
+    "and the sharded learner equal to one process (``tree-pad`` here)",
+    "rows-a2tgpo": "the rows update over ranks (tests/test_distributed.py's "
+    "``test_two_ranks_equal_one_process[rows-full-kl]``, with a frozen reference model "
+    "beside the learner) and the sharded learner equal to one process (``tree-pad`` here)",
+}
+"""Per slow layout, the ``make test`` tests that cover its properties."""
 
 
 @pytest.mark.parametrize(
     "layout",
     [
-        pytest.param(layout, marks=[pytest.mark.slow] if layout in SLOW_LAYOUTS else [])
+        pytest.param(layout, marks=[] if layout == FAST_LAYOUT else [pytest.mark.slow])
         for layout in sorted(LAYOUTS)
     ],
 )
 def test_fsdp2_ranks_equal_one_process(runs: dict[str, Path], layout: str) -> None:
+    """``tree-pad`` in ``make test``, the other layouts in ``make test-slow`` only (#38:
+    about 65 s each; :data:`COVERED` names the ``make test`` tests that cover each)."""
     one, two = runs[f"{layout}-1"], runs[f"{layout}-fsdp2"]
     for step in (1, 2, 3):
         assert max_difference(weights(one, step), weights(two, step)) <= WEIGHT_ATOL, step
@@ -122,10 +134,18 @@ def test_fsdp2_ranks_equal_one_process(runs: dict[str, Path], layout: str) -> No
             assert float((got.float() - value.float()).abs().max()) <= WEIGHT_ATOL, (index, key)
 
 
+@pytest.mark.slow
 def test_resumed_fsdp2_run_equals_uninterrupted(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Resumed from its step-2 checkpoint (as a crash leaves the run), a sharded run
+    equals the uninterrupted one exactly.
+
+    In ``make test-slow`` only (#38: one 2-rank launch more). ``make test`` covers it in
+    two halves: a sharded run writes exactly the one-process format (keys, plain
+    tensors, the optimiser state whole; ``test_fsdp2_ranks_equal_one_process``), and 2
+    ranks resume from that format to the uninterrupted numbers exactly
+    (tests/test_distributed.py's ``test_resumed_two_rank_run_equals_uninterrupted``)."""
     whole = runs["tree-pad-fsdp2"]
-    cut = tmp_path / "cut"
-    train(cut, 2, *LAYOUTS["tree-pad"], *FSDP, "train.steps=2")
+    cut = crashed_after(whole, 2, tmp_path / "cut")
     train(cut, 2, *LAYOUTS["tree-pad"], *FSDP, resume=True)
     assert metrics(cut) == metrics(whole)
     assert max_difference(weights(cut, 3), weights(whole, 3)) == 0.0
@@ -138,8 +158,9 @@ def test_unsharded_ranks_resume_sharded(runs: dict[str, Path], tmp_path: Path) -
     In ``make test-slow`` only (#38: 68 s of the suite). ``make test`` covers it in two
     halves: a sharded run writes exactly the one-process format (keys, plain tensors, the
     optimiser state whole; ``test_fsdp2_ranks_equal_one_process``), the format an
-    unsharded run writes, and a sharded run resumes from that format to the uninterrupted
-    numbers (``test_resumed_fsdp2_run_equals_uninterrupted``)."""
+    unsharded run writes, and 2 ranks resume from that format to the uninterrupted
+    numbers (tests/test_distributed.py's ``test_resumed_two_rank_run_equals_uninterrupted``;
+    sharded, ``test_resumed_fsdp2_run_equals_uninterrupted`` in ``make test-slow``)."""
     whole = runs["tree-pad-1"]
     cut = tmp_path / "cut"
     train(cut, 2, *LAYOUTS["tree-pad"], "train.steps=2")

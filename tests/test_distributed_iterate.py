@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import REPO, TINY_ITERATE
 from test_distributed import (
     ENTRY,
@@ -75,7 +77,15 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.slow
 def test_iterate_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
+    """In ``make test-slow`` only (#38: 73 s of the suite). ``make test`` covers it in
+    parts: rank 0 running a whole loop and spreading each PPO update over the ranks by
+    task tree (:mod:`turnrl.train.rank_zero`, the code path of the improvement step
+    here) equals one process (tests/test_distributed_agent.py's
+    ``test_agent_loop_on_two_ranks_equals_one_process``; the split itself,
+    ``test_spread_trees_partitions_rows_by_whole_trees``), and the one-process
+    ``turnrl iterate`` loop is tested in tests/test_iterate_loop.py."""
     one, two = tmp_path / "one", tmp_path / "two"
     for run_dir, ranks in ((one, 0), (two, 2)):
         done = iterate(run_dir, ranks)

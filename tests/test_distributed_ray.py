@@ -55,11 +55,24 @@ def alone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["none", "fsdp2"])
 def test_two_ranks_with_a_ray_worker_equal_two_ranks(
     alone: Path, tmp_path: Path, sharding: str
 ) -> None:
-    """With ``fsdp2`` rank 0 pushes the whole copy it gathered after each step."""
+    """With ``fsdp2`` rank 0 pushes the whole copy it gathered after each step.
+
+    In ``make test-slow`` only (#38: 134 s of the suite, three 2-rank launches).
+    ``make test`` covers it in parts: a Ray pool samples what the in-process runner
+    samples, with the weights pushed to it (tests/test_ray_workers.py's
+    ``test_pool_equals_the_in_process_runner``,
+    ``test_pushed_weights_are_used_and_versions_increase``), a trainer pushes its weights
+    to its pool after every update and logs the pool's metrics
+    (``test_trainer_pushes_weights_to_its_pool_after_every_update``,
+    ``test_metrics_record_workers_restarts_and_policy_version``), rank 0 hands each rank
+    its share by scatter (tests/test_distributed.py's
+    ``test_collectives_on_two_gloo_ranks``), and 2 ranks sampling themselves equal one
+    process (``test_two_ranks_equal_one_process``)."""
     pooled = tmp_path / "pooled"
     train(pooled, 2, *TREE, "rollout.workers=1", f"train.sharding={sharding}")
     for step in (1, 2, 3):
