@@ -21,6 +21,7 @@ import torch
 from conftest import PARITY, TINY_TRAIN
 from test_hostile_run import error_lines, read_jsonl, snapshot
 from turnrl.cli import main as turnrl_main
+from turnrl.train.checkpoint import load_checkpoint
 from turnrl.train.process_tree import descendants
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,9 +88,11 @@ DAMAGES = [
 def test_a_bad_newest_checkpoint_is_skipped_for_the_newest_good_one(
     run_dir: Path, capsys: pytest.CaptureFixture[str], damage, problem: str
 ) -> None:
+    """The newest checkpoint (step 3) is damaged: the resumed run says so in one line,
+    starts from step 2 and redoes step 3."""
     before = descendants()
     damage(run_dir)
-    code = turnrl_main(train_args(run_dir, 4, "--resume"))
+    code = turnrl_main(train_args(run_dir, 3, "--resume"))
     err = error_lines(capsys.readouterr().err)
     assert code == 0, err
     bad = run_dir / "checkpoints" / "step-000003.pt"
@@ -97,7 +100,8 @@ def test_a_bad_newest_checkpoint_is_skipped_for_the_newest_good_one(
         f"turnrl: resuming {run_dir} from step 2: skipping {bad}: damaged or foreign "
         f"checkpoint: {problem}"
     ]
-    assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+    assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2, 3]
+    load_checkpoint(bad, resumable=True)  # step 3 redone: its checkpoint is whole again
     assert descendants() == before
 
 

@@ -159,8 +159,10 @@ LORA = (
     "train.epochs=1",
     "train.kl_coef=0.05",
     "train.log_rollouts_every=0",
+    "env.env_kwargs={max_turns = 2, turn_cost = 0.0}",
 )
-"""The shared tiny run (conftest), on LoRA adapters with a KL reference."""
+"""The shared tiny run (conftest), on LoRA adapters with a KL reference; episodes of at
+most 2 turns (sampling is most of a step's time; what is checked is the adapters)."""
 
 
 def test_lora_run_checkpoints_adapters_and_resumes_exactly(

@@ -111,14 +111,22 @@ def test_bf16_mixed_needs_float32_weights_in_the_config() -> None:
 def test_resumed_bf16_mixed_run_equals_uninterrupted_run(
     tmp_path, tiny_train, read_metrics
 ) -> None:
-    settings = ("train.precision=bf16-mixed", "policy.lora_rank=4")
+    """3 steps straight, or stopped after the checkpoint of step 2 and resumed: the same
+    metrics and final weights, master weights and AdamW moments in float32."""
+    settings = (
+        "train.precision=bf16-mixed",
+        "policy.lora_rank=4",
+        "train.steps=3",
+        "env.env_kwargs={max_turns = 2, turn_cost = 0.0}",  # short episodes: sampling is cheap
+    )
     straight = OnlineTrainer(tiny_train(tmp_path / "a", *settings), quiet=True).run()
     crashed = tmp_path / "b"
     OnlineTrainer(tiny_train(crashed, *settings), quiet=True).run(stop_after=2)
     resumed = OnlineTrainer(tiny_train(crashed, *settings), resume=True, quiet=True).run()
     assert read_metrics(resumed) == read_metrics(straight)
-    a = torch.load(straight / "checkpoints" / "step-000004.pt", weights_only=True)
-    b = torch.load(resumed / "checkpoints" / "step-000004.pt", weights_only=True)
+    assert [row["step"] for row in read_metrics(resumed)] == [0, 1, 2, 3]
+    a = torch.load(straight / "checkpoints" / "step-000003.pt", weights_only=True)
+    b = torch.load(resumed / "checkpoints" / "step-000003.pt", weights_only=True)
     assert a["model"].keys() == b["model"].keys()
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     # master weights and optimiser state (AdamW's moments) are float32 after the steps

@@ -80,7 +80,7 @@ def logs(draw) -> list[str]:
 
 
 @settings(
-    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(logs())
 def test_fast_and_strict_readers_build_the_same_table(tmp_path: Path, lines: list[str]) -> None:

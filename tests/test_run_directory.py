@@ -144,13 +144,13 @@ def test_train_cli_never_writes_over_an_existing_run(
     run = tmp_path / "run"
 
     def train(*args: str) -> int:
-        tiny = (*TINY_TRAIN, *PARITY, "train.steps=2")
+        tiny = (*TINY_TRAIN, *PARITY, "train.steps=1")
         return cli("train", "calculator.toml", run, *args, tiny=tiny)
 
     assert train() == 0
-    assert steps(run) == [0, 1, 2]
+    assert steps(run) == [0, 1]
     before = fingerprint(run)
-    assert "checkpoints/step-000002.pt" in before and "warm_start/config.json" in before
+    assert "checkpoints/step-000001.pt" in before and "warm_start/config.json" in before
     capsys.readouterr()
 
     refused = {
@@ -166,9 +166,9 @@ def test_train_cli_never_writes_over_an_existing_run(
         assert fingerprint(run) == before, name  # byte-identical, every file
 
     # --resume with more steps continues the same run
-    assert train("--resume", "train.steps=3") == 0
-    assert steps(run) == [0, 1, 2, 3]
-    assert (run / "checkpoints" / "step-000003.pt").exists()
+    assert train("--resume", "train.steps=2") == 0
+    assert steps(run) == [0, 1, 2]
+    assert (run / "checkpoints" / "step-000002.pt").exists()
     # --overwrite replaces it: a fresh run, nothing left of the old one
     assert train("--overwrite", "train.seed=1", "train.steps=1") == 0
     assert steps(run) == [0, 1]
