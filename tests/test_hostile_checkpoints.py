@@ -85,11 +85,37 @@ DAMAGES = [
 
 
 @pytest.mark.parametrize(("damage", "problem"), DAMAGES, ids=["foreign", "optimiser", "sampler"])
+def test_each_damage_is_named_by_the_resumable_check(run_dir: Path, damage, problem: str) -> None:
+    """What a resumed run checks each checkpoint with (before touching anything) finds
+    each damage and names it; the good checkpoint before it passes."""
+    damage(run_dir)
+    saved = run_dir / "checkpoints"
+    with pytest.raises(ValueError) as refused:
+        load_checkpoint(saved / "step-000003.pt", resumable=True)
+    assert str(refused.value) == (
+        f"{saved / 'step-000003.pt'}: damaged or foreign checkpoint: {problem}"
+    )
+    assert load_checkpoint(saved / "step-000002.pt", resumable=True)["step"] == 2
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        DAMAGES[0],
+        *(pytest.param(*damage, marks=pytest.mark.slow) for damage in DAMAGES[1:]),
+    ],
+    ids=["foreign", "optimiser", "sampler"],
+)
 def test_a_bad_newest_checkpoint_is_skipped_for_the_newest_good_one(
     run_dir: Path, capsys: pytest.CaptureFixture[str], damage, problem: str
 ) -> None:
     """The newest checkpoint (step 3) is damaged: the resumed run says so in one line,
-    starts from step 2 and redoes step 3."""
+    starts from step 2 and redoes step 3.
+
+    The ``optimiser`` and ``sampler`` variants are in ``make test-slow`` only (#38: 17 s
+    of the suite). ``make test`` runs this whole path with the ``foreign`` damage, and
+    ``test_each_damage_is_named_by_the_resumable_check`` checks that the same check a
+    resumed run makes finds the other two damages and names them as here."""
     before = descendants()
     damage(run_dir)
     code = turnrl_main(train_args(run_dir, 3, "--resume"))
