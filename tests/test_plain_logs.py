@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from conftest import REPO, TINY_TRAIN
+from test_train_online import check_recipe_run
 from turnrl.train.progress import PlainProgress
 
 
@@ -38,7 +39,10 @@ def test_plain_progress_disabled_prints_nothing() -> None:
 def test_piped_run_logs_each_phase_and_step(tmp_path: Path) -> None:
     """``turnrl train`` with stdout a pipe: the warm start's steps, its evaluation and
     every RL step each come as a line, in order (rich's bar printed only its final state
-    into a pipe, when the phase ended)."""
+    into a pipe, when the phase ended).
+
+    It is also ``make test``'s CLI smoke run of the calculator recipe: what the run
+    leaves is checked as ``test_recipe_smoke_run_via_cli`` checks it."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
@@ -79,3 +83,4 @@ def test_piped_run_logs_each_phase_and_step(tmp_path: Path) -> None:
     assert order == sorted(order)
     assert "RL step 2" in lines[order[5]]
     assert not any("\x1b[" in x for x in lines[: order[-1]])  # no terminal control codes
+    check_recipe_run(tmp_path / "run", "\n".join(lines))

@@ -4,6 +4,8 @@ on real numbers of tiny runs."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from conftest import PARITY, REPO, TINY_TRAIN
+from turnrl.cli import main
 from turnrl.credit import compute_credit
 from turnrl.envs import make_env
 from turnrl.policy import HFPolicy
@@ -33,18 +36,22 @@ def records(run_dir: Path, step: int) -> list[dict]:
 
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path: Path, tiny_train, read_metrics) -> None:
-    straight = OnlineTrainer(tiny_train(tmp_path / "a", "train.kl_coef=0.05"), quiet=True).run()
+    """3 steps straight, or stopped after the checkpoint of step 2 and resumed: the same
+    metrics and final weights."""
+    settings = ("train.kl_coef=0.05", "train.steps=3")
+    straight = OnlineTrainer(tiny_train(tmp_path / "a", *settings), quiet=True).run()
     crashed = tmp_path / "b"
-    OnlineTrainer(tiny_train(crashed, "train.kl_coef=0.05"), quiet=True).run(stop_after=2)
+    OnlineTrainer(tiny_train(crashed, *settings), quiet=True).run(stop_after=2)
     assert len(read_metrics(crashed)) == 3  # step 0 eval, steps 1 and 2
     # a crash mid-write leaves a partial line; resuming must cope with it
     with open(crashed / "metrics.jsonl", "a") as handle:
         handle.write('{"step": 3, "succ')
-    config = tiny_train(crashed, "train.kl_coef=0.05")
+    config = tiny_train(crashed, *settings)
     resumed = OnlineTrainer(config, resume=True, quiet=True).run()
     assert read_metrics(resumed) == read_metrics(straight)
-    a = torch.load(straight / "checkpoints" / "step-000004.pt", weights_only=True)["model"]
-    b = torch.load(resumed / "checkpoints" / "step-000004.pt", weights_only=True)["model"]
+    assert [row["step"] for row in read_metrics(resumed)] == [0, 1, 2, 3]
+    a = torch.load(straight / "checkpoints" / "step-000003.pt", weights_only=True)["model"]
+    b = torch.load(resumed / "checkpoints" / "step-000003.pt", weights_only=True)["model"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -234,8 +241,34 @@ SMOKE_EXTRA = {
 }
 
 
-@pytest.mark.parametrize("recipe", ["calculator", "frozenlake"])
+def check_recipe_run(run_dir: Path, stdout: str) -> None:
+    """What a tiny ``turnrl train`` of a recipe (2 steps or more) leaves: the held-out
+    table and the report line printed, its files, the rollouts of step 2 logged with
+    their advantages, and those rollouts valid turn records for ``turnrl audit`` (run
+    in this process)."""
+    assert "Held-out evaluation" in stdout and "report:" in stdout
+    for name in ("config.toml", "metrics.jsonl", "report.html", "warm_start/config.json"):
+        assert (run_dir / name).exists(), name
+    logged = records(run_dir, 2)
+    assert logged and "advantage" in logged[0]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["audit", str(run_dir / "rollouts" / "step-000002.jsonl")])
+    assert code == 0 and "Group keys" in printed.getvalue()
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [pytest.param("calculator", marks=pytest.mark.slow), "frozenlake"],
+)
 def test_recipe_smoke_run_via_cli(tmp_path: Path, recipe: str) -> None:
+    """``python -m turnrl.cli train`` of the recipe (2 steps: the rollouts of step 2 are
+    logged), checked by :func:`check_recipe_run`.
+
+    The calculator variant is in ``make test-slow`` only (#38: 26 s of the suite): ``make
+    test`` runs the same tiny calculator recipe through ``python -m turnrl.cli train`` in
+    ``test_plain_logs.py::test_piped_run_logs_each_phase_and_step`` (not quiet, one epoch
+    a step), which makes the same checks (:func:`check_recipe_run`)."""
     run_dir = tmp_path / recipe
     done = subprocess.run(
         [
@@ -249,6 +282,7 @@ def test_recipe_smoke_run_via_cli(tmp_path: Path, recipe: str) -> None:
             "--run-dir",
             str(run_dir),
             *TINY_TRAIN,
+            "train.steps=2",
             *SMOKE_EXTRA[recipe],
         ],
         cwd=REPO,
@@ -257,44 +291,4 @@ def test_recipe_smoke_run_via_cli(tmp_path: Path, recipe: str) -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "Held-out evaluation" in done.stdout and "report:" in done.stdout
-    for name in ("config.toml", "metrics.jsonl", "report.html", "warm_start/config.json"):
-        assert (run_dir / name).exists(), name
-    logged = records(run_dir, 2)
-    assert logged and "advantage" in logged[0]
-    # the logged rollouts are valid turn records for the audit
-    audit = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "turnrl.cli",
-            "audit",
-            str(run_dir / "rollouts" / "step-000002.jsonl"),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert audit.returncode == 0 and "Group keys" in audit.stdout
-
-
-def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.toml"
-    bad.write_text("[train]\nlearning_rate = 1\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "turnrl.cli", "train", "--config", str(bad)],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 2
-    assert "bad.toml:2" in done.stderr and "learning_rate" in done.stderr
-
-
-def test_zero_periods_mean_only_at_the_end(tmp_path: Path, tiny_train, read_metrics) -> None:
-    config = tiny_train(
-        tmp_path, "train.eval_every=0", "train.checkpoint_every=0", "train.log_rollouts_every=0"
-    )
-    run = OnlineTrainer(config, quiet=True).run()
-    evaluated = [m["step"] for m in read_metrics(run) if "eval_success" in m]
-    assert evaluated == [0, 4]
-    assert sorted(p.name for p in (run / "checkpoints").glob("step-*.pt")) == ["step-000004.pt"]
-    assert not (run / "rollouts").exists()
+    check_recipe_run(run_dir, done.stdout)
