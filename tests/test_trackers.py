@@ -49,7 +49,7 @@ def run_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def tracked_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
-    """One tiny ``turnrl train`` (3 steps) with every installed tracker; its directory
+    """One tiny ``turnrl train`` (2 steps) with every installed tracker; its directory
     and its metrics rows."""
     if not INSTALLED:
         pytest.skip("no tracker is installed (pip install 'turnrl[trackers]')")
@@ -66,8 +66,9 @@ def tracked_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[di
             "--run-dir",
             str(run_dir),
             *TINY_TRAIN,
-            "train.steps=3",
+            "train.steps=2",
             "train.epochs=1",
+            "env.env_kwargs={max_turns = 2, turn_cost = 0.0}",  # short episodes: fast steps
             f"logging.trackers={names}",
             "logging.project=trackers-test",
             "label=tracked",
@@ -83,7 +84,7 @@ def tracked_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[di
     assert "\x1b[" not in done.stdout.split("RL: done")[0]  # the libraries' banners silenced
     assert "Traceback" not in done.stderr  # wandb's service is stopped, not torn at exit
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["step"] for r in rows] == [0, 1, 2]
     return run_dir, rows
 
 
@@ -145,7 +146,7 @@ def test_mlflow_file_store(
         for metric in client.get_metric_history(run.info.run_id, key):
             got.setdefault(metric.step, {})[key] = metric.value
     assert_holds(got, rows, rel=1e-12)
-    assert run.data.params["train.steps"] == "3"
+    assert run.data.params["train.steps"] == "2"
     assert run.data.params["logging.trackers"] == str(INSTALLED)
     assert len(run.data.tags["mlflow.source.git.commit"]) >= 12
 
@@ -192,7 +193,7 @@ def test_wandb_offline_run(tracked_run: tuple[Path, list[dict[str, Any]]]) -> No
         elif kind == "run":
             config.update({u.key: json.loads(u.value_json) for u in record.run.config.update})
     assert_holds(got, rows, rel=1e-12)
-    assert config["train"]["steps"] == 3
+    assert config["train"]["steps"] == 2
     assert len(config["git_commit"]) >= 12
 
 
@@ -217,7 +218,7 @@ def test_trackio_local_store(
         for entry in logs
     }
     assert_holds(got, rows, rel=1e-12)
-    assert config["train"]["steps"] == 3
+    assert config["train"]["steps"] == 2
     assert len(config["git_commit"]) >= 12
 
 
