@@ -17,6 +17,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from test_hostile_run import (
     agent_args,
     command,
@@ -27,6 +29,7 @@ from test_hostile_run import (
     subprocess_env,
     wait_until,
 )
+from turnrl.cli import main as turnrl_main
 from turnrl.train.agent.loop import keep_failures_of_done_steps
 from turnrl.train.checkpoint import list_checkpoints
 
@@ -52,16 +55,16 @@ def test_keeping_the_failures_of_done_steps(tmp_path: Path) -> None:
 
 
 def test_resume_after_a_sigkill_before_the_first_checkpoint_logs_each_failure_once(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = tmp_path / "run"
     args = agent_args(
         tmp_path,
         f"agent.entrypoint={entry('exits_on_odd')}",
         "agent.max_failure_fraction=0.5",
-        "train.steps=3",
-        "train.checkpoint_every=3",
-        "train.eval_every=3",
+        "train.steps=2",
+        "train.checkpoint_every=2",
+        "train.eval_every=2",
     )
     env = subprocess_env()
     trainer = subprocess.Popen(
@@ -87,21 +90,14 @@ def test_resume_after_a_sigkill_before_the_first_checkpoint_logs_each_failure_on
     assert trainer.returncode == -signal.SIGKILL
     assert list_checkpoints(run_dir) == []
     assert "step-000001" in log.read_text()
-    resumed = subprocess.run(
-        [sys.executable, "-m", "turnrl.cli", *args, "--resume"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert resumed.returncode == 0, resumed.stderr
+    assert turnrl_main([*args, "--resume"]) == 0, capsys.readouterr().err  # in this process
     metrics = read_jsonl(run_dir / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == [0, 1, 2, 3]
+    assert [m["step"] for m in metrics] == [0, 1, 2]
     failures = read_jsonl(log)
     counts = Counter((f["at"], f["rollout_id"]) for f in failures)
     assert max(counts.values()) == 1, counts
     steps = [f for f in failures if f["at"].startswith("step-")]
-    assert len(steps) == sum(m["agent_failures"] for m in metrics[1:]) == 6  # 2 of 4 a step
+    assert len(steps) == sum(m["agent_failures"] for m in metrics[1:]) == 4  # 2 of 4 a step
 
 
 __all__ = ["marker"]  # the fixture, imported from test_hostile_run

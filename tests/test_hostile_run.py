@@ -646,7 +646,11 @@ def test_turnrl_train_on_a_full_disk_exits_2_with_one_line(
     ],
 )
 def test_a_stop_signal_kills_every_agent_process_and_resume_continues(
-    tmp_path: Path, marker: str, stop: signal.Signals
+    tmp_path: Path,
+    marker: str,
+    stop: signal.Signals,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A trainer with hanging command agents (and their children) gets a stop signal:
     one line, exit code 128 + signal, no process left, nothing partial; ``--resume``
@@ -704,14 +708,8 @@ def test_a_stop_signal_kills_every_agent_process_and_resume_continues(
         range(saved + 1)
     )
     flag.unlink()
-    resumed = subprocess.run(
-        [sys.executable, "-m", "turnrl.cli", *args, "--resume"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert resumed.returncode == 0, resumed.stderr
+    monkeypatch.setenv("HOSTILE_FLAG", str(flag))  # the agents' environment
+    assert turnrl_main([*args, "--resume"]) == 0, capsys.readouterr().err  # in this process
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2, 3]
     assert marker_processes(marker) == []
 
