@@ -3,7 +3,7 @@ equal to the synchronous trainer, and a K = 1 run whose sampler process is kille
 resumed.
 
 Each run is the tiny recipe of ``conftest.TINY_TRAIN`` (4 steps of 2 tasks x 2
-rollouts, a checkpoint every 2 steps).
+rollouts, a checkpoint every 2 steps), with episodes of at most 2 turns.
 """
 
 from __future__ import annotations
@@ -92,6 +92,11 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
     return payload["model"]
 
 
+SHORT_EPISODES = ("train.log_rollouts_every=1", "env.env_kwargs={max_turns = 2, turn_cost = 0.0}")
+"""Every step's rollouts logged; calculator episodes of at most 2 turns (sampling is most
+of a tiny step's time; the schedule and resume checked here do not depend on it)."""
+
+
 def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -111,7 +116,7 @@ def runs(tmp_path_factory):
         config = load_config(
             RunConfig,
             REPO / "examples" / "calculator.toml",
-            [*TINY_TRAIN, "train.log_rollouts_every=1", f"run_dir={root / name}", *extra],
+            [*TINY_TRAIN, *SHORT_EPISODES, f"run_dir={root / name}", *extra],
         )
         trainer = online_trainer(config, quiet=True)
         Lifecycle(trainer).run()
@@ -168,7 +173,7 @@ def test_k1_samples_ahead_kill_and_resume(runs, read_metrics, tmp_path, monkeypa
 
     monkeypatch.setattr(AsyncOnlineTrainer, "_send_version", send_then_kill)
     run = tmp_path / "killed"
-    args = [*TINY_TRAIN, "train.log_rollouts_every=1", "train.max_staleness=1", "train.tis_cap=2.0"]
+    args = [*TINY_TRAIN, *SHORT_EPISODES, "train.max_staleness=1", "train.tis_cap=2.0"]
     code = main(["train", "--quiet", "--config", str(REPO / "examples" / "calculator.toml"),
                  "--run-dir", str(run), *args])  # fmt: skip
     assert code == 2
