@@ -257,18 +257,20 @@ def check_recipe_run(run_dir: Path, stdout: str) -> None:
     assert code == 0 and "Group keys" in printed.getvalue()
 
 
-@pytest.mark.parametrize(
-    "recipe",
-    [pytest.param("calculator", marks=pytest.mark.slow), "frozenlake"],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["calculator", "frozenlake"])
 def test_recipe_smoke_run_via_cli(tmp_path: Path, recipe: str) -> None:
     """``python -m turnrl.cli train`` of the recipe (2 steps: the rollouts of step 2 are
     logged), checked by :func:`check_recipe_run`.
 
-    The calculator variant is in ``make test-slow`` only (#38: 26 s of the suite): ``make
-    test`` runs the same tiny calculator recipe through ``python -m turnrl.cli train`` in
-    ``test_plain_logs.py::test_piped_run_logs_each_phase_and_step`` (not quiet, one epoch
-    a step), which makes the same checks (:func:`check_recipe_run`)."""
+    In ``make test-slow`` only (#38: 53 s of the suite). ``make test`` covers it:
+    ``test_plain_logs.py::test_piped_run_logs_each_phase_and_step`` runs the same tiny
+    calculator recipe through ``python -m turnrl.cli train`` (not quiet, one epoch a step)
+    and makes the same checks (:func:`check_recipe_run`);
+    ``test_tree_recipes.py::test_tree_recipe_trains_and_logs_valid_records[independent]``
+    trains a FrozenLake recipe (independent sampling, as here) 2 steps and checks its
+    logged step-2 records (valid, with advantages); ``test_validate.py``'s
+    ``test_every_example_config_is_valid`` validates ``examples/frozenlake.toml``."""
     run_dir = tmp_path / recipe
     done = subprocess.run(
         [
