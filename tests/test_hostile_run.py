@@ -714,6 +714,44 @@ def test_a_stop_signal_kills_every_agent_process_and_resume_continues(
     assert marker_processes(marker) == []
 
 
+def test_a_stop_whose_raise_was_lost_is_raised_again() -> None:
+    """A stop signal landing inside a callback whose exceptions Python only prints
+    (logging's after-fork hook, a finaliser) loses its ``RunInterrupted``; the watchdog
+    raises it again until the body unwinds, so the run still stops."""
+    from turnrl.train.stop_signals import RETRY_S, RunInterrupted, stopping_on_signals
+
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RunInterrupted) as stopped, stopping_on_signals():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # the signal interrupts this
+        except RunInterrupted:
+            pass  # lost, as in an "Exception ignored in ..." callback
+        for _ in range(int(60 / RETRY_S)):
+            time.sleep(RETRY_S)  # a repeat interrupts this
+        pytest.fail("the lost stop was never raised again")
+    assert stopped.value.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is handler
+
+
+def test_repeats_do_not_interrupt_the_unwinding_of_the_first_stop() -> None:
+    """While the first ``RunInterrupted`` propagates (cleanup in ``finally`` blocks that
+    take longer than the watchdog's period), the repeats are ignored: the cleanup runs
+    to its end and the body raises once."""
+    from turnrl.train.stop_signals import RETRY_S, RunInterrupted, stopping_on_signals
+
+    cleaned: list[str] = []
+    with pytest.raises(RunInterrupted), stopping_on_signals():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # the signal interrupts this
+        finally:
+            for _ in range(3):
+                time.sleep(RETRY_S)  # a repeat arrives during each
+            cleaned.append("to the end")
+    assert cleaned == ["to the end"]
+
+
 def test_sigint_stops_the_run_body_as_sigterm_does(marker: str) -> None:
     """Ctrl-C inside ``stopping_on_signals``: ``RunInterrupted`` for SIGINT (exit code
     130, the line ``cli.main`` prints), every process started inside killed (also one

@@ -10,13 +10,24 @@ trainer is killed (:mod:`turnrl.train.process_tree`). The command then prints on
 line and exits with ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), as a shell
 reports a process killed by that signal. A second signal during the cleanup is
 ignored.
+
+A raise from a signal handler can be lost: where the signal lands inside a callback
+whose exceptions Python only prints (``Exception ignored in ...``: logging's after-fork
+hook, a finaliser), the body carries on as if nothing happened, and a run under
+``timeout`` would never stop. So after the first signal a watchdog thread raises it
+again in the main thread (``_thread.interrupt_main``) every :data:`RETRY_S` seconds
+until the cleanup starts; each repeat raises again,
+unless a :class:`RunInterrupted` is already propagating (the handler sees it as the
+exception being handled), in which case the repeat is ignored.
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +35,8 @@ from typing import Any
 from turnrl.train.process_tree import descendants, kill_new_descendants, subreaper
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+RETRY_S = 1.0
+"""Seconds between repeats of a stop signal whose raise was lost (module docstring)."""
 
 
 class RunInterrupted(BaseException):
@@ -62,16 +75,28 @@ def _raising_on_signals() -> Iterator[list[int]]:
     (as all are once anything is appended to the yielded list); the previous handlers
     are restored after."""
     fired: list[int] = []
+    cleaning = threading.Event()
+    watchdog: list[threading.Thread] = []
 
     def handler(signum: int, frame: Any) -> None:
-        if fired:  # already stopping
+        if cleaning.is_set() or 0 in fired:  # the cleanup has started
             return
+        if fired:
+            if isinstance(sys.exc_info()[1], RunInterrupted):  # the first raise unwinds
+                return
+            raise RunInterrupted(fired[0])  # the first raise was lost: again
         fired.append(signum)
         # Every agent process is about to be killed on purpose; asyncio's child watcher
         # may then find one already reaped (by subprocess's own clean-up of the handles
         # the interrupted loop dropped) and warn "Unknown child process pid ...": noise
         # beside the one line the stop prints, so only asyncio's errors are shown now.
         logging.getLogger("asyncio").setLevel(logging.ERROR)
+        watchdog.append(
+            threading.Thread(
+                target=_repeat_until, args=(cleaning, signum), name="stop-signal", daemon=True
+            )
+        )
+        watchdog[0].start()
         raise RunInterrupted(signum)
 
     previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
@@ -79,5 +104,17 @@ def _raising_on_signals() -> Iterator[list[int]]:
         yield fired
     finally:
         fired.append(0)
+        cleaning.set()
+        for thread in watchdog:
+            thread.join()
+        for _ in range(2):  # a repeat the watchdog made last is handled (ignored) here,
+            pass  # at this loop's backward jump, while this module's handler is in place
         for s, old in previous.items():
             signal.signal(s, old)
+
+
+def _repeat_until(cleaning: threading.Event, signum: int) -> None:
+    """Send ``signum`` to this process every :data:`RETRY_S` seconds until ``cleaning``
+    is set (the watchdog of the module docstring)."""
+    while not cleaning.wait(RETRY_S):
+        _thread.interrupt_main(signum)
