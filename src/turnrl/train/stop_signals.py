@@ -18,7 +18,8 @@ hook, a finaliser), the body carries on as if nothing happened, and a run under
 again in the main thread (``_thread.interrupt_main``) every :data:`RETRY_S` seconds
 until the cleanup starts; each repeat raises again,
 unless a :class:`RunInterrupted` is already propagating (the handler sees it as the
-exception being handled), in which case the repeat is ignored.
+exception being handled, or as the context of the one being handled), in which case the
+repeat is ignored.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _raising_on_signals() -> Iterator[list[int]]:
         if cleaning.is_set() or 0 in fired:  # the cleanup has started
             return
         if fired:
-            if isinstance(sys.exc_info()[1], RunInterrupted):  # the first raise unwinds
+            if _unwinding():  # the first raise propagates: its cleanup runs on
                 return
             raise RunInterrupted(fired[0])  # the first raise was lost: again
         fired.append(signum)
@@ -111,6 +112,19 @@ def _raising_on_signals() -> Iterator[list[int]]:
             pass  # at this loop's backward jump, while this module's handler is in place
         for s, old in previous.items():
             signal.signal(s, old)
+
+
+def _unwinding() -> bool:
+    """Whether the exception being handled here is a :class:`RunInterrupted` or was
+    raised while one was (``__context__``: a task's ``CancelledError`` in the cleanup
+    that the first stop started)."""
+    exc: BaseException | None = sys.exc_info()[1]
+    seen = 0
+    while exc is not None and seen < 64:
+        if isinstance(exc, RunInterrupted):
+            return True
+        exc, seen = exc.__context__, seen + 1
+    return False
 
 
 def _repeat_until(cleaning: threading.Event, signum: int) -> None:
