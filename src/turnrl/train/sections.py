@@ -136,7 +136,9 @@ class PolicyConfig:
     costs start-up time and saves time per engine step: on the tiny model on this CPU a
     compiled engine started in about 50 s and sampled a batch in 0.15 s, an eager one in
     about 30 s and 0.3 s (/tmp measurement, load from other jobs). Short runs and tests
-    start faster eagerly; the samples follow the same seeds either way."""
+    start faster eagerly; the samples follow the same seeds either way. On CPU an eager
+    engine serving the agent loop's gateway aborted with 2 torch threads (docs/backends.md):
+    keep ``true`` there."""
     temperature: float = 1.0
     """Sampling temperature during rollouts."""
     max_new_tokens: int = 24
