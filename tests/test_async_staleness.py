@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,24 @@ def test_k1_samples_ahead_kill_and_resume(runs, read_metrics, tmp_path, monkeypa
     for step in (1, 2, 3, 4):
         assert rollouts(run, step) == rollouts(whole, step)
     assert same_weights(final_weights(run), final_weights(whole))
+
+
+def test_a_killed_samplers_handshake_error_prints_nothing_else_does() -> None:
+    """multiprocessing's resource sharer reports a peer that died mid-handshake through
+    ``sys.excepthook`` from its own thread (the stray traceback beside the one line of
+    ``test_k1_samples_ahead_kill_and_resume`` in a CI run): the learner's hook drops
+    exactly those, connection errors raised in resource_sharer.py, and passes the rest."""
+    from turnrl.train.async_sampler import _quiet_peer_deaths
+
+    seen: list[type[BaseException]] = []
+    hook = _quiet_peer_deaths(lambda kind, value, tb: seen.append(kind))
+    source = "import sys\ndef serve(hook, exc):\n    try:\n        raise exc\n    except BaseException:\n        hook(*sys.exc_info())\n"  # noqa: E501
+    namespace: dict = {}
+    exec(compile(source, "/py/multiprocessing/resource_sharer.py", "exec"), namespace)
+    for exc in (EOFError("x"), ConnectionResetError("x"), ValueError("x")):
+        namespace["serve"](hook, exc)
+    try:
+        raise EOFError("elsewhere")
+    except EOFError:
+        hook(*sys.exc_info())
+    assert seen == [ValueError, EOFError]

@@ -27,6 +27,7 @@ import os
 import queue
 import sys
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -182,11 +183,31 @@ def shared_copy(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _quiet_peer_deaths(hook: Any) -> Any:
+    """``sys.excepthook`` less the tracebacks multiprocessing's resource sharer prints
+    (from its own thread, through ``sys.excepthook``) when the process it hands a shared
+    tensor's file descriptor to dies mid-handshake: a killed sampler, which the trainer
+    reports itself in one line. Every other exception goes to ``hook``."""
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        frames = traceback.extract_tb(tb)
+        from_sharer = bool(frames) and frames[0].filename.endswith("resource_sharer.py")
+        if from_sharer and issubclass(kind, EOFError | ConnectionError):
+            return
+        hook(kind, value, tb)
+
+    excepthook.quiet_peer_deaths = True  # type: ignore[attr-defined]
+    return excepthook
+
+
 class SamplerProcess:
     """The learner's handle on the sampler process (see the module docstring)."""
 
     def __init__(self, spec: SamplerSpec) -> None:
         import torch.multiprocessing as mp
+
+        if not getattr(sys.excepthook, "quiet_peer_deaths", False):
+            sys.excepthook = _quiet_peer_deaths(sys.excepthook)
 
         # fork where the learner is on the CPU (Linux): the child starts in a second,
         # where a spawned one first imports torch and transformers again (10 s of CPU);
