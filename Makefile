@@ -3,7 +3,6 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 # The verl adapter and the Agent Lightning/TRL adapters need pins that conflict with
 # the main venv and with each other (see requirements/*.txt): one venv each.

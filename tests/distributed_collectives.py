@@ -8,6 +8,7 @@ policy stack (transformers), tens of seconds per rank on a busy 2-core machine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,15 @@ import torch
 from turnrl.errors import UsageError
 from turnrl.train import distributed as dist
 from turnrl.train.distributed import World
+
+
+def _refusal(call: Callable[[], object]) -> str | None:
+    """The message of the ``UsageError`` ``call`` raises, or None when it returns."""
+    try:
+        call()
+    except UsageError as error:
+        return str(error)
+    return None
 
 
 def collectives_worker(rank: int, init_file: str, out_dir: str) -> None:
@@ -48,20 +58,11 @@ def collectives_worker(rank: int, init_file: str, out_dir: str) -> None:
             if rank == 1:
                 raise UsageError("rank 1 refuses")
 
-        try:
-            dist.all_agree(refuse_on_rank1, world)
-            seen["all_agree"] = None
-        except UsageError as error:
-            seen["all_agree"] = str(error)
-
         def refuse() -> None:
             raise UsageError("rank 0 refuses")
 
-        try:
-            dist.on_main(refuse, world)
-            seen["on_main"] = None
-        except UsageError as error:
-            seen["on_main"] = str(error)
+        seen["all_agree"] = _refusal(lambda: dist.all_agree(refuse_on_rank1, world))
+        seen["on_main"] = _refusal(lambda: dist.on_main(refuse, world))
         torch.save(seen, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.shutdown()

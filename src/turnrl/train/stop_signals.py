@@ -80,7 +80,7 @@ def _raising_on_signals() -> Iterator[list[int]]:
     watchdog: list[threading.Thread] = []
 
     def handler(signum: int, frame: Any) -> None:
-        if cleaning.is_set() or 0 in fired:  # the cleanup has started
+        if 0 in fired:  # the cleanup has started (appended before `cleaning` is set)
             return
         if fired:
             if _unwinding():  # the first raise propagates: its cleanup runs on
