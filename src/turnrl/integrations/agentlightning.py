@@ -36,6 +36,13 @@ Agent Lightning's default grouping (its verl trainer sets ``uid`` = data id, one
 row per triplet, the final reward on every row) is turnrl's ``grpo_mixed``:
 ``turnrl audit`` on these records shows how it mixes turns; any other turnrl
 estimator can replace it (see ``docs/integrations-agentlightning.md``).
+
+Agent Lightning 1.0 changed the data model (no ``RolloutLegacy``, no spans: the
+store keeps events, and its verl trainer builds ``CompletedRollout`` objects):
+:mod:`turnrl.integrations.agentlightning_v1` converts those. The installed
+version is read at import (``AGENTLIGHTNING_VERSION``, from the package metadata,
+without importing it); a 1.0 object given to a function here, or a function here
+that imports 0.3's classes while 1.0 is installed, is refused with what to use.
 """
 
 from __future__ import annotations
@@ -43,10 +50,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from turnrl.errors import TurnRecordError
+from turnrl.errors import CapabilityError, TurnRecordError
 from turnrl.io import iter_jsonl
 from turnrl.records import check_record
 from turnrl.types import AglData, TurnRecord
@@ -56,6 +64,51 @@ RewardSource = Literal["final", "triplet"]
 
 logger = logging.getLogger(__name__)
 _warned_missing_ids = False
+
+
+def installed_agentlightning() -> str | None:
+    """The installed agentlightning version (from its metadata, not imported), or None."""
+    try:
+        return metadata.version("agentlightning")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+AGENTLIGHTNING_VERSION = installed_agentlightning()
+"""The agentlightning version found at import (None: not installed)."""
+
+_MODULE_FOR = {
+    "0": "turnrl.integrations.agentlightning",
+    "1": "turnrl.integrations.agentlightning_v1",
+}
+
+
+def require_agentlightning(major: str, what: str) -> None:
+    """Refuse ``what`` unless the installed agentlightning has major version ``major``.
+
+    Its 0.3 and 1.0 releases share the package name but not the classes, so a
+    mismatch would otherwise surface as an ImportError deep inside a conversion.
+    """
+    found = AGENTLIGHTNING_VERSION
+    if found is None:
+        raise CapabilityError(f"{what} needs agentlightning {major}.x installed; it is not")
+    if found.split(".")[0] != major:
+        raise CapabilityError(
+            f"{what} needs agentlightning {major}.x, but {found} is installed: "
+            f"use {_MODULE_FOR.get(found.split('.')[0], 'the adapter for that version')}"
+        )
+
+
+def is_v1_rollout(rollout: Any) -> bool:
+    """Whether ``rollout`` (object or JSON dump) is of Agent Lightning 1.0's data model.
+
+    1.0's ``CompletedRollout`` (its verl trainer's) has ``sample_idx_in_step``;
+    1.0's store ``Rollout`` has a ``status`` object with a ``state``. 0.3's
+    ``RolloutLegacy`` has neither, and 0.3's store ``Rollout`` has a string status.
+    """
+    return _get(rollout, "sample_idx_in_step") is not None or (
+        _get(_get(rollout, "status"), "state") is not None
+    )
 
 
 def _warn_missing_token_ids(where: str, missing: int, total: int) -> None:
@@ -173,6 +226,15 @@ def rollout_to_records(
     if not rollout_id:
         raise TurnRecordError("<rollout>", None, "rollout_id", "is required")
     where = f"rollout {rollout_id!r}"
+    if is_v1_rollout(rollout):
+        raise TurnRecordError(
+            where,
+            None,
+            "triplets",
+            f"is an Agent Lightning 1.0 rollout ({type(rollout).__name__}); this function "
+            "reads 0.3's RolloutLegacy: use turnrl.integrations.agentlightning_v1."
+            "completed_rollout_to_records",
+        )
     if _is_store_rollout(rollout):
         raise TurnRecordError(
             where,
@@ -285,6 +347,7 @@ def spans_to_records(
             f"rollout {rollout_id!r}", None, "data_id", "is missing: pass task_id="
         )
     if adapter is None:
+        require_agentlightning("0", "spans_to_records (TracerTraceToTriplet)")
         from agentlightning.adapter import TracerTraceToTriplet
 
         adapter = TracerTraceToTriplet()
@@ -300,6 +363,7 @@ def records_to_rollout(records: Sequence[TurnRecord]) -> Any:
     and ``agl_metadata`` when present (records made by ``rollout_to_records``), else
     ``reward`` and ``metadata = {"data_id": task_id}``. Needs ``agentlightning``.
     """
+    require_agentlightning("0", "records_to_rollout (RolloutLegacy)")
     from agentlightning.types import RolloutLegacy, Task, Triplet
 
     if not records:
