@@ -38,8 +38,10 @@ TINY_TRAIN = (
     "train.epochs=2",
     "train.threads=1",
     "train.log_rollouts_every=2",
+    "logging.report=false",
 )
-"""``turnrl train`` overrides: 4 steps of 2 tasks x 2 rollouts on the recipe's model."""
+"""``turnrl train`` overrides: 4 steps of 2 tasks x 2 rollouts on the recipe's model, no
+HTML report (about 4 s each; the tests of the report add ``logging.report=true``)."""
 
 TINY_ITERATE = (
     "threads=1",
@@ -62,8 +64,10 @@ TINY_ITERATE = (
     "improve.states_per_step=3",
     "improve.candidates=2",
     "improve.minibatch_size=4",
+    "logging.report=false",
 )
-"""``turnrl iterate`` overrides: 2 iterations of 6 conversations on a 1-layer model."""
+"""``turnrl iterate`` overrides: 2 iterations of 6 conversations on a 1-layer model, no
+HTML report (as ``TINY_TRAIN``)."""
 
 
 class ParityEnv(Env):

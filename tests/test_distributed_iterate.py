@@ -56,6 +56,7 @@ def iterate(run_dir: Path, ranks: int, *extra: str) -> subprocess.CompletedProce
             "--config",
             str(RECIPE),
             *TINY_ITERATE,
+            "logging.report=true",
             *TRAINS,
             *extra,
             "--run-dir",

@@ -274,7 +274,16 @@ def cli_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     run_dir = tmp_path_factory.mktemp("cli") / "run"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = main([*ITERATE_CLI, "--run-dir", str(run_dir), *TINY_ITERATE, "iterations=1"])
+        code = main(
+            [
+                *ITERATE_CLI,
+                "--run-dir",
+                str(run_dir),
+                *TINY_ITERATE,
+                "iterations=1",
+                "logging.report=true",
+            ]
+        )
     assert code == 0
     return run_dir, printed.getvalue()
 

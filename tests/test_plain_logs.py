@@ -59,6 +59,7 @@ def test_piped_run_logs_each_phase_and_step(tmp_path: Path) -> None:
             *TINY_TRAIN,
             "train.steps=2",
             "train.epochs=1",
+            "logging.report=true",
         ],
         env=env,
         stdout=subprocess.PIPE,

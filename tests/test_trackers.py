@@ -83,6 +83,10 @@ def tracked_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[di
     assert f"trackers: {where}" in done.stdout.splitlines()
     assert "\x1b[" not in done.stdout.split("RL: done")[0]  # the libraries' banners silenced
     assert "Traceback" not in done.stderr  # wandb's service is stopped, not torn at exit
+    # TINY_TRAIN's logging.report = false: no HTML report, and the line says how to write it
+    skipped = f"report: not written (logging.report = false; `turnrl report {run_dir}` writes it)"
+    assert skipped in done.stdout.splitlines()
+    assert not (run_dir / "report.html").exists()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     return run_dir, rows

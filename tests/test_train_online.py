@@ -285,6 +285,7 @@ def test_recipe_smoke_run_via_cli(tmp_path: Path, recipe: str) -> None:
             str(run_dir),
             *TINY_TRAIN,
             "train.steps=2",
+            "logging.report=true",
             *SMOKE_EXTRA[recipe],
         ],
         cwd=REPO,

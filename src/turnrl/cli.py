@@ -156,12 +156,23 @@ def _train_report(config: Any, run_dir: Any) -> None:
     """Write the run's HTML report and print its held-out table."""
     from rich.console import Console
 
-    from turnrl.report import heldout_console_table, write_report
+    from turnrl.report import heldout_console_table
 
-    report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
+    line = _report_line(config, run_dir)
     console = Console()
     console.print(heldout_console_table(run_dir))
-    console.print(f"report: {report}")
+    console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+def _report_line(config: Any, run_dir: Any) -> str:
+    """Write the run's ``report.html`` unless ``logging.report`` is false; the line that
+    says where it is (or how to write it later)."""
+    if not config.logging.report:
+        return f"report: not written (logging.report = false; `turnrl report {run_dir}` writes it)"
+    from turnrl.report import write_report
+
+    report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
+    return f"report: {report}"
 
 
 def cmd_iterate(args: argparse.Namespace) -> int:
@@ -203,11 +214,9 @@ def cmd_iterate(args: argparse.Namespace) -> int:
 
 def _iterate_report(config: Any, run_dir: Any) -> None:
     """Write ``turnrl iterate``'s HTML report; print where it and the final policy are."""
-    from turnrl.report import write_report
-
-    report = write_report([run_dir], run_dir / "report.html", title=config.label or run_dir.name)
+    line = _report_line(config, run_dir)
     print(f"final policy: {run_dir / 'policy'}")
-    print(f"report: {report}")
+    print(line)
 
 
 def _add_run_options(p: argparse.ArgumentParser, resume_help: str) -> None:

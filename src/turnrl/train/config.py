@@ -271,6 +271,7 @@ class RunConfig:
         "logging.trackers",
         "logging.project",
         "logging.offline",
+        "logging.report",
     )
     """Fields a resumed run may change (``--resume``); any other difference from the
     run's ``config.toml`` is refused (:class:`turnrl.train.run.RunDirectory`)."""

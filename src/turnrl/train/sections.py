@@ -441,6 +441,11 @@ class LoggingConfig:
     """Write local files only: a W&B offline run (``wandb sync`` uploads it later), MLflow's
     file store in the run directory. False: W&B online (needs a login), MLflow at
     ``MLFLOW_TRACKING_URI``."""
+    report: bool = True
+    """Write the run's HTML report (``report.html``: curves, held-out table, turn
+    diagnostics) when the last step is reached. False skips it (about 4 s of CPU on a
+    tiny run; sweeps and tests of other things turn it off); ``turnrl report RUN_DIR``
+    writes it later from the run's files. The held-out table is printed either way."""
 
     def check(self, p: Problems) -> None:
         """Known, installed trackers, each named once; a project name."""

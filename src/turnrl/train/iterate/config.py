@@ -221,6 +221,7 @@ class IterateConfig:
         "logging.trackers",
         "logging.project",
         "logging.offline",
+        "logging.report",
     )
     """Fields a resumed run may change (``--resume``); any other difference from the
     run's ``config.toml`` is refused."""
