@@ -51,6 +51,7 @@ TINY_AGENT = (
     "train.threads=1",
     "agent.concurrency=4",
     "agent.timeout_s=60",
+    "logging.report=false",  # the report: test_plain_logs, test_report
 )
 
 

@@ -64,6 +64,7 @@ TINY_AGENT = (
     "agent.concurrency=4",
     "agent.timeout_s=60",
     "agent.port=0",
+    "logging.report=false",  # the report: test_plain_logs, test_report
 )
 
 
