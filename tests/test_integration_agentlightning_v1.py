@@ -13,6 +13,7 @@ from the same prompt; later calls see the rollout's own earlier responses.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from pathlib import Path
@@ -273,3 +274,56 @@ def test_per_rollout_mean_loss_is_turnrl_rollout_mean(v1) -> None:
     )
     per_rollout = [float((scaled * mask)[index == g].sum()) for g in range(4)]
     np.testing.assert_allclose(per_rollout, np.array([S, -S, S, -S]) / 8, atol=1e-7)
+
+
+CALLS = [calls for _, _, _, calls, _ in BATCH]  # per rollout, in batch order
+
+
+def token_values(per_call: list[float], level: str) -> list[list[float]]:
+    """Per training row, the advantage of each trained token (2 per call)."""
+    rows = [[v, v] for v in per_call]
+    if level == "transition":
+        return rows
+    starts = itertools.accumulate(CALLS, initial=0)
+    return [list(itertools.chain(*rows[a:b])) for a, b in itertools.pairwise(starts)]
+
+
+def token_advantages(batch) -> list[list[float]]:
+    mask = batch.batch["response_mask"].bool()
+    return [batch.batch["advantages"][row][mask[row]].tolist() for row in range(len(batch))]
+
+
+@pytest.fixture
+def verl_hook():
+    """turnrl's verl hook installed for one test (removed after, unless it already was)."""
+    from verl.trainer.ppo import ray_trainer
+
+    from turnrl.integrations.verl import hook
+
+    was_installed = hasattr(ray_trainer.compute_advantage, "__turnrl_original__")
+    hook.install()
+    yield ray_trainer.compute_advantage
+    if not was_installed:
+        hook.uninstall()
+
+
+@pytest.mark.parametrize("level", ["transition", "trajectory"])
+def test_turnrl_estimators_on_1_0_batches_via_hook(v1, verl_hook, level: str) -> None:
+    """With the rollout-level step off, 1.0's rows (one per call, or one per rollout with
+    the calls as response-mask segments) get turnrl's per-call advantages."""
+    for name in ("turn_group", "node", "grpo"):
+        out = verl_hook(training_batch(level), adv_estimator=f"turnrl_{name}", config=None)
+        want = token_values(EXPECTED[name], level)
+        for got, expected in zip(token_advantages(out), want, strict=True):
+            np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=f"{level} {name}")
+
+
+def test_rollout_level_step_keeps_one_value_per_rollout(v1, verl_hook) -> None:
+    """A turnrl per-turn estimator inside 1.0's rollout-level step loses its per-call
+    values: transition rows all get their rollout's first call's value; trajectory rows
+    (several values in one row) are refused."""
+    options = {**GRPO, "adv_estimator": "turnrl_turn_group", "compute_advantage_fn": verl_hook}
+    out, _ = v1.compute_rollout_level_advantage(training_batch("transition"), **options)
+    np.testing.assert_allclose(row_advantages(out), EXPECTED["grpo"], atol=1e-6)
+    with pytest.raises(RuntimeError, match="scalar outcome-style advantages"):
+        v1.compute_rollout_level_advantage(training_batch("trajectory"), **options)
