@@ -28,6 +28,7 @@ from turnrl.integrations.agentlightning import read_rollouts_jsonl, rollout_to_r
 from turnrl.integrations.agentlightning_v1 import (
     completed_rollout_to_records,
     completed_rollouts_to_records,
+    triplet_events_to_records,
 )
 from turnrl.table import TurnTable, default_node_id
 
@@ -161,6 +162,76 @@ def test_real_completed_rollouts_convert_as_their_dumps(v1) -> None:
     assert completed_rollouts_to_records(dumped) == completed_rollouts_to_records(rollouts)
     with pytest.raises(TurnRecordError, match="agentlightning_v1"):
         rollout_to_records(CompletedRollout.model_validate(DUMPS[0]))
+
+
+def triplet_events(event_class=dict) -> list:
+    """r1a's calls as the store returns them with ?format=triplet, plus a failed call, a
+    call without response tokens and two reward events (the last one counts)."""
+
+    def event(kind: str, data: dict):
+        fields = {"event_type": kind, "rollout_id": "r1a", "attempt_id": "0"}
+        return event_class(**fields, timestamp=0.0, data=data)
+
+    calls = [
+        {
+            "prompt_token_ids": t["prompt"]["token_ids"],
+            "response_token_ids": t["response"]["token_ids"],
+            "response_log_probs": t["response"]["log_probs"],
+            "server": {"model": "m", "version": 0},
+        }
+        for t in DUMPS[0]["triplets"]
+    ]
+    failed = {**calls[1], "http_status": 500, "status": "error"}
+    empty = {**calls[2], "response_token_ids": []}
+    return [
+        event("model_request", calls[0]),
+        event("model_request", failed),
+        event("model_request", calls[1]),
+        event("reward", {"value": 0.5}),
+        event("model_request", empty),
+        event("model_request", calls[2]),
+        event("custom", {"note": "passed through"}),
+        event("reward", {"value": 1.0, "source": "agent"}),
+    ]
+
+
+def test_triplet_events_to_records() -> None:
+    records = triplet_events_to_records(triplet_events(), rollout_id="r1a", task_id="q1")
+    assert records == completed_rollout_to_records({**DUMPS[0], "metadata": None})
+    raw = {"event_type": "model_request", "data": {"response": {"choices": []}}}
+    with pytest.raises(TurnRecordError, match=r"r1a'?:1: field 'data.response_token_ids'"):
+        triplet_events_to_records([raw], rollout_id="r1a", task_id="q1")
+
+
+def test_triplet_events_follow_agent_lightnings_rollout_manager(v1) -> None:
+    """Agent Lightning's own _build_completed_rollout (its HTTP fetch replaced by the
+    events) and triplet_events_to_records give the same records."""
+    from types import SimpleNamespace
+
+    from agentlightning.schemas import Event, Rollout
+    from agentlightning.verl.agl_rollout_manager import AglRolloutManagerBase, EnqueuedRollout
+
+    events = triplet_events(Event)
+    manager = SimpleNamespace(_fetch_rollout_events=lambda rollout_id: ([], events))
+    enqueued = EnqueuedRollout(
+        data_id="q1", rollout_id="r1a", step=0, sample_idx_in_step=0, enqueue_time=0.0
+    )
+    stored = Rollout.model_validate(
+        {
+            "rollout_id": "r1a",
+            "input": {},
+            "config": {},
+            "status": {"created_at": 0, "updated_at": 0},
+        }
+    )
+    completed = AglRolloutManagerBase._build_completed_rollout(manager, enqueued, stored)
+    assert len(completed.triplets) == 3
+    ours = triplet_events_to_records(events, rollout_id="r1a", task_id="q1")
+    theirs = completed_rollout_to_records(completed)
+    assert [(r.prompt_ids, r.response_ids, r.logprobs, r.reward) for r in ours] == [
+        (r.prompt_ids, r.response_ids, r.logprobs, r.reward) for r in theirs
+    ]
+    assert ours == completed_rollout_to_records({**DUMPS[0], "metadata": None})
 
 
 def training_batch(level: str):

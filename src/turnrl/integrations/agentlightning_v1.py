@@ -21,11 +21,14 @@ the last turn (1.0 writes it on every row of the rollout). A rollout without a
 final reward is an error unless ``fillna=`` is given (1.0's trainer fills
 ``agentlightning.reward_fillna_value``, 0.0 by default).
 
-Not converted: a 0.3 ``RolloutLegacy`` (refused, with the function to use) and a
-1.0 store ``Rollout`` (its calls are events in the store: the trainer's
-``CompletedRollout`` holds them as triplets). ``turnrl audit`` and every turnrl
-estimator then work on the records as for 0.3; how 1.0's default rollout-level
-advantage compares with them is in ``docs/integrations-agentlightning.md``.
+A rollout's store events (``triplet_events_to_records``, the events in triplet
+format, as the trainer fetches them) convert by the same rules as the trainer's
+rollout manager builds its ``CompletedRollout``. Not converted: a 0.3
+``RolloutLegacy`` (refused, with the function to use) and a 1.0 store ``Rollout``
+(its calls are events in the store: pass them, or the ``CompletedRollout``).
+``turnrl audit`` and every turnrl estimator then work on the records as for 0.3;
+how 1.0's default rollout-level advantage compares with them is in
+``docs/integrations-agentlightning.md``.
 """
 
 from __future__ import annotations
@@ -85,8 +88,8 @@ def completed_rollout_to_records(
             where,
             None,
             "triplets",
-            "is a 1.0 store Rollout: its LLM calls are events in the store; pass the "
-            "CompletedRollout the verl trainer's rollout manager builds from them",
+            "is a 1.0 store Rollout: its LLM calls are events in the store; pass them "
+            "to triplet_events_to_records, or pass the trainer's CompletedRollout",
         )
     metadata = _get(rollout, "metadata")
     shaped = {
@@ -97,6 +100,69 @@ def completed_rollout_to_records(
     }
     task = task_id if task_id is not None else _get(rollout, "data_id")
     return rollout_to_records(shaped, task_id=task, rewards=rewards, fillna=fillna)
+
+
+def _reward_value(value: Any) -> float | None:
+    """A reward event's value as 1.0's rollout manager reads it: numbers only, not bools."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def triplet_events_to_records(
+    events: Iterable[Any],
+    *,
+    rollout_id: str,
+    task_id: str,
+    rewards: RewardSource = "final",
+    fillna: float | None = None,
+) -> list[TurnRecord]:
+    """Turn records from one rollout's store events in triplet format.
+
+    ``events`` are what ``GET /api/rollouts/{rollout_id}/events?format=triplet``
+    returns (``Event`` objects or their JSON), the events 1.0's verl trainer reads.
+    The rollout manager's rules are applied as it applies them: a ``model_request``
+    that failed (``status`` "error" or ``http_status`` >= 400) or returned no
+    response tokens is dropped; the final reward is the last ``reward`` event's
+    value (None if that value is not a number). ``task_id``: the dataset row's id
+    (1.0's trainer keeps it outside the store, as ``data_id``).
+    """
+    triplets: list[dict[str, Any]] = []
+    reward_values: list[Any] = []
+    for number, event in enumerate(events, start=1):
+        kind, data = _get(event, "event_type"), _get(event, "data") or {}
+        if kind == "reward":
+            reward_values.append(data.get("value"))
+        if kind != "model_request":
+            continue
+        if "response_token_ids" not in data:
+            raise TurnRecordError(
+                f"rollout {rollout_id!r}",
+                number,
+                "data.response_token_ids",
+                "is missing: this is a raw model_request event; query the events "
+                "with ?format=triplet (the store then extracts the token ids)",
+            )
+        status = data.get("http_status")
+        failed = data.get("status") == "error" or (isinstance(status, int) and status >= 400)
+        if failed or not data.get("response_token_ids"):
+            continue
+        triplets.append(
+            {
+                "prompt": {"token_ids": data.get("prompt_token_ids", [])},
+                "response": {
+                    "token_ids": data["response_token_ids"],
+                    "logprobs": data.get("response_log_probs"),
+                },
+                "reward": None,
+                "metadata": {},
+            }
+        )
+    final = _reward_value(reward_values[-1]) if reward_values else None
+    if triplets and final is not None:
+        triplets[-1]["reward"] = final
+    shaped = {"rollout_id": rollout_id, "final_reward": final, "triplets": triplets}
+    return rollout_to_records(shaped, task_id=task_id, rewards=rewards, fillna=fillna)
 
 
 def completed_rollouts_to_records(rollouts: Iterable[Any], **options: Any) -> list[TurnRecord]:
