@@ -30,7 +30,6 @@ from typing import Any
 import pytest
 import torch
 
-import turnrl.cli
 from turnrl.cli import main as turnrl_main
 from turnrl.entrypoints import load_object
 from turnrl.policy import build_tiny_policy
@@ -82,15 +81,13 @@ def _ids(text: str) -> list[int]:
 def train_two_steps(tmp_path: Path, *agent: str) -> Path:
     """A finished 2-step run of the agent the ``agent.*`` overrides ``agent`` name.
 
-    Through ``turnrl train``, less the HTML report it writes at the end (about 8 s of
-    plotting, the same for every agent): an agent run's report is made in
-    test_agent_loop (test_an_entrypoint_agent_trains_and_its_records_are_what_it_sent_and_got
-    and test_a_command_agent_trains_through_the_cli)."""
+    Through ``turnrl train`` with ``logging.report=false`` (the HTML report is about 4 s
+    of plotting, the same for every agent; an agent run's report is made in
+    test_agent_loop's test_an_entrypoint_agent_trains_and_its_records_are_what_it_sent_and_got
+    through ``turnrl report``)."""
     run = tmp_path / "run"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(turnrl.cli, "_train_report", lambda config, run_dir: None)
-        code = turnrl_main(["train", "--quiet", "--run-dir", str(run), *TWO_STEPS, *agent])
-    assert code == 0
+    args = ["train", "--quiet", "--run-dir", str(run), *TWO_STEPS, "logging.report=false"]
+    assert turnrl_main([*args, *agent]) == 0
     assert not (run / "report.html").exists()
     return run
 
