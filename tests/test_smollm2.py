@@ -9,6 +9,8 @@ The first run converts the GGUF file once into the model cache (about 30 s).
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,23 @@ def test_unknown_model_name_is_a_clear_error(tmp_path: Path) -> None:
     assert missing in str(err.value)
     with pytest.raises(ValueError, match="never downloaded"):
         build_policy(PolicyConfig(model="HuggingFaceTB/SmolLM2-135M-Instruct"), seed=0)
+
+
+def test_finding_the_directory_imports_neither_torch_nor_transformers() -> None:
+    """``make test-vllm`` and the benchmarks look the SmolLM2 directory up in a fresh
+    interpreter: ``turnrl.policy``'s names load lazily, so that costs no torch import."""
+    probe = (
+        "import sys, turnrl.policy.pretrained; "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    from turnrl import policy
+
+    assert sorted(policy.__all__) == sorted(policy._HOMES)  # every exported name has a home
+    assert policy.HFPolicy.__module__ == "turnrl.policy.hf"  # the lazy names still resolve
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        policy.nothing  # noqa: B018
 
 
 def test_local_directory_and_registered_names_resolve(
