@@ -17,6 +17,7 @@ marker names an entry here.
 - :mod:`.calc_x`: #489 on Agent Lightning's calc_x stack;
 - :mod:`.smol`: #489 with SmolLM2;
 - :mod:`.mechanism`: #489's mechanism (cost x std x grouping) on the built-in calculator;
+- :mod:`.asynchronous`: sampling ahead of the learner (``train.max_staleness``);
 - :mod:`.measurements`: commands that write doc tables but are not matrices of runs.
 """
 
@@ -30,6 +31,7 @@ from turnrl.study.catalogue.agents import (
     AGENTS_WARM,
 )
 from turnrl.study.catalogue.agents_489 import AGENTS_489, AGENTS_489_NO_PAY
+from turnrl.study.catalogue.asynchronous import ASYNC_DEMO_SEEDS
 from turnrl.study.catalogue.calc_x import (
     AGENTS_CALC_X_489,
     AGENTS_CALC_X_HELD_OUT,
@@ -69,6 +71,7 @@ STUDIES: dict[str, Study] = {
         AGENTS_CALC_X_HELD_OUT,
         AGENTS_SMOL_489,
         MECHANISM,
+        ASYNC_DEMO_SEEDS,
     )
 }
 
