@@ -245,10 +245,11 @@ bench-agents: setup
 bench-distributed: setup
 	$(PY) benchmarks/distributed.py
 
-# Synchronous against train.max_staleness = 1 on the tiny recipe, alternating rounds
-# (docs/async.md); a few minutes on 2 cores.
-bench-async: setup
+# Synchronous against train.max_staleness = 1 on the tiny recipe, then on SmolLM2 (LoRA,
+# hf sampler process), alternating rounds (docs/async.md); about 15 minutes on 2 cores.
+bench-async: setup $(SMOL_STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/async.py --rounds 2 --steps 4 --write
+	OMP_NUM_THREADS=1 $(PY) benchmarks/async.py --recipe smollm2 --rounds 2 --steps 4 --write
 
 # The grouping experiment (docs/grouping-experiment.md): the gradient projection table
 # first (it trains the shared warm start), then the confirming learning runs.

@@ -1,6 +1,6 @@
 """Synchronous against ``train.max_staleness = 1``: steps per hour, alternating rounds.
 
-Each round trains the tiny calculator recipe twice from the same config, once
+Each round trains a calculator recipe twice from the same config, once
 synchronous (``K = 0``) and once asynchronous (``K = 1``, a sampler process), the order
 flipping every round so drifting machine load hits both alike. A step's time is its
 ``seconds_step`` (the trainer's step: sampling or waiting for the sampler, credit and
@@ -11,7 +11,14 @@ what perfect overlap would give; on a machine whose two cores are busy with othe
 work, the two processes also compete for them.
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/async.py --rounds 2 --steps 4
-    (--write: the result into benchmarks/RESULTS.md)
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/async.py --recipe smollm2 --rounds 2 --steps 4
+    (--write: the result into benchmarks/RESULTS.md, one section per recipe)
+
+``--recipe tiny`` (default): the tests' tiny recipe, 4 tasks x 4 rollouts per step.
+``--recipe smollm2``: ``examples/calculator_smollm2.toml`` (SmolLM2-135M-Instruct, LoRA;
+its sampler process is the hf sampler with a merged copy of the weights: a vLLM sampler
+process is not built), with a shorter warm start (outside the step times) and no
+evaluations or checkpoints, so that every step after the first samples ahead.
 """
 
 from __future__ import annotations
@@ -31,7 +38,6 @@ from turnrl.train.lifecycle import Lifecycle
 from turnrl.train.online.asynchronous import online_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPE = ROOT / "examples" / "calculator.toml"
 TINY = (
     "warm_start.steps=6",
     "warm_start.batch_size=8",
@@ -49,12 +55,36 @@ TINY = (
     "train.tis_cap=2.0",
 )
 """The tiny recipe of the tests, a little larger per step (4 tasks x 4 rollouts)."""
+SMOLLM2 = (
+    "warm_start.steps=8",
+    "train.eval_every=0",
+    "train.checkpoint_every=0",
+    "train.threads=1",
+    "train.log_rollouts_every=0",
+    "train.tis_cap=2.0",
+)
+"""The SmolLM2 recipe as it ships (4 tasks x 4 rollouts, LoRA), its warm start halved."""
+RECIPES = {
+    "tiny": (ROOT / "examples" / "calculator.toml", TINY),
+    "smollm2": (ROOT / "examples" / "calculator_smollm2.toml", SMOLLM2),
+}
+"""``--recipe`` -> (recipe file, overrides)."""
+TITLES = {
+    "tiny": "Asynchronous sampling (train.max_staleness)",
+    "smollm2": "Asynchronous sampling on SmolLM2 (train.max_staleness)",
+}
+DESCRIPTIONS = {
+    "tiny": "Tiny calculator recipe (4 tasks x 4 rollouts per step, tiny model",
+    "smollm2": "examples/calculator_smollm2.toml (SmolLM2-135M-Instruct with LoRA, 4 tasks x 4 "
+    "rollouts per step, hf sampler process holding a merged copy",
+}
 
 
-def run_arm(root: Path, name: str, steps: int, staleness: int) -> list[dict]:
-    """One run; its metrics rows after step 0."""
-    overrides = [*TINY, f"train.steps={steps}", f"train.max_staleness={staleness}"]
-    config = load_config(RunConfig, RECIPE, [*overrides, f"run_dir={root / name}"])
+def run_arm(root: Path, name: str, recipe: str, steps: int, staleness: int) -> list[dict]:
+    """One run of ``recipe``; its metrics rows after step 0."""
+    path, base = RECIPES[recipe]
+    overrides = [*base, f"train.steps={steps}", f"train.max_staleness={staleness}"]
+    config = load_config(RunConfig, path, [*overrides, f"run_dir={root / name}"])
     Lifecycle(online_trainer(config, quiet=True)).run()
     rows = [json.loads(line) for line in (root / name / "metrics.jsonl").read_text().splitlines()]
     return rows[1:]
@@ -93,6 +123,7 @@ def summary(rounds: list[dict[str, list[dict]]], steps: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="tiny")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--write", action="store_true", help="into benchmarks/RESULTS.md")
@@ -106,25 +137,25 @@ def main() -> None:
                 order.reverse()
             arms = {}
             for name, k in order:
-                arms[name] = run_arm(Path(tmp), f"{name}-{i}", args.steps, k)
+                arms[name] = run_arm(Path(tmp), f"{name}-{i}", args.recipe, args.steps, k)
                 print(f"round {i + 1}: {name} done ({time.perf_counter() - started:.0f} s)")
             rounds.append(arms)
     table = summary(rounds, args.steps)
     print(table)
     print(f"({time.perf_counter() - started:.0f} s of wall time)")
     if args.write:
+        recipe = "" if args.recipe == "tiny" else f"--recipe {args.recipe} "
         command = (
             "OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/async.py "
-            f"--rounds {args.rounds} --steps {args.steps} --write"
+            f"{recipe}--rounds {args.rounds} --steps {args.steps} --write"
         )
         body = (
-            "Tiny calculator recipe (4 tasks x 4 rollouts per step, tiny model, one torch "
+            f"{DESCRIPTIONS[args.recipe]}, one torch "
             "thread per process), synchronous against `train.max_staleness=1` "
             "(docs/async.md), alternating order per round; steps/h from the summed "
             "`seconds_step`.\n\n" + table
         )
-        write_section(RESULTS, "Asynchronous sampling (train.max_staleness)", body, command,
-                      date.today())  # fmt: skip
+        write_section(RESULTS, TITLES[args.recipe], body, command, date.today())
 
 
 if __name__ == "__main__":
