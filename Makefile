@@ -246,7 +246,7 @@ bench-distributed: setup
 	$(PY) benchmarks/distributed.py
 
 # Synchronous against train.max_staleness = 1 on the tiny recipe, then on SmolLM2 (LoRA,
-# hf sampler process), alternating rounds (docs/async.md); about 15 minutes on 2 cores.
+# hf sampler process), alternating rounds (docs/async.md); about 9 minutes on 2 cores.
 bench-async: setup $(SMOL_STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/async.py --rounds 2 --steps 4 --write
 	OMP_NUM_THREADS=1 $(PY) benchmarks/async.py --recipe smollm2 --rounds 2 --steps 4 --write

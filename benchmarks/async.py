@@ -10,7 +10,7 @@ the synchronous runs' own phases: ``(sampling + update) / max(sampling, update)`
 what perfect overlap would give; on a machine whose two cores are busy with other
 work, the two processes also compete for them.
 
-    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/async.py --rounds 2 --steps 4
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/async.py --rounds 2 --steps 4
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/async.py --recipe smollm2 --rounds 2 --steps 4
     (--write: the result into benchmarks/RESULTS.md, one section per recipe)
 
@@ -146,7 +146,7 @@ def main() -> None:
     if args.write:
         recipe = "" if args.recipe == "tiny" else f"--recipe {args.recipe} "
         command = (
-            "OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/async.py "
+            "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/async.py "
             f"{recipe}--rounds {args.rounds} --steps {args.steps} --write"
         )
         body = (
