@@ -29,6 +29,7 @@ import tempfile
 import time
 from datetime import date
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from results_file import RESULTS, write_section
@@ -64,27 +65,39 @@ SMOLLM2 = (
     "train.tis_cap=2.0",
 )
 """The SmolLM2 recipe as it ships (4 tasks x 4 rollouts, LoRA), its warm start halved."""
+
+
+class Recipe(NamedTuple):
+    """A ``--recipe``: its file, the benchmark's overrides, its RESULTS.md section."""
+
+    path: Path
+    overrides: tuple[str, ...]
+    title: str
+    description: str
+
+
 RECIPES = {
-    "tiny": (ROOT / "examples" / "calculator.toml", TINY),
-    "smollm2": (ROOT / "examples" / "calculator_smollm2.toml", SMOLLM2),
-}
-"""``--recipe`` -> (recipe file, overrides)."""
-TITLES = {
-    "tiny": "Asynchronous sampling (train.max_staleness)",
-    "smollm2": "Asynchronous sampling on SmolLM2 (train.max_staleness)",
-}
-DESCRIPTIONS = {
-    "tiny": "Tiny calculator recipe (4 tasks x 4 rollouts per step, tiny model",
-    "smollm2": "examples/calculator_smollm2.toml (SmolLM2-135M-Instruct with LoRA, 4 tasks x 4 "
-    "rollouts per step, hf sampler process holding a merged copy",
+    "tiny": Recipe(
+        ROOT / "examples" / "calculator.toml",
+        TINY,
+        "Asynchronous sampling (train.max_staleness)",
+        "Tiny calculator recipe (4 tasks x 4 rollouts per step, tiny model",
+    ),
+    "smollm2": Recipe(
+        ROOT / "examples" / "calculator_smollm2.toml",
+        SMOLLM2,
+        "Asynchronous sampling on SmolLM2 (train.max_staleness)",
+        "examples/calculator_smollm2.toml (SmolLM2-135M-Instruct with LoRA, 4 tasks x 4 "
+        "rollouts per step, hf sampler process holding a merged copy",
+    ),
 }
 
 
 def run_arm(root: Path, name: str, recipe: str, steps: int, staleness: int) -> list[dict]:
     """One run of ``recipe``; its metrics rows after step 0."""
-    path, base = RECIPES[recipe]
-    overrides = [*base, f"train.steps={steps}", f"train.max_staleness={staleness}"]
-    config = load_config(RunConfig, path, [*overrides, f"run_dir={root / name}"])
+    chosen = RECIPES[recipe]
+    overrides = [*chosen.overrides, f"train.steps={steps}", f"train.max_staleness={staleness}"]
+    config = load_config(RunConfig, chosen.path, [*overrides, f"run_dir={root / name}"])
     Lifecycle(online_trainer(config, quiet=True)).run()
     rows = [json.loads(line) for line in (root / name / "metrics.jsonl").read_text().splitlines()]
     return rows[1:]
@@ -150,12 +163,12 @@ def main() -> None:
             f"{recipe}--rounds {args.rounds} --steps {args.steps} --write"
         )
         body = (
-            f"{DESCRIPTIONS[args.recipe]}, one torch "
+            f"{RECIPES[args.recipe].description}, one torch "
             "thread per process), synchronous against `train.max_staleness=1` "
             "(docs/async.md), alternating order per round; steps/h from the summed "
             "`seconds_step`.\n\n" + table
         )
-        write_section(RESULTS, TITLES[args.recipe], body, command, date.today())
+        write_section(RESULTS, RECIPES[args.recipe].title, body, command, date.today())
 
 
 if __name__ == "__main__":

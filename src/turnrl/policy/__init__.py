@@ -14,10 +14,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from turnrl.policy.factory import build_tiny_policy
-    from turnrl.policy.hf import HFPolicy, load_tokenizer
-    from turnrl.policy.tiny import build_tiny_model, build_tiny_tokenizer
+if TYPE_CHECKING:  # explicit re-exports for type checkers (``X as X``)
+    from turnrl.policy.factory import build_tiny_policy as build_tiny_policy
+    from turnrl.policy.hf import HFPolicy as HFPolicy
+    from turnrl.policy.hf import load_tokenizer as load_tokenizer
+    from turnrl.policy.tiny import build_tiny_model as build_tiny_model
+    from turnrl.policy.tiny import build_tiny_tokenizer as build_tiny_tokenizer
 
 _HOMES = {
     "HFPolicy": "turnrl.policy.hf",
@@ -28,13 +30,7 @@ _HOMES = {
 }
 """Each public name and the submodule that defines it."""
 
-__all__ = [
-    "HFPolicy",
-    "build_tiny_model",
-    "build_tiny_policy",
-    "build_tiny_tokenizer",
-    "load_tokenizer",
-]
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,8 @@ STALENESS = (
     Metric("staleness_max", "versions behind (max)", "mean", 2),
 )
 """How far behind the learner the sampled rollouts were, averaged over the run's steps
-(0 at K = 0; at K = 1 every step but the first and those after a checkpoint is 1)."""
+(K = 0 runs do not log it; at K = 1 every step but the first and those after a
+checkpoint is 1)."""
 
 ASYNC_DEMO_SEEDS = Study(
     name="async-demo-seeds",
