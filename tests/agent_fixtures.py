@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -67,6 +68,38 @@ def two_calls_graded(task: dict[str, Any], llm: Any) -> float:
     client = llm.openai_client()
     messages = [{"role": "user", "content": task["question"]}]
     first = _chat(client, llm.model, messages, llm.rollout_id)
+    messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "Again."}]
+    second = _chat(client, llm.model, messages, llm.rollout_id)
+    return ord(second[0]) / 1000 if second else 0.0
+
+
+class PushGate:
+    """Holds the rollouts whose id starts with ``prefix`` between their two calls until
+    ``pushed`` is set, and counts their first calls (``first_calls``): a test of partial
+    rollouts (tests/test_async_agent_loop.py) makes the trainer's update wait for the
+    first calls and opens the gate after the new weights are served, so each such
+    rollout's two calls are sampled by two versions, whatever the timing."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.first_calls = threading.Semaphore(0)
+        self.pushed = threading.Event()
+
+
+PUSH_GATE: PushGate | None = None
+"""Set by a test that imports this module by name (``agent_fixtures:across_a_push``)."""
+
+
+def across_a_push(task: dict[str, Any], llm: Any) -> float:
+    """``two_calls_graded``, held at :data:`PUSH_GATE` between the two calls."""
+    client = llm.openai_client()
+    messages = [{"role": "user", "content": task["question"]}]
+    first = _chat(client, llm.model, messages, llm.rollout_id)
+    gate = PUSH_GATE
+    if gate is not None and llm.rollout_id.startswith(gate.prefix):
+        gate.first_calls.release()
+        if not gate.pushed.wait(120):
+            raise TimeoutError("the push the test waits for never came")
     messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "Again."}]
     second = _chat(client, llm.model, messages, llm.rollout_id)
     return ord(second[0]) / 1000 if second else 0.0

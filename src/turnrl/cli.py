@@ -140,9 +140,9 @@ def _train(config: Any, args: argparse.Namespace) -> Any:
     options = {"resume": args.resume, "overwrite": args.overwrite, "quiet": args.quiet}
     report = partial(_train_report, config)
     if config.agent.enabled:
-        from turnrl.train.agent.loop import AgentTrainer
+        from turnrl.train.agent.asynchronous import agent_trainer
 
-        return Lifecycle(AgentTrainer(config, **options), report=report).run()
+        return Lifecycle(agent_trainer(config, **options), report=report).run()
     if config.rollout.workers > 0:
         from turnrl.integrations.ray_workers import train_with_workers
 

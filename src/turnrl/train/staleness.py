@@ -56,10 +56,12 @@ def steps_sampled_with(
 
 
 def check_staleness(config: Any, p: Problems) -> None:
-    """``train.max_staleness >= 1`` needs a run whose sampling can move to another
-    process: a built-in environment, the ``independent`` strategy, ``policy.backend =
-    "hf"``, one process (no Ray workers, no torchrun ranks). ``config`` is a
-    ``RunConfig``; ``p`` the top level's problems."""
+    """``train.max_staleness >= 1`` needs a run whose sampling can move away from the
+    update: a built-in environment with the ``independent`` strategy (a sampler
+    process), or the agent loop at ``K = 1`` (partial rollouts,
+    :mod:`turnrl.train.agent.asynchronous`); ``policy.backend = "hf"``; one process (no
+    Ray workers, no torchrun ranks). ``config`` is a ``RunConfig``; ``p`` the top
+    level's problems."""
     staleness = config.train.max_staleness
     p.at_least("train.max_staleness", staleness, 0)
     if staleness < 1:
@@ -68,11 +70,12 @@ def check_staleness(config: Any, p: Problems) -> None:
 
     key = "train.max_staleness"
     if config.mode == "agent":
-        p.add(
-            key,
-            "asynchronous sampling runs built-in environments only: the agent loop's "
-            "gateway samples in the learner's process (partial rollouts are not built; use 0)",
-        )
+        if staleness > 1:
+            p.add(
+                key,
+                "the agent loop runs at most one step ahead: the next step's agents run "
+                "during the update, their calls after it sample with the new weights (use 1)",
+            )
     elif config.rollout.strategy in ASYNC_REFUSALS:
         why = ASYNC_REFUSALS[config.rollout.strategy]
         p.add(key, f"needs rollout.strategy = 'independent': {why} (use 0)")

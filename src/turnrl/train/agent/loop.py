@@ -212,20 +212,19 @@ class AgentTrainer(LifecycleRun):
         """Step ``step``: draw tasks, run the agents, credit their turns, update; the
         step's metrics."""
         cfg = self.config
-        runner, gateway = self._train_side.runner, self._train_side.gateway
         started = time.perf_counter()
         self.step = step
         where = f"step-{self.step:06d}"
-        # 1. tasks
-        picks = self.sampler.choice(len(self.rl_tasks), cfg.rollout.tasks_per_step, replace=False)
-        jobs = plan_rollouts(
-            [self.rl_tasks[i] for i in picks], cfg.rollout.group_size, f"s{self.step}-"
-        )
-        # 2. the agents, through the gateway
-        results = self.run_agents(runner, jobs, where)
+        # 1. tasks, 2. the agents, through the gateway
+        results = self.step_rollouts(self.draw_jobs(), where)
         seconds_agents = time.perf_counter() - started
         # 3. what can be trained on
-        refuse_untrainable(results, cfg.policy.temperature)
+        refuse_untrainable(
+            results,
+            cfg.policy.temperature,
+            learner_version=self.step - 1,
+            max_staleness=cfg.train.max_staleness,
+        )
         self.check_failures(results, where)
         records = [record for r in results if r.failure is None for record in r.records]
         row: dict[str, Any] = {
@@ -244,7 +243,7 @@ class AgentTrainer(LifecycleRun):
                 logger.warning("%s: no trainable row (every record train=false); no update", where)
             self.write_records(where, records)
             return {**row, "rows_trained": 0, "seconds_step": time.perf_counter() - started}
-        # 4. credit, then the PPO update while the gateway samples nothing
+        # 4. credit, then the PPO update and the new weights to the gateway
         t0 = time.perf_counter()
         table = TurnTable.from_records(records, source=where)
         credit = compute_credit(table, cfg.credit.estimator, **cfg.credit.params)
@@ -259,10 +258,7 @@ class AgentTrainer(LifecycleRun):
             legacy=pipeline_of(cfg.train, cfg.rollout.tasks_per_step, cfg.rollout.group_size),
             legacy_seed=derive_seed(cfg.train.seed, "update", self.step),
         )
-        assert self.optimizer is not None
-        with gateway.updating(version=self.step) as served:
-            losses = self.update(batch)
-            push_weights(self.policy, served, self.step)  # #26: a vLLM engine gets them here
+        losses = self.update_and_serve(batch)
         seconds_update = time.perf_counter() - t0
         self.write_records(where, records, advantages=credit.advantages)
         self.calls += len(records)
@@ -278,6 +274,27 @@ class AgentTrainer(LifecycleRun):
             "seconds_update": seconds_update,
             "seconds_step": time.perf_counter() - started,
         }
+
+    def draw_jobs(self) -> list[tuple[str, Task]]:
+        """This step's rollouts: ``rollout.tasks_per_step`` tasks drawn from the task
+        sampler, ``rollout.group_size`` rollouts each (ids ``s{step}-...``)."""
+        cfg = self.config
+        picks = self.sampler.choice(len(self.rl_tasks), cfg.rollout.tasks_per_step, replace=False)
+        return plan_rollouts(
+            [self.rl_tasks[i] for i in picks], cfg.rollout.group_size, f"s{self.step}-"
+        )
+
+    def step_rollouts(self, jobs: list[tuple[str, Task]], where: str) -> list[RolloutResult]:
+        """The step's finished (or failed) rollouts: here its agents run now."""
+        return self.run_agents(self._train_side.runner, jobs, where)
+
+    def update_and_serve(self, batch: UpdateBatch) -> dict[str, float]:
+        """The update, inside ``gateway.updating`` (nothing is sampled meanwhile); the
+        gateway then serves the new weights as version ``step``."""
+        with self._train_side.gateway.updating(version=self.step) as served:
+            losses = self.update(batch)
+            push_weights(self.policy, served, self.step)  # #26: a vLLM engine gets them here
+        return losses
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:
         """The PPO update of the step's batch (the gateway samples nothing meanwhile)."""
@@ -423,11 +440,17 @@ class AgentTrainer(LifecycleRun):
                 f"RL draws from {len(self.rl_tasks)} of {len(self.train_tasks)} training tasks "
                 "(the warm start teacher's held out)"
             )
-        cfg = self.config  # #26: the learner, or vLLM (a gateway batches max_batch calls)
-        self.served = build_sampler(cfg.policy, self.policy, rows=cfg.agent.max_batch)
+        self.served = self.served_policy()
+        cfg = self.config
         self._train_side = self._serve(cfg.policy.temperature, self.socket)
         self._eval_side = self._serve(cfg.train.eval_temperature, bind_socket(HOST, 0))
         return self.step
+
+    def served_policy(self) -> Any:
+        """What the gateways sample from: the learner itself, or a vLLM engine (#26; a
+        gateway batches ``agent.max_batch`` calls)."""
+        cfg = self.config
+        return build_sampler(cfg.policy, self.policy, rows=cfg.agent.max_batch)
 
     def _serve(self, temperature: float, sock: socket.socket) -> ServedAgents:
         """A gateway over the served policy at ``temperature``, its server on ``sock`` and

@@ -71,18 +71,36 @@ def rollout_metrics(results: list[RolloutResult], prefix: str = "") -> dict[str,
     return out
 
 
-def refuse_untrainable(results: list[RolloutResult], temperature: float) -> None:
+def refuse_untrainable(
+    results: list[RolloutResult],
+    temperature: float,
+    *,
+    learner_version: int | None = None,
+    max_staleness: int = 0,
+) -> None:
     """Turn rollouts that must not be trained on into failures: sampled by two policy
-    versions (impossible in this synchronous loop, so a bug), or at a temperature other
-    than the one the update recomputes log-probs at."""
+    versions in a synchronous loop (``max_staleness`` 0: impossible, so a bug), or, with
+    partial rollouts (``max_staleness`` K >= 1), by a version more than K behind the
+    ``learner_version`` the update starts from (impossible under the admission schedule);
+    or at a temperature other than the one the update recomputes log-probs at."""
     for result in results:
         if result.failure is not None:
             continue
         versions = sorted({r.policy_version for r in result.records})
         temperatures = sorted({r.temperature for r in result.records})
         reason = None
-        if len(versions) > 1:
+        if max_staleness == 0 and len(versions) > 1:
             reason = f"its turns were sampled by policy versions {versions}"
+        elif (
+            max_staleness > 0
+            and learner_version is not None
+            and versions
+            and versions[0] < learner_version - max_staleness
+        ):
+            reason = (
+                f"its turns were sampled by policy versions {versions}, more than "
+                f"train.max_staleness={max_staleness} behind the learner's {learner_version}"
+            )
         elif any(not math.isclose(t, temperature) for t in temperatures):
             reason = (
                 f"the agent asked for temperature {temperatures}, but training samples at "
