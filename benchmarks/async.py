@@ -1,14 +1,15 @@
 """Synchronous against ``train.max_staleness = 1``: steps per hour, alternating rounds.
 
 Each round trains a calculator recipe twice from the same config, once
-synchronous (``K = 0``) and once asynchronous (``K = 1``, a sampler process), the order
-flipping every round so drifting machine load hits both alike. A step's time is its
-``seconds_step`` (the trainer's step: sampling or waiting for the sampler, credit and
-update; the warm start, evaluations and checkpoints are outside it, alike for both).
-Steps per hour = steps / summed step seconds. Beside the ratio stands its bound from
-the synchronous runs' own phases: ``(sampling + update) / max(sampling, update)``,
-what perfect overlap would give; on a machine whose two cores are busy with other
-work, the two processes also compete for them.
+synchronous (``K = 0``) and once asynchronous (``K = 1``: a sampler process for a
+built-in environment, the next step's agents during the update in the agent loop), the
+order flipping every round so drifting machine load hits both alike. A step's time is
+its ``seconds_step`` (the trainer's step: sampling, running the agents or waiting for
+them, credit and update; the warm start, evaluations and checkpoints are outside it,
+alike for both). Steps per hour = steps / summed step seconds. Beside the ratio stands
+its bound from the synchronous runs' own phases: ``(sampling + update) / max(sampling,
+update)``, what perfect overlap would give; on a machine whose two cores are busy with
+other work, the two arms' threads or processes also compete for them.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/async.py --rounds 2 --steps 4
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/async.py --recipe smollm2 --rounds 2 --steps 4
@@ -19,6 +20,10 @@ work, the two processes also compete for them.
 its sampler process is the hf sampler with a merged copy of the weights: a vLLM sampler
 process is not built), with a shorter warm start (outside the step times) and no
 evaluations or checkpoints, so that every step after the first samples ahead.
+``--recipe agent-smollm2``: the agent loop, ``examples/agents/calc_openai_smollm2.toml``
+(the openai-client calculator agent, unchanged, on SmolLM2 with LoRA, 4 tasks x 4
+rollouts), likewise shortened; at ``K = 1`` each step's agents run during the previous
+update against a merged copy of the weights (partial rollouts).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import NamedTuple
 import numpy as np
 from results_file import RESULTS, write_section
 
+from turnrl.train.agent.asynchronous import agent_trainer
 from turnrl.train.config import RunConfig, load_config
 from turnrl.train.lifecycle import Lifecycle
 from turnrl.train.online.asynchronous import online_trainer
@@ -65,6 +71,9 @@ SMOLLM2 = (
     "train.tis_cap=2.0",
 )
 """The SmolLM2 recipe as it ships (4 tasks x 4 rollouts, LoRA), its warm start halved."""
+AGENT_SMOLLM2 = (*SMOLLM2, "tasks.n_eval=2")
+"""The agent recipe as it ships (4 tasks x 4 rollouts, LoRA), its warm start halved, its
+step-0 evaluation (which every run makes) on 2 tasks."""
 
 
 class Recipe(NamedTuple):
@@ -90,6 +99,14 @@ RECIPES = {
         "examples/calculator_smollm2.toml (SmolLM2-135M-Instruct with LoRA, 4 tasks x 4 "
         "rollouts per step, hf sampler process holding a merged copy",
     ),
+    "agent-smollm2": Recipe(
+        ROOT / "examples" / "agents" / "calc_openai_smollm2.toml",
+        AGENT_SMOLLM2,
+        "Partial rollouts in the agent loop on SmolLM2 (train.max_staleness)",
+        "examples/agents/calc_openai_smollm2.toml (the openai-client agent through the "
+        "gateway, SmolLM2-135M-Instruct with LoRA, 4 tasks x 4 rollouts per step; at K = 1 "
+        "the next step's agents run during the update against a merged copy",
+    ),
 }
 
 
@@ -98,7 +115,8 @@ def run_arm(root: Path, name: str, recipe: str, steps: int, staleness: int) -> l
     chosen = RECIPES[recipe]
     overrides = [*chosen.overrides, f"train.steps={steps}", f"train.max_staleness={staleness}"]
     config = load_config(RunConfig, chosen.path, [*overrides, f"run_dir={root / name}"])
-    Lifecycle(online_trainer(config, quiet=True)).run()
+    trainer = agent_trainer if config.agent.enabled else online_trainer
+    Lifecycle(trainer(config, quiet=True)).run()
     rows = [json.loads(line) for line in (root / name / "metrics.jsonl").read_text().splitlines()]
     return rows[1:]
 
@@ -114,7 +132,8 @@ def summary(rounds: list[dict[str, list[dict]]], steps: int) -> str:
     for i, arms in enumerate(rounds, 1):
         sync, fast = arms["sync"], arms["k1"]
         rate = {k: steps / sum(r["seconds_step"] for r in rows) * 3600 for k, rows in arms.items()}
-        sampling = float(np.mean([r["seconds_sampling"] for r in sync]))
+        phase = "seconds_agents" if "seconds_agents" in sync[0] else "seconds_sampling"
+        sampling = float(np.mean([r[phase] for r in sync]))
         update = float(np.mean([r["seconds_update"] for r in sync]))
         bound = (sampling + update) / max(sampling, update)
         ratio = rate["k1"] / rate["sync"]
