@@ -37,8 +37,11 @@ The full run then searches the longest trajectory the ``all`` arm trains in 20 G
 (doubling, then bisecting at 1k tokens); ``--quick`` reports a linear extrapolation
 from its two sizes instead, labelled as such.
 
-Not built yet: TRL's ``GRPOTrainer`` on the same trajectory (issue #39 asks for it
-where it runs; benchmarks/update.py's TRL comparison times whole steps, not memory).
+The ``trl`` arm is TRL's ``GRPOTrainer`` (``benchmarks/trl_memory.py``, run by the TRL
+venv's Python, ``--trl-python``, default ``.venv-agl/bin/python``) on the same four rows,
+model and LoRA, with TRL's defaults (gradient checkpointing and bf16 autocast on): one
+update as its ``train`` runs it once the completions exist. It is in the default arms
+where that venv exists (``make setup-integrations``).
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def arm_fields(arm: str, tokens: int) -> dict[str, Any]:
     options = dict(OPTIONS)
     if packing_available():
         options["packing"] = PACKING
-    if arm == "none":
+    if arm in ("none", TRL_ARM):  # trl: benchmarks/trl_memory.py, TRL's own settings
         fields: dict[str, Any] = {}
     elif arm in ("all", "all-fp32"):
         chosen = [o for name, o in options.items() if arm == "all" or name != "bf16-mixed"]
@@ -109,8 +112,14 @@ def arm_fields(arm: str, tokens: int) -> dict[str, Any]:
     return {"max_tokens_per_batch": max(tokens, 2048), **fields}
 
 
+TRL_ARM = "trl"
+TRL_PYTHON = ROOT / ".venv-agl" / "bin" / "python"
+"""The TRL venv's interpreter (``make setup-integrations``), the ``trl`` arm's default."""
+
+
 def default_arms() -> list[str]:
-    return ["none", *OPTIONS, *(["packing"] if packing_available() else []), "all-fp32", "all"]
+    arms = ["none", *OPTIONS, *(["packing"] if packing_available() else []), "all-fp32", "all"]
+    return [*arms, TRL_ARM] if TRL_PYTHON.exists() else arms
 
 
 def trajectory(tokens: int, vocab: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -186,11 +195,36 @@ def child(arm: str, tokens: int) -> dict[str, Any]:
     }
 
 
-def measure(arm: str, tokens: int, timeout_s: float, limit_gib: float = 0.0) -> dict[str, Any]:
-    """Run :func:`child` in a fresh process; its peak resident memory from ``wait4``.
-    ``limit_gib > 0`` caps the child's address space (``RLIMIT_AS``), so that an arm
-    that would need more fails alone instead of pushing a shared machine into swap or
-    its out-of-memory killer."""
+def child_command(arm: str, tokens: int, out: Path, trl_python: Path) -> list[str]:
+    """The child process of one measurement: :func:`child`, or for the ``trl`` arm
+    ``benchmarks/trl_memory.py`` in the TRL venv (SmolLM2's directory looked up here)."""
+    if arm != TRL_ARM:
+        return [sys.executable, __file__, "--child", arm, str(tokens), "--out", str(out)]
+    if not trl_python.exists():
+        raise SystemExit(f"--arms trl: no TRL venv at {trl_python} (make setup-integrations)")
+    from turnrl.policy.pretrained import smollm2_path
+
+    script = Path(__file__).with_name("trl_memory.py")
+    model = str(smollm2_path())
+    return [
+        str(trl_python),
+        str(script),
+        "--model",
+        model,
+        "--tokens",
+        str(tokens),
+        "--out",
+        str(out),
+    ]
+
+
+def measure(
+    arm: str, tokens: int, timeout_s: float, limit_gib: float = 0.0, trl_python: Path = TRL_PYTHON
+) -> dict[str, Any]:
+    """Run :func:`child` (or TRL's update) in a fresh process; its peak resident memory
+    from ``wait4``. ``limit_gib > 0`` caps the child's address space (``RLIMIT_AS``), so
+    that an arm that would need more fails alone instead of pushing a shared machine into
+    swap or its out-of-memory killer."""
     out = Path(f"/tmp/turnrl-bench-memory-{os.getpid()}-{arm}-{tokens}.json")
 
     def cap() -> None:
@@ -199,7 +233,7 @@ def measure(arm: str, tokens: int, timeout_s: float, limit_gib: float = 0.0) -> 
             resource.setrlimit(resource.RLIMIT_AS, (size, size))
 
     process = subprocess.Popen(
-        [sys.executable, __file__, "--child", arm, str(tokens), "--out", str(out)],
+        child_command(arm, tokens, out, trl_python),
         cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         preexec_fn=cap,
@@ -254,7 +288,7 @@ def run_rounds(args: argparse.Namespace) -> list[dict[str, Any]]:
                 row = {
                     "key": key,
                     "round": round_,
-                    **measure(arm, tokens, args.timeout, args.max_memory_gib),
+                    **measure(arm, tokens, args.timeout, args.max_memory_gib, args.trl_python),
                 }
                 print(json.dumps(row), flush=True)
                 if args.results is not None:
@@ -369,7 +403,9 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], budget: Any)
         f"trajectory token; median of {', '.join(map(str, sorted(rounds)))} round(s), arms "
         f"alternating. `chunks` = `logprob_chunk_tokens = {CHUNK}`; `packing` = rows layout "
         f"packed, 2048 positions a forward; `all` = every option; `all-fp32` = all but "
-        f"bf16-mixed.",
+        f"bf16-mixed; `trl` = TRL's GRPOTrainer on the same rows, model and LoRA with its "
+        f"defaults (gradient checkpointing, bf16 autocast; the rows left-padded to the "
+        f"longest), its ms/token per trajectory token like the others.",
         "",
         table(args, cells),
         "",
@@ -410,6 +446,9 @@ def main() -> None:
         "--report", action="store_true", help="measure nothing: report what --results holds"
     )
     parser.add_argument("--command", default="", help="--write: the command(s) to name")
+    parser.add_argument(
+        "--trl-python", type=Path, default=TRL_PYTHON, help="the trl arm's interpreter"
+    )
     parser.add_argument("--out", type=Path, default=None, help="--child: its JSON file")
     parser.add_argument("--child", nargs=2, metavar=("ARM", "TOKENS"), default=None)
     args = parser.parse_args()
