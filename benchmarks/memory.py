@@ -314,6 +314,7 @@ def summary(results: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, An
             **{
                 k: statistics.median(r[k] for r in rows)
                 for k in ("peak_mib", "before_mib", "wall_s", "cpu_s", "activation_mib")
+                if all(k in r for r in rows)  # the trl arm has no activation meter
             },
         }
     return out
