@@ -14,17 +14,16 @@ import pytest
 import torch
 
 import agent_fixtures
+from builders import agent_rollout
 from test_agent_loop import FIXTURES, TINY_AGENT, agent_config, read_jsonl, write_tasks
 from turnrl.cli import main as turnrl_main
 from turnrl.policy import HFPolicy
-from turnrl.records import parse_record
 from turnrl.train.agent.asynchronous import AsyncAgentTrainer, agent_trainer
 from turnrl.train.agent.loop import AgentTrainer
 from turnrl.train.agent.rollouts import refuse_untrainable
 from turnrl.train.agent.runner import RolloutResult
 from turnrl.train.update.ppo import UpdateBatch
 from turnrl.train.validate import ConfigError, validate
-from turnrl.types import Task
 
 ASYNC = ("train.max_staleness=1", "train.tis_cap=2.0")
 
@@ -222,23 +221,7 @@ def test_command_agents_run_ahead_through_the_cli_and_leave_no_process(tmp_path:
 
 def test_with_k1_two_versions_train_unless_a_turn_is_more_than_one_behind() -> None:
     def rollout(name: str, versions: list[int]) -> RolloutResult:
-        records = [
-            parse_record(
-                {
-                    "traj_id": name,
-                    "task_id": "t",
-                    "turn": turn,
-                    "prompt": "q",
-                    "response": "a",
-                    "reward": 1.0,
-                    "done": turn == len(versions) - 1,
-                    "policy_version": version,
-                    "temperature": 1.0,
-                }
-            )
-            for turn, version in enumerate(versions)
-        ]
-        return RolloutResult(name, Task("t", {}), records=records, reward=1.0)
+        return agent_rollout(name, versions, [1.0] * len(versions))
 
     results = [rollout("spans", [3, 4]), rollout("fresh", [4, 4]), rollout("stale", [2, 3])]
     refuse_untrainable(results, 1.0, learner_version=4, max_staleness=1)
