@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 
@@ -51,7 +52,10 @@ def test_arm_fields() -> None:
     assert every["gradient_checkpointing"] is True
     assert every["precision"] == "bf16-mixed"
     assert every["logprob_chunk_tokens"] == memory.CHUNK
-    assert memory.default_arms()[0] == "none" and memory.default_arms()[-2:] == ["all-fp32", "all"]
+    trl = ["trl"] if memory.TRL_PYTHON.exists() else []  # where the TRL venv is built
+    assert memory.default_arms()[0] == "none"
+    assert memory.default_arms()[-2 - len(trl) :] == ["all-fp32", "all", *trl]
+    assert memory.arm_fields("trl", 8192) == {"max_tokens_per_batch": 8192}  # unused by TRL
     assert "precision" not in memory.arm_fields("all-fp32", 2048)
     assert memory.packing_available()  # landed: rows packed, 2048 positions a forward
     assert memory.arm_fields("packing", 8192) == {"update": "rows", "max_tokens_per_batch": 2048}
@@ -101,3 +105,29 @@ def test_summary_table_and_extrapolation() -> None:
     assert report.split("\n\n")[1] == text  # what --write puts between the doc's markers
     assert "Longest trajectory under 20 GiB, `all`: ~118,784 (extrapolated" in report
     assert "Not run here: 16k, 32k tokens." in report
+
+
+def test_the_trl_arm_runs_trl_memory_in_the_trl_venv(monkeypatch, tmp_path) -> None:
+    import turnrl.policy.pretrained
+
+    monkeypatch.setattr(turnrl.policy.pretrained, "smollm2_path", lambda: Path("/models/smol"))
+    out = tmp_path / "out.json"
+    python = Path(sys.executable)
+    command = memory.child_command("trl", 4096, out, python)
+    script = str(REPO / "benchmarks" / "trl_memory.py")
+    model = ["--model", "/models/smol", "--tokens", "4096", "--out", str(out)]
+    assert command == [str(python), script, *model]
+    assert memory.child_command("all", 4096, out, python)[2:5] == ["--child", "all", "4096"]
+    with pytest.raises(SystemExit, match="make setup-integrations"):
+        memory.child_command("trl", 4096, out, tmp_path / "no-venv" / "python")
+    monkeypatch.setattr(memory, "TRL_PYTHON", tmp_path / "no-venv" / "python")
+    assert "trl" not in memory.default_arms()
+
+
+def test_a_trl_row_without_an_activation_meter_is_summarised() -> None:
+    trl = _row("trl", 2048, 3072.0)
+    del trl["activation_mib"]
+    cells = memory.summary([_row("none", 2048, 2048.0), trl])
+    assert cells[("trl", 2048)]["peak_mib"] == 3072.0
+    assert "activation_mib" not in cells[("trl", 2048)]
+    assert cells[("none", 2048)]["activation_mib"] == 1.0
