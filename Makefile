@@ -204,7 +204,7 @@ gpu-check: setup $(SMOL_STAMP)
 
 # Peak memory of one update at 2k-32k tokens of a 4-turn context on SmolLM2 LoRA, per memory
 # option (docs/memory.md); long on CPU: `make bench-memory ARGS=--quick` runs 2k and 8k only.
-bench-memory: setup $(SMOL_STAMP)
+bench-memory: setup $(SMOL_STAMP) $(AGL_STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/memory.py $(ARGS) --write
 
 # Sampling tokens/s, transformers against vLLM, on SmolLM2 (one venv each, same machine, one
@@ -250,6 +250,7 @@ bench-distributed: setup
 bench-async: setup $(SMOL_STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/async.py --rounds 2 --steps 4 --write
 	OMP_NUM_THREADS=1 $(PY) benchmarks/async.py --recipe smollm2 --rounds 2 --steps 4 --write
+	OMP_NUM_THREADS=1 $(PY) benchmarks/async.py --recipe agent-smollm2 --rounds 2 --steps 4 --write
 
 # The grouping experiment (docs/grouping-experiment.md): the gradient projection table
 # first (it trains the shared warm start), then the confirming learning runs.
