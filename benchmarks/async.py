@@ -90,14 +90,16 @@ RECIPES = {
         ROOT / "examples" / "calculator.toml",
         TINY,
         "Asynchronous sampling (train.max_staleness)",
-        "Tiny calculator recipe (4 tasks x 4 rollouts per step, tiny model",
+        "Tiny calculator recipe (4 tasks x 4 rollouts per step, tiny model, one torch "
+        "thread per process)",
     ),
     "smollm2": Recipe(
         ROOT / "examples" / "calculator_smollm2.toml",
         SMOLLM2,
         "Asynchronous sampling on SmolLM2 (train.max_staleness)",
         "examples/calculator_smollm2.toml (SmolLM2-135M-Instruct with LoRA, 4 tasks x 4 "
-        "rollouts per step, hf sampler process holding a merged copy",
+        "rollouts per step, hf sampler process holding a merged copy, one torch thread per "
+        "process)",
     ),
     "agent-smollm2": Recipe(
         ROOT / "examples" / "agents" / "calc_openai_smollm2.toml",
@@ -105,7 +107,8 @@ RECIPES = {
         "Partial rollouts in the agent loop on SmolLM2 (train.max_staleness)",
         "examples/agents/calc_openai_smollm2.toml (the openai-client agent through the "
         "gateway, SmolLM2-135M-Instruct with LoRA, 4 tasks x 4 rollouts per step; at K = 1 "
-        "the next step's agents run during the update against a merged copy",
+        "the next step's agents run during the update against a merged copy: the learner "
+        "and the gateway are threads of one process, one torch thread)",
     ),
 }
 
@@ -182,8 +185,7 @@ def main() -> None:
             f"{recipe}--rounds {args.rounds} --steps {args.steps} --write"
         )
         body = (
-            f"{RECIPES[args.recipe].description}, one torch "
-            "thread per process), synchronous against `train.max_staleness=1` "
+            f"{RECIPES[args.recipe].description}, synchronous against `train.max_staleness=1` "
             "(docs/async.md), alternating order per round; steps/h from the summed "
             "`seconds_step`.\n\n" + table
         )
