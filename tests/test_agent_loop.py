@@ -213,23 +213,27 @@ def test_a_rollout_over_two_policy_versions_or_another_temperature_is_refused() 
     assert rollout_metrics(results)["agent_failures"] == 2.0
 
 
-def test_a_command_agent_trains_through_the_cli(tmp_path: Path) -> None:
+def command_agent_args(tmp_path: Path, *overrides: str) -> list[str]:
+    """``turnrl train`` arguments of a tiny run of the ``good`` command agent (task files
+    written to ``tmp_path``, the run in ``tmp_path / "run"``)."""
     train = write_tasks(tmp_path / "train.jsonl", 4)
     held_out = write_tasks(tmp_path / "eval.jsonl", 2, prefix="e")
+    return [
+        "train",
+        "--quiet",
+        "--run-dir",
+        str(tmp_path / "run"),
+        f'agent.command=["python", "{FIXTURES}", "good"]',
+        f"tasks.train={train}",
+        f"tasks.eval={held_out}",
+        *TINY_AGENT,
+        *overrides,
+    ]
+
+
+def test_a_command_agent_trains_through_the_cli(tmp_path: Path) -> None:
     before = {t.ident for t in threading.enumerate()}
-    code = turnrl_main(
-        [
-            "train",
-            "--quiet",
-            "--run-dir",
-            str(tmp_path / "run"),
-            f'agent.command=["python", "{FIXTURES}", "good"]',
-            f"tasks.train={train}",
-            f"tasks.eval={held_out}",
-            *TINY_AGENT,
-            "train.steps=1",
-        ]
-    )
+    code = turnrl_main(command_agent_args(tmp_path, "train.steps=1"))
     assert code == 0
     records = read_jsonl(tmp_path / "run" / "rollouts" / "step-000001.jsonl")
     assert len(records) == 4 and all(r["done"] for r in records)

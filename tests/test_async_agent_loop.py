@@ -15,7 +15,7 @@ import torch
 
 import agent_fixtures
 from builders import agent_rollout
-from test_agent_loop import FIXTURES, TINY_AGENT, agent_config, read_jsonl, write_tasks
+from test_agent_loop import agent_config, command_agent_args, read_jsonl
 from turnrl.cli import main as turnrl_main
 from turnrl.policy import HFPolicy
 from turnrl.train.agent.asynchronous import AsyncAgentTrainer, agent_trainer
@@ -191,24 +191,8 @@ def test_command_agents_run_ahead_through_the_cli_and_leave_no_process(tmp_path:
     """Command agents started from the background thread of the agents run ahead:
     ``turnrl train`` picks the asynchronous loop, every rollout of the 3 steps trains,
     and no process of theirs is left."""
-    train = write_tasks(tmp_path / "train.jsonl", 4)
-    held_out = write_tasks(tmp_path / "eval.jsonl", 2, prefix="e")
-    code = turnrl_main(
-        [
-            "train",
-            "--quiet",
-            "--run-dir",
-            str(tmp_path / "run"),
-            f'agent.command=["python", "{FIXTURES}", "good"]',
-            f"tasks.train={train}",
-            f"tasks.eval={held_out}",
-            *TINY_AGENT,
-            *ASYNC,
-            "train.steps=3",
-            "train.eval_every=3",
-            "train.checkpoint_every=3",
-        ]
-    )
+    overrides = (*ASYNC, "train.steps=3", "train.eval_every=3", "train.checkpoint_every=3")
+    code = turnrl_main(command_agent_args(tmp_path, *overrides))
     assert code == 0
     rows = steps_of(tmp_path / "run")
     assert [r["agents_ahead"] for r in rows] == [0.0, 1.0, 1.0]

@@ -174,13 +174,7 @@ class AsyncAgentTrainer(AgentTrainer):
     def _start_ahead(self, step: int) -> None:
         """Run step ``step``'s agents in a background thread, their tasks drawn from a
         copy of the task sampler (the real draw happens, and is checked, at ``step``)."""
-        real, self.sampler = self.sampler, copy.deepcopy(self.sampler)
-        saved_step = self.step
-        try:
-            self.step = step
-            jobs = super().draw_jobs()
-        finally:
-            self.sampler, self.step = real, saved_step
+        jobs = self.plan_jobs(copy.deepcopy(self.sampler), step)
         where = f"step-{step:06d}"
         ahead = AgentsAhead(step, jobs, started=time.perf_counter())
         runner = self._train_side.runner

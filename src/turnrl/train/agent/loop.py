@@ -276,13 +276,15 @@ class AgentTrainer(LifecycleRun):
         }
 
     def draw_jobs(self) -> list[tuple[str, Task]]:
-        """This step's rollouts: ``rollout.tasks_per_step`` tasks drawn from the task
-        sampler, ``rollout.group_size`` rollouts each (ids ``s{step}-...``)."""
+        """This step's rollouts, drawn from the task sampler (:meth:`plan_jobs`)."""
+        return self.plan_jobs(self.sampler, self.step)
+
+    def plan_jobs(self, sampler: np.random.Generator, step: int) -> list[tuple[str, Task]]:
+        """Step ``step``'s rollouts: ``rollout.tasks_per_step`` tasks drawn from
+        ``sampler``, ``rollout.group_size`` rollouts each (ids ``s{step}-...``)."""
         cfg = self.config
-        picks = self.sampler.choice(len(self.rl_tasks), cfg.rollout.tasks_per_step, replace=False)
-        return plan_rollouts(
-            [self.rl_tasks[i] for i in picks], cfg.rollout.group_size, f"s{self.step}-"
-        )
+        picks = sampler.choice(len(self.rl_tasks), cfg.rollout.tasks_per_step, replace=False)
+        return plan_rollouts([self.rl_tasks[i] for i in picks], cfg.rollout.group_size, f"s{step}-")
 
     def step_rollouts(self, jobs: list[tuple[str, Task]], where: str) -> list[RolloutResult]:
         """The step's finished (or failed) rollouts: here its agents run now."""
