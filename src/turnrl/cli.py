@@ -140,9 +140,12 @@ def _train(config: Any, args: argparse.Namespace) -> Any:
     options = {"resume": args.resume, "overwrite": args.overwrite, "quiet": args.quiet}
     report = partial(_train_report, config)
     if config.agent.enabled:
-        from turnrl.train.agent.asynchronous import agent_trainer
+        if config.train.max_staleness >= 1:  # partial rollouts (docs/async.md)
+            from turnrl.train.agent.asynchronous import AsyncAgentTrainer as Trainer
+        else:
+            from turnrl.train.agent.loop import AgentTrainer as Trainer
 
-        return Lifecycle(agent_trainer(config, **options), report=report).run()
+        return Lifecycle(Trainer(config, **options), report=report).run()
     if config.rollout.workers > 0:
         from turnrl.integrations.ray_workers import train_with_workers
 
