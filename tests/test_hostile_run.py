@@ -142,6 +142,23 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def communicate_or_dump(process: subprocess.Popen[str], timeout: float) -> str:
+    """Wait for ``process`` (started with ``PYTHONFAULTHANDLER=1``) and return its
+    stderr; past ``timeout`` send it SIGABRT, so that faulthandler prints every thread's
+    stack, and fail with that dump (where it waited is then in the test report)."""
+    try:
+        return process.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        try:
+            _, err = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            err = "(no dump within 30 s of SIGABRT)"
+        raise AssertionError(
+            f"pid {process.pid} still running {timeout:g} s later; its stacks:\n{err[-20000:]}"
+        ) from None
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -669,7 +686,7 @@ def test_a_stop_signal_kills_every_agent_process_and_resume_continues(
         "agent.command=" + json.dumps(command("spawns_and_hangs")),
         "train.steps=3",
     )
-    env = subprocess_env(HOSTILE_FLAG=str(flag))
+    env = subprocess_env(HOSTILE_FLAG=str(flag), PYTHONFAULTHANDLER="1")
     trainer = subprocess.Popen(
         [sys.executable, "-m", "turnrl.cli", *args],
         env=env,
@@ -691,7 +708,7 @@ def test_a_stop_signal_kills_every_agent_process_and_resume_continues(
         )
         assert len(marker_processes(marker)) >= 4
         trainer.send_signal(stop)
-        _, err = trainer.communicate(timeout=120)
+        err = communicate_or_dump(trainer, timeout=120)
     finally:
         if trainer.poll() is None:
             trainer.kill()
