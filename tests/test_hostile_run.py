@@ -752,6 +752,34 @@ def test_a_stop_whose_raise_was_lost_is_raised_again() -> None:
     assert signal.getsignal(signal.SIGTERM) is handler
 
 
+def test_a_stop_lost_in_a_task_nobody_awaits_still_stops_an_idle_event_loop() -> None:
+    """The SIGTERM hang of stop 45's CI (a trainer still running 120 s after the
+    signal, saying nothing): the signal lands while a task nobody awaits runs (the agent
+    runner's pipe readers), asyncio stores the ``RunInterrupted`` in that task, and the
+    loop goes back to waiting in its selector until the next timer (the agents'
+    timeout). A repeat must wake the selector, as a signal does; scheduling the handler
+    (``_thread.interrupt_main``) does not, so this waited the whole sleep."""
+    import asyncio
+
+    from turnrl.train.stop_signals import RunInterrupted, stopping_on_signals
+
+    async def body() -> None:
+        async def reader() -> None:  # a pipe reader: its exceptions are kept, not raised
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # the signal interrupts this: the raise is stored in the task
+            pytest.fail("the stop did not interrupt the reader")
+
+        reading = asyncio.ensure_future(reader())
+        await asyncio.sleep(0)  # the reader runs, and takes the stop
+        assert reading.done()
+        await asyncio.sleep(120)  # the loop idles in its selector (the agents' timeout)
+
+    started = time.monotonic()
+    with pytest.raises(RunInterrupted), stopping_on_signals():
+        asyncio.run(body())
+    assert time.monotonic() - started < 60, "the repeat did not wake the idle loop"
+
+
 def test_repeats_do_not_interrupt_the_unwinding_of_the_first_stop() -> None:
     """While the first ``RunInterrupted`` propagates (cleanup in ``finally`` blocks that
     take longer than the watchdog's period), the repeats are ignored: the cleanup runs

@@ -14,9 +14,14 @@ ignored.
 A raise from a signal handler can be lost: where the signal lands inside a callback
 whose exceptions Python only prints (``Exception ignored in ...``: logging's after-fork
 hook, a finaliser), the body carries on as if nothing happened, and a run under
-``timeout`` would never stop. So after the first signal a watchdog thread raises it
-again in the main thread (``_thread.interrupt_main``) every :data:`RETRY_S` seconds
-until the cleanup starts; each repeat raises again,
+``timeout`` would never stop. The same happens where it lands while an asyncio task
+runs that nobody awaits (the agent runner's pipe readers): asyncio keeps the exception
+in the task, and the event loop goes back to waiting in its selector. So after the
+first signal a watchdog thread sends it again to the main thread
+(``signal.pthread_kill``) every :data:`RETRY_S` seconds until the cleanup starts. A real
+signal is needed: it interrupts the selector's wait (``_thread.interrupt_main`` only
+schedules the handler, which then runs when the loop next wakes, at the agents'
+timeout: the stop of a run under ``timeout`` hung that long). Each repeat raises again,
 unless a :class:`RunInterrupted` is already propagating (the handler sees it as the
 exception being handled, or as the context of the one being handled), in which case the
 repeat is ignored.
@@ -24,7 +29,6 @@ repeat is ignored.
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import logging
 import signal
@@ -128,7 +132,9 @@ def _unwinding() -> bool:
 
 
 def _repeat_until(cleaning: threading.Event, signum: int) -> None:
-    """Send ``signum`` to this process every :data:`RETRY_S` seconds until ``cleaning``
-    is set (the watchdog of the module docstring)."""
+    """Send ``signum`` to the main thread every :data:`RETRY_S` seconds until
+    ``cleaning`` is set (the watchdog of the module docstring)."""
+    main = threading.main_thread().ident
+    assert main is not None
     while not cleaning.wait(RETRY_S):
-        _thread.interrupt_main(signum)
+        signal.pthread_kill(main, signum)
