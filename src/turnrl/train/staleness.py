@@ -58,9 +58,10 @@ def steps_sampled_with(
 def check_staleness(config: Any, p: Problems) -> None:
     """``train.max_staleness >= 1`` needs a run whose sampling can move away from the
     update: a built-in environment with the ``independent`` strategy (a sampler
-    process), or the agent loop at ``K = 1`` (partial rollouts,
-    :mod:`turnrl.train.agent.asynchronous`); ``policy.backend = "hf"``; one process (no
-    Ray workers, no torchrun ranks). ``config`` is a ``RunConfig``; ``p`` the top
+    process holding a transformers copy or a vLLM engine: ``policy.backend`` ``"hf"`` or
+    ``"vllm"``), or the agent loop at ``K = 1`` (partial rollouts,
+    :mod:`turnrl.train.agent.asynchronous`; ``"hf"`` only); one process (no Ray workers,
+    no torchrun ranks). ``config`` is a ``RunConfig``; ``p`` the top
     level's problems."""
     staleness = config.train.max_staleness
     p.at_least("train.max_staleness", staleness, 0)
@@ -81,11 +82,20 @@ def check_staleness(config: Any, p: Problems) -> None:
         p.add(key, f"needs rollout.strategy = 'independent': {why} (use 0)")
     elif config.rollout.strategy != "independent":
         p.add(key, "needs rollout.strategy = 'independent' (the one strategy built for it)")
-    if config.policy.backend != "hf":
+    backend = config.policy.backend
+    if config.mode == "agent" and backend != "hf":
         p.add(
             key,
-            f"needs policy.backend = 'hf' (the sampler process holds a transformers copy of "
-            f"the weights); {config.policy.backend!r} has no sampler process yet (use 0)",
+            f"needs policy.backend = 'hf' in the agent loop (its agents' calls sample from "
+            f"a transformers copy in the learner's process); {backend!r} has no served copy "
+            "there yet (use 0)",
+        )
+    elif backend not in ("hf", "vllm"):
+        p.add(
+            key,
+            f"needs policy.backend = 'hf' or 'vllm' (the sampler process holds a "
+            f"transformers copy or a vLLM engine); {backend!r} has no sampler process yet "
+            "(use 0)",
         )
     if config.rollout.workers > 0:
         p.add(key, "not with rollout.workers: Ray workers sample in step with the learner (use 0)")

@@ -60,6 +60,9 @@ class AsyncOnlineTrainer(OnlineTrainer):
         self._next_request = 1
         self._resumed_at = 0
         self._idle = {"seconds_push": 0.0}
+        self._engine_version: int | None = None
+        """The version the learner's own sampler holds (a vLLM engine's is pushed
+        lazily, :meth:`_push_weights`)."""
 
     # ------------------------------------------------------------------ schedule
     def _is_checkpoint(self, step: int) -> bool:
@@ -76,12 +79,26 @@ class AsyncOnlineTrainer(OnlineTrainer):
 
     # ------------------------------------------------------------------ set-up
     def setup(self, checkpoint: Checkpoint | None) -> int:
-        done = super().setup(checkpoint)
-        cfg = self.config
+        """The sampler process starts first, so that building its copy (and starting its
+        vLLM engine) overlaps the learner's own set-up and warm start; it samples
+        nothing before the first push."""
+        process = SamplerProcess(self._sampler_spec())
+        try:
+            done = super().setup(checkpoint)
+        except BaseException:
+            process.close()
+            raise
+        self.sampler_process = process
         self._resumed_at = done
         self._next_request = done + 1
         self._lookahead = copy.deepcopy(self.sampler)
-        spec = SamplerSpec(
+        self._send_version()
+        return done
+
+    def _sampler_spec(self) -> SamplerSpec:
+        """What the sampler process builds (:class:`SamplerSpec`), from the config."""
+        cfg = self.config
+        return SamplerSpec(
             policy=replace(cfg.policy, lora_rank=0),
             seed=cfg.train.seed,
             env_name=cfg.env.name,
@@ -92,15 +109,24 @@ class AsyncOnlineTrainer(OnlineTrainer):
             prefix_cache=bool(cfg.rollout.params.get("prefix_cache", True)),
             per_episode_seeds=cfg.rollout.per_episode_seeds,
             max_context_tokens=cfg.rollout.max_context_tokens,
+            rows=cfg.rollout.tasks_per_step * cfg.rollout.group_size,
         )
-        self.sampler_process = SamplerProcess(spec)
-        self._send_version()
-        return done
 
     def _push_weights(self) -> None:
-        super()._push_weights()
+        """The weights to the sampler process; the learner's own vLLM engine (it only
+        evaluates here) gets them when an evaluation needs them (:meth:`evaluate`), not
+        after every update."""
+        if self.rollout_policy is self.policy or self._engine_version is None:
+            super()._push_weights()
+            self._engine_version = self.policy_version
         if self.sampler_process is not None:
             self._send_version()
+
+    def evaluate(self) -> dict[str, float]:
+        if self._engine_version != self.policy_version:
+            super()._push_weights()
+            self._engine_version = self.policy_version
+        return super().evaluate()
 
     def _send_version(self) -> None:
         """Push the learner's weights to the sampler, then request the steps that sample

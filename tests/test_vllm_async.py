@@ -1,0 +1,91 @@
+"""``train.max_staleness = 1`` with ``policy.backend = "vllm"`` (#37): the sampler process
+holds a vLLM engine of its own.
+
+Runs in ``.venv-vllm`` (``make test-vllm``); skipped with the reason wherever ``import
+vllm`` fails. Tiny model of head size 32 (``policy.heads = 2``), on the parity
+environment from the untrained model (rewards that vary, so updates change the weights),
+engines started eagerly (``policy.vllm_compile = false``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="vllm is not installed here (make setup-vllm)")
+
+from turnrl.policy.vllm import VLLMPolicy  # noqa: E402
+from turnrl.train.lifecycle import Lifecycle  # noqa: E402
+from turnrl.train.online.asynchronous import AsyncOnlineTrainer, online_trainer  # noqa: E402
+from turnrl.train.online.trainer import OnlineTrainer  # noqa: E402
+from turnrl.train.process_tree import multiprocessing_services  # noqa: E402
+from turnrl.train.validate import validate  # noqa: E402
+
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # a shared machine: no pinning
+
+ON_VLLM = (
+    "env.name=parity", "env.env_kwargs={}", "env.task_kwargs={}", "warm_start.steps=0",
+    "policy.heads=2", "policy.backend=vllm", "policy.vllm_compile=false",
+    "train.log_rollouts_every=1", "train.tis_cap=2.0",
+)  # fmt: skip
+"""The parity environment from the untrained model, sampled by vLLM."""
+
+
+def records(run_dir: Path, step: int) -> list[dict[str, Any]]:
+    path = run_dir / "rollouts" / f"step-{step:06d}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_sampler_process_samples_on_its_own_engine(
+    tmp_path: Path, tiny_train, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K = 1 on vLLM: the sampler process starts an engine from its copy of the weights
+        and reloads every push into it. Step 1 (version 0 in both runs, same seeds) samples
+        exactly the tokens and log-probs of the synchronous vLLM run; steps 2 and 4 sample
+        one version behind (the schedule of a checkpoint every 2 steps: 0, 0, 2, 2) and the
+        per-turn correction is logged. The learner's own engine (it evaluates) gets the
+        weights only before an evaluation: at the start and at steps 2 and 4, not after
+        every update. No process is left after the run (multiprocessing's resource tracker,
+    which leaves with this process, aside)."""
+    import psutil
+
+    sync = OnlineTrainer(tiny_train(tmp_path / "sync", *ON_VLLM, "train.steps=1"), quiet=True)
+    Lifecycle(sync).run()
+    loaded: list[int] = []
+    reload = VLLMPolicy.load_full_weights
+
+    def counting(self: VLLMPolicy, weights: Any, version: int) -> None:
+        loaded.append(version)  # this process's engine only: the sampler is spawned
+        reload(self, weights, version)
+
+    monkeypatch.setattr(VLLMPolicy, "load_full_weights", counting)
+    me = psutil.Process()
+    children_before = {p.pid for p in me.children(recursive=True)}
+    config = tiny_train(tmp_path / "k1", *ON_VLLM, "train.max_staleness=1")
+    validate(config)  # K >= 1 on "vllm": allowed (refused before the sampler held an engine)
+    trainer = online_trainer(config, quiet=True)
+    assert isinstance(trainer, AsyncOnlineTrainer)
+    Lifecycle(trainer).run()
+
+    assert loaded == [0, 2, 4]
+    first = records(tmp_path / "k1", 1)
+    assert {r.pop("policy_version") for r in first} == {0}
+    plain = records(tmp_path / "sync", 1)
+    for r in plain:
+        r.pop("policy_version", None)
+    assert first == plain
+    rows = [
+        json.loads(line) for line in (tmp_path / "k1" / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [r for r in rows if r["step"] >= 1]
+    assert [r["policy_version"] for r in steps] == [0, 0, 2, 2]
+    assert [r["staleness_max"] for r in steps] == [0.0, 1.0, 0.0, 1.0]
+    assert any(r["grad_norm"] > 0 for r in steps[:3])  # the weights moved: stale is stale
+    assert all(0.0 <= r["tis_corrected_frac"] <= 1.0 for r in steps)
+    assert {r["policy_version"] for r in records(tmp_path / "k1", 4)} == {2}
+    left = {p.pid for p in me.children(recursive=True)} - children_before
+    assert left - multiprocessing_services() == set()
