@@ -194,8 +194,14 @@ def main() -> None:
     print(f"({time.perf_counter() - started:.0f} s of wall time)")
     if args.write:
         recipe = "" if args.recipe == "tiny" else f"--recipe {args.recipe} "
+        python = "OMP_NUM_THREADS=1 .venv/bin/python"
+        if args.recipe.endswith("vllm"):
+            python = (
+                "TURNRL_SMOLLM2_DIR=<the converted SmolLM2> VLLM_CPU_OMP_THREADS_BIND=nobind "
+                "OMP_NUM_THREADS=1 .venv-vllm/bin/python"
+            )
         command = (
-            "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/async.py "
+            f"{python} benchmarks/async.py "
             f"{recipe}--rounds {args.rounds} --steps {args.steps} --write"
         )
         body = (

@@ -280,6 +280,52 @@ def _workers(launcher: int) -> dict[int, int]:
     return found
 
 
+ASYNC = (
+    *LAYOUTS[FAST_LAYOUT],
+    "train.max_staleness=1",
+    "train.tis_cap=2.0",
+    "train.checkpoint_every=3",
+    "train.log_rollouts_every=1",
+)
+"""K = 1, no checkpoint before the last step: steps 2 and 3 sample one version behind."""
+
+
+def test_two_asynchronous_ranks_equal_one_asynchronous_process(tmp_path: Path) -> None:
+    """``train.max_staleness = 1`` under torchrun (#37): each rank's sampler process
+    samples the rank's share of the next step while the ranks update. The run equals
+    one process at K = 1 (both with per-episode seeds): the same episodes, token for
+    token, sampled with the same versions, the same metrics (the per-turn correction's
+    ``mismatch_*`` and ``tis_corrected_frac`` are the global batch's on both), and
+    weights within ``WEIGHT_ATOL``."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    train(one, 0, *ASYNC)
+    train(two, 2, *ASYNC)
+    rows = metrics(two)
+    assert [r["policy_version"] for r in rows[1:]] == [0, 0, 1]
+    assert [r["staleness_max"] for r in rows[1:]] == [0.0, 1.0, 1.0]
+    assert all(r["grad_norm"] > 0 for r in rows[1:])
+    assert [r["episodes"] for r in rows[1:]] == [16, 16, 16]
+    alone = metrics(one)
+    for row_one, row_two in zip(alone, rows, strict=True):
+        # the learner's recomputation for the per-turn correction runs on each rank's
+        # rows: its gap to the sampler's log-probs (about 1e-7) differs in float noise
+        for key in [k for k in row_one if k.startswith("mismatch_")]:
+            assert row_two.pop(key) == pytest.approx(row_one.pop(key), abs=1e-6), key
+    assert_metrics_close(alone, rows)
+    for step in (1, 2, 3):
+        path = Path("rollouts") / f"step-{step:06d}.jsonl"
+        alone_records, rank_records = (
+            [json.loads(line) for line in (run / path).read_text().splitlines()]
+            for run in (one, two)
+        )
+        assert len(alone_records) == len(rank_records) > 0
+        for a, b in zip(alone_records, rank_records, strict=True):
+            # log-probs from batches of 16 episodes against 8: float noise (about 5e-7)
+            assert b.pop("logprobs") == pytest.approx(a.pop("logprobs"), abs=1e-5)
+            assert a == b, step  # every token, reward, version and advantage
+    assert max_difference(weights(one, 3), weights(two, 3)) <= WEIGHT_ATOL
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds ranks through /proc")
 def test_killed_rank_ends_the_run_with_one_line(tmp_path: Path) -> None:
     run_dir = tmp_path / "killed"

@@ -32,6 +32,23 @@ def test_mismatch_stats_on_hand_built_rows() -> None:
     assert stats["mismatch_seq_ratio_std"] == pytest.approx((1.0 - math.exp(-0.5)) / 2)
 
 
+def test_under_ranks_the_statistics_are_the_global_batchs() -> None:
+    """Rank 0 holds row 0, rank 1 row 1 (``gather``: every rank's value, in rank order):
+    each rank gets the statistics of both rows, as one process computes them; and the
+    share of corrected tokens counts every rank's tokens."""
+    from turnrl.train.update.turn_correction import global_fraction
+
+    sent: list[object] = []
+    mismatch_stats(LEARNER[1:], SAMPLER[1:], MASK[1:], lambda mine: sent.append(mine) or [mine])
+    split = mismatch_stats(LEARNER[:1], SAMPLER[:1], MASK[:1], lambda mine: [mine, sent[0]])
+    assert split == pytest.approx(mismatch_stats(LEARNER, SAMPLER, MASK))
+    assert split["mismatch_seq_ratio_std"] == pytest.approx((1.0 - math.exp(-0.5)) / 2)
+    # rank 0: 2 of 8 tokens capped, rank 1: 2 of 4: 4 of 12 in all (not the mean of 1/4, 1/2)
+    both = lambda mine: [mine, (0.5, 4)]  # noqa: E731
+    assert global_fraction({"tis_corrected_frac": 0.25}, 8, both) == {"tis_corrected_frac": 1 / 3}
+    assert global_fraction({}, 0, lambda mine: [mine, (0.0, 0)]) == {}
+
+
 def test_mismatch_of_identical_log_probs_is_zero() -> None:
     stats = mismatch_stats(LEARNER, LEARNER, MASK)
     assert stats["mismatch_logp_abs_max"] == 0.0 and stats["mismatch_kl"] == 0.0

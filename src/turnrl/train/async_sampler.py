@@ -94,6 +94,9 @@ class SampleRequest:
     tasks: tuple[Task, ...]
     seed: int
     traj_prefix: str
+    owned: tuple[int, int] | None = None
+    """Under torchrun: the task slots ``[start, stop)`` this rank samples (the episodes of
+    those tasks in the step's plan, each with its own seed); None: every episode."""
 
 
 @dataclass
@@ -122,21 +125,32 @@ def _sample(policy: Any, spec: SamplerSpec, request: SampleRequest, version: int
     sample them (same seeds, same trajectory ids), records tagged with ``version``."""
     from turnrl.envs import make_env
     from turnrl.rollout.context_cap import cap_context
-    from turnrl.rollout.runner import run_episodes
+    from turnrl.rollout.runner import plan_episodes, run_episodes, run_planned_episodes
     from turnrl.rollout.tokens import PrefixReuse
 
     counting = PrefixReuse(cap_context(policy, spec.max_context_tokens), enabled=spec.prefix_cache)
-    batch = run_episodes(
-        counting,
-        partial(make_env, spec.env_name, **spec.env_kwargs),
-        list(request.tasks),
-        group_size=spec.group_size,
-        max_new_tokens=spec.max_new_tokens,
-        temperature=spec.temperature,
-        seed=request.seed,
-        traj_prefix=request.traj_prefix,
-        per_episode_seeds=spec.per_episode_seeds,
-    )
+    env = partial(make_env, spec.env_name, **spec.env_kwargs)
+    sampling = {"max_new_tokens": spec.max_new_tokens, "temperature": spec.temperature}
+    if request.owned is None:
+        batch = run_episodes(
+            counting,
+            env,
+            list(request.tasks),
+            group_size=spec.group_size,
+            seed=request.seed,
+            traj_prefix=request.traj_prefix,
+            per_episode_seeds=spec.per_episode_seeds,
+            **sampling,
+        )
+    else:  # a rank's share: as DistributedOnlineTrainer samples it in step with the update
+        start, stop = request.owned
+        plan = plan_episodes(list(request.tasks), spec.group_size, request.traj_prefix)
+        planned = [
+            (k, task, traj)
+            for k, (task, traj) in enumerate(plan)
+            if start <= k // spec.group_size < stop
+        ]
+        batch = run_planned_episodes(counting, env, planned, seed=request.seed, **sampling)
     batch.records = [dataclasses.replace(r, policy_version=version) for r in batch.records]
     batch.episodes = [_without_env(e) for e in batch.episodes]
     batch.extra["tokens_computed"] = counting.tokens_computed
@@ -302,9 +316,18 @@ class SamplerProcess:
         self._pushed[version] = shared
         self._inbox.put(("weights", version, shared))
 
-    def request(self, step: int, tasks: Sequence[Task], seed: int, traj_prefix: str) -> None:
-        """Ask for step ``step``'s episodes (sampled with the last weights pushed)."""
-        self._inbox.put(("sample", SampleRequest(step, tuple(tasks), seed, traj_prefix)))
+    def request(
+        self,
+        step: int,
+        tasks: Sequence[Task],
+        seed: int,
+        traj_prefix: str,
+        owned: tuple[int, int] | None = None,
+    ) -> None:
+        """Ask for step ``step``'s episodes (sampled with the last weights pushed); under
+        torchrun those of the task slots ``owned``."""
+        request = SampleRequest(step, tuple(tasks), seed, traj_prefix, owned)
+        self._inbox.put(("sample", request))
 
     def receive(self, step: int) -> tuple[SampledStep, float]:
         """Step ``step``'s episodes, waiting for them; and the seconds waited. Raises

@@ -60,9 +60,10 @@ def check_staleness(config: Any, p: Problems) -> None:
     update: a built-in environment with the ``independent`` strategy (a sampler
     process holding a transformers copy or a vLLM engine: ``policy.backend`` ``"hf"`` or
     ``"vllm"``), or the agent loop at ``K = 1`` (partial rollouts,
-    :mod:`turnrl.train.agent.asynchronous`; ``"hf"`` only); one process (no Ray workers,
-    no torchrun ranks). ``config`` is a ``RunConfig``; ``p`` the top
-    level's problems."""
+    :mod:`turnrl.train.agent.asynchronous`; ``"hf"`` only, one process); no Ray workers;
+    under torchrun each rank has a sampler process of its own
+    (:mod:`turnrl.train.online.async_ranks`), not with ``train.sharding = "fsdp2"``.
+    ``config`` is a ``RunConfig``; ``p`` the top level's problems."""
     staleness = config.train.max_staleness
     p.at_least("train.max_staleness", staleness, 0)
     if staleness < 1:
@@ -100,5 +101,15 @@ def check_staleness(config: Any, p: Problems) -> None:
     if config.rollout.workers > 0:
         p.add(key, "not with rollout.workers: Ray workers sample in step with the learner (use 0)")
     world = world_from_env()
-    if world.split:
-        p.add(key, f"runs in one process; torchrun started {world.size} ranks (use 0)")
+    if world.split and config.mode == "agent":
+        p.add(
+            key,
+            f"the agent loop runs ahead in one process; torchrun started {world.size} "
+            "ranks (use 0)",
+        )
+    if config.train.sharding == "fsdp2":
+        p.add(
+            key,
+            "not with train.sharding = 'fsdp2': a sampler process beside a sharded "
+            "learner is not built (use 0)",
+        )

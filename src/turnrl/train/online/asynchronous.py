@@ -135,7 +135,7 @@ class AsyncOnlineTrainer(OnlineTrainer):
         cfg = self.config
         started = time.perf_counter()
         version = self.policy_version
-        self.sampler_process.push(version, full_weights(self.policy))
+        self.sampler_process.push(version, full_weights(self._whole_policy()))
         self._idle["seconds_push"] += time.perf_counter() - started
         steps = steps_sampled_with(
             version, cfg.train.max_staleness, self.schedule.steps, self._is_checkpoint
@@ -150,19 +150,25 @@ class AsyncOnlineTrainer(OnlineTrainer):
             )
             tasks = [self.train_tasks[i] for i in picks]
             self._requested[step] = tuple(t.task_id for t in tasks)
-            self.sampler_process.request(
-                step, tasks, derive_seed(cfg.train.seed, "rollout", step), f"s{step}-"
-            )
+            seed = derive_seed(cfg.train.seed, "rollout", step)
+            self.sampler_process.request(step, tasks, seed, f"s{step}-", self._owned_slots())
             self._next_request = step + 1
+
+    def _owned_slots(self) -> tuple[int, int] | None:
+        """The task slots this process samples: all (None); a rank's share under torchrun."""
+        return None
 
     # --------------------------------------------------------------- one step
     def _runner(self, tasks: list[Task]) -> Callable[..., RolloutBatch]:
-        """The step's episodes from the sampler process, in place of sampling them."""
-        return self._take_sampled
+        """The step's episodes from the sampler process, in place of sampling them
+        (``tasks``: the step's whole draw, checked against what was requested)."""
 
-    def _take_sampled(
-        self, policy: Any, make_env: Any, tasks: Sequence[Task], **kwargs: Any
-    ) -> RolloutBatch:
+        def take(policy: Any, make_env: Any, own_tasks: Sequence[Task], **kwargs: Any) -> Any:
+            return self._take_sampled(tasks, **kwargs)
+
+        return take
+
+    def _take_sampled(self, tasks: Sequence[Task], **kwargs: Any) -> RolloutBatch:
         assert self.sampler_process is not None
         step = self.step
         expected = (derive_seed(self.config.train.seed, "rollout", step), f"s{step}-")

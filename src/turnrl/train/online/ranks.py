@@ -457,7 +457,9 @@ def train_distributed(
             if world.main and report is not None:
                 report(run_dir)
             return
-        online = DistributedOnlineTrainer(
+        from turnrl.train.online.async_ranks import rank_trainer
+
+        online = rank_trainer(
             config,
             world,
             resume=resume,

@@ -21,7 +21,7 @@ The truncated importance weights built on the same numbers live in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -73,15 +73,24 @@ def learner_logprobs(
 
 
 def mismatch_stats(
-    learner_logp_B_T: torch.Tensor, sampler_logp_B_T: torch.Tensor, mask_B_T: torch.Tensor
+    learner_logp_B_T: torch.Tensor,
+    sampler_logp_B_T: torch.Tensor,
+    mask_B_T: torch.Tensor,
+    gather: Callable[[Any], list[Any]] | None = None,
 ) -> dict[str, float]:
-    """The ``mismatch_*`` metrics of one batch (see the module docstring)."""
+    """The ``mismatch_*`` metrics of one batch (see the module docstring). Under torchrun
+    ``gather`` (every rank's value, in rank order) makes them the global batch's: each
+    rank holds only its rows."""
     mask = mask_B_T.to(torch.bool)
     diff_B_T = torch.where(mask, learner_logp_B_T.double() - sampler_logp_B_T.double(), 0.0)
     tokens = diff_B_T[mask]
+    seq_ratio_B = torch.exp(diff_B_T.sum(dim=1))[mask.any(dim=1)]
+    if gather is not None:
+        ranks = gather((tokens, seq_ratio_B))
+        tokens = torch.cat([part for part, _ in ranks])
+        seq_ratio_B = torch.cat([part for _, part in ranks])
     if tokens.numel() == 0:
         return {}
-    seq_ratio_B = torch.exp(diff_B_T.sum(dim=1))[mask.any(dim=1)]
     kl = torch.exp(tokens) - 1.0 - tokens
     return {
         "mismatch_logp_abs_mean": float(tokens.abs().mean()),

@@ -83,7 +83,7 @@ from turnrl.train.update.loss import (
 from turnrl.train.update.memory import ActivationMeter, cuda_peak
 from turnrl.train.update.minibatches import row_minibatches, tree_minibatches
 from turnrl.train.update.mismatch import learner_logprobs, mismatch_stats
-from turnrl.train.update.turn_correction import turn_is_weights
+from turnrl.train.update.turn_correction import global_fraction, turn_is_weights
 from turnrl.types import TurnRecord
 
 __all__ = [
@@ -248,11 +248,14 @@ def ppo_update(
         learner_B_T = learner_logprobs(
             policy, batch, temperature=temperature, max_tokens=config.max_tokens_per_batch
         )
-        mismatch = mismatch_stats(learner_B_T, batch.old_logp_B_T, batch.mask_B_T)
+        gather = None if shard is None else shard.gather
+        mismatch = mismatch_stats(learner_B_T, batch.old_logp_B_T, batch.mask_B_T, gather)
         if config.tis_cap > 0:  # per turn: each row against its own behaviour log-probs
             is_weight_B_T, corrected = turn_is_weights(
                 learner_B_T, batch.old_logp_B_T, batch.mask_B_T, config.tis_cap, config.tis_mode
             )
+            if gather is not None:  # the global batch's share of corrected tokens
+                corrected = global_fraction(corrected, int(batch.mask_B_T.sum()), gather)
             mismatch.update(corrected)
             batch = replace(batch, old_logp_B_T=learner_B_T)
     meter = ActivationMeter(policy.model)

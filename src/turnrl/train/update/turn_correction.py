@@ -25,14 +25,15 @@ recomputed before the update at the sampling temperature:
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from turnrl.train.update.loss import truncated_is_weights
 
-__all__ = ["TIS_MODES", "TisMode", "turn_is_weights"]
+__all__ = ["TIS_MODES", "TisMode", "global_fraction", "turn_is_weights"]
 
 TisMode = Literal["truncate", "mask"]
 TIS_MODES: tuple[TisMode, ...] = ("truncate", "mask")
@@ -66,3 +67,14 @@ def turn_is_weights(
     count = int(tokens.sum())
     stats = {"tis_corrected_frac": float(changed.sum()) / count} if count else {}
     return weights, stats
+
+
+def global_fraction(
+    stats: dict[str, float], tokens: int, gather: Callable[[Any], list[Any]]
+) -> dict[str, float]:
+    """``tis_corrected_frac`` of the global batch under torchrun, from each rank's
+    fraction of its own ``tokens`` response tokens (``gather``: every rank's value)."""
+    ranks = gather((stats.get("tis_corrected_frac", 0.0), tokens))
+    total = sum(count for _, count in ranks)
+    changed = sum(round(frac * count) for frac, count in ranks)
+    return {"tis_corrected_frac": changed / total} if total else {}
