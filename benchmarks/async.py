@@ -142,13 +142,17 @@ def summary(rounds: list[dict[str, list[dict]]], steps: int) -> str:
     """The result as a markdown table and its lines."""
     lines = [
         "| round | sync steps/h | K=1 steps/h | ratio | bound (sync phases) "
-        "| K=1 staleness mean | K=1 learner idle s/step |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| sync episodes/s | K=1 episodes/s | K=1 staleness mean | K=1 learner idle s/step |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     ratios, bounds = [], []
     for i, arms in enumerate(rounds, 1):
         sync, fast = arms["sync"], arms["k1"]
         rate = {k: steps / sum(r["seconds_step"] for r in rows) * 3600 for k, rows in arms.items()}
+        episodes = {  # finished episodes (agent loop: rollouts that did not fail) per second
+            k: sum(r["episodes"] for r in rows) / sum(r["seconds_step"] for r in rows)
+            for k, rows in arms.items()
+        }
         phase = "seconds_agents" if "seconds_agents" in sync[0] else "seconds_sampling"
         sampling = float(np.mean([r[phase] for r in sync]))
         update = float(np.mean([r["seconds_update"] for r in sync]))
@@ -160,7 +164,8 @@ def summary(rounds: list[dict[str, list[dict]]], steps: int) -> str:
         idle = float(np.mean([r["seconds_learner_idle"] for r in fast]))
         lines.append(
             f"| {i} | {rate['sync']:,.0f} | {rate['k1']:,.0f} | {ratio:.2f}x | {bound:.2f}x "
-            f"(sampling {sampling:.2f} s + update {update:.2f} s) | {staleness:.2f} | {idle:.2f} |"
+            f"(sampling {sampling:.2f} s + update {update:.2f} s) | {episodes['sync']:.2f} "
+            f"| {episodes['k1']:.2f} | {staleness:.2f} | {idle:.2f} |"
         )
     lines += [
         "",
