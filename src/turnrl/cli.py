@@ -103,7 +103,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = _load_run_config(RunConfig, args)
     world = world_from_env()
     if world.split:  # one rank of several under torchrun (docs/distributed.md)
-        from turnrl.train.online.ranks import train_distributed
+        from turnrl.train.online.rank_entry import train_distributed
 
         return train_distributed(
             config,

@@ -29,15 +29,7 @@ from turnrl.train.online.asynchronous import AsyncOnlineTrainer
 from turnrl.train.online.ranks import DistributedOnlineTrainer
 from turnrl.types import Task
 
-__all__ = ["AsyncDistributedOnlineTrainer", "rank_trainer"]
-
-
-def rank_trainer(config: Any, world: dist.World, **options: Any) -> DistributedOnlineTrainer:
-    """One rank's environment trainer: asynchronous when ``train.max_staleness >= 1``,
-    else the synchronous one (as before)."""
-    if config.train.max_staleness >= 1:
-        return AsyncDistributedOnlineTrainer(config, world, **options)
-    return DistributedOnlineTrainer(config, world, **options)
+__all__ = ["AsyncDistributedOnlineTrainer"]
 
 
 class AsyncDistributedOnlineTrainer(AsyncOnlineTrainer, DistributedOnlineTrainer):

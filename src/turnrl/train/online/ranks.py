@@ -32,7 +32,8 @@ rank the episodes of its tasks (:meth:`DistributedOnlineTrainer._pool_share`).
 Not supported under torchrun yet (refused with one line): tree rollout strategies
 (RTPO learns once per turn position, a count that differs between ranks). The agent
 loop runs over ranks too
-(:mod:`turnrl.train.agent.distributed`; :func:`train_distributed` starts either), and
+(:mod:`turnrl.train.agent.distributed`;
+:func:`turnrl.train.online.rank_entry.train_distributed` starts either), and
 so does ``turnrl iterate`` (:mod:`turnrl.train.iterate.distributed`).
 """
 
@@ -41,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,7 +59,6 @@ from turnrl.table import TurnTable
 from turnrl.train import distributed as dist
 from turnrl.train.config import RunConfig
 from turnrl.train.fsdp import ShardedLearner, shard_optimizer
-from turnrl.train.lifecycle import Lifecycle
 from turnrl.train.metrics import advantage_metrics
 from turnrl.train.online.trainer import OnlineTrainer
 from turnrl.train.run import Checkpoint, RunDirectory, derive_seed, initial_policy
@@ -427,46 +427,3 @@ class DistributedOnlineTrainer(OnlineTrainer):
                 close()
         finally:
             super().close()
-
-
-def train_distributed(
-    config: RunConfig,
-    world: dist.World,
-    *,
-    resume: bool,
-    overwrite: bool,
-    quiet: bool,
-    report: Callable[[Path], None] | None = None,
-    pool_factory: Callable[[RunConfig], RolloutPool] | None = None,
-) -> NoReturn:
-    """One rank of ``turnrl train`` under torchrun: join the group, train (a built-in
-    environment here, the agent loop with ``[agent]``), rank 0 calls
-    ``report(run_dir)``; leave the group; end the process with the exit status
-    (:func:`turnrl.train.distributed.run_as_rank`). With ``rollout.workers``, rank 0
-    samples on the pool ``pool_factory(config)`` builds (Ray workers)."""
-    quiet = quiet or not world.main
-
-    def work() -> None:
-        if config.agent.enabled:  # rank 0: the gateway and the agents; the others update
-            from turnrl.train.agent.distributed import agent_rank
-
-            trainer: Any = agent_rank(
-                config, world, resume=resume, overwrite=overwrite, quiet=quiet
-            )
-            run_dir = trainer.run()
-            if world.main and report is not None:
-                report(run_dir)
-            return
-        from turnrl.train.online.async_ranks import rank_trainer
-
-        online = rank_trainer(
-            config,
-            world,
-            resume=resume,
-            overwrite=overwrite,
-            quiet=quiet,
-            pool_factory=pool_factory,
-        )
-        Lifecycle(online, report=report if world.main else None).run()
-
-    return dist.run_as_rank(world, config.policy.device, work, command="turnrl train")
