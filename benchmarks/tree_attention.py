@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import RESULTS, write_section
 from update import SCENARIOS, collect_batches, config_for, warm_start
 
-from turnrl.policy.logprobs import target_logprobs
+from turnrl.policy.logprobs import scored_tokens
 from turnrl.policy.tree_layout import TreeLayout, split_rows, tree_logprobs
 from turnrl.train.lifecycle import Lifecycle
 from turnrl.train.online.trainer import OnlineTrainer
@@ -127,7 +127,7 @@ def kv_logprobs(model: Any, contexts: list[list[int]], responses: list[list[int]
             logits_at[segments[ks[b]][0] + t] = row
     slot = {n: j for j, n in enumerate(scored)}
     logits_K = torch.stack([logits_at[layout.parent[n]] for n in scored])
-    logp_K = target_logprobs(logits_K, torch.tensor([layout.ids[n] for n in scored]), 1.0)
+    logp_K = scored_tokens(logits_K, torch.tensor([layout.ids[n] for n in scored]), 1.0).logp
     index_B_T = torch.zeros(len(contexts), max(map(len, responses)), dtype=torch.long)
     mask_B_T = torch.zeros(index_B_T.shape)
     for b, row in enumerate(layout.nodes):

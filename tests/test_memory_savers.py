@@ -18,7 +18,7 @@ from test_tree_update import _reference, _run
 from turnrl.config_toml import load_config
 from turnrl.errors import ConfigError
 from turnrl.policy import HFPolicy, build_tiny_policy
-from turnrl.policy.logprobs import chunked_target_logprobs
+from turnrl.policy.logprobs import chunked_scored_tokens
 from turnrl.policy.lora import lora_policy
 from turnrl.policy.memory_savers import memory_savers
 from turnrl.train.config import RunConfig
@@ -138,9 +138,11 @@ def test_savers_keep_less_for_the_backward(layout) -> None:
     checkpointed_bytes, _ = _saved(policy, layout, checkpointing=True)
     chunked_bytes, chunked_rows = _saved(policy, layout, chunk=3)
     both_bytes, _ = _saved(policy, layout, checkpointing=True, chunk=3)
-    # the plain update keeps the logits of every position it scores: rows from the
-    # earliest response's predictor on, 5 x 9; tree: its 10 distinct response nodes
-    assert plain_rows == {"rows": 45, "tree": 10}[layout]
+    # the plain update keeps the log-softmax of every token it scores: rows, the 13
+    # response tokens of its 5 rows (the padded positions from the earliest response's
+    # predictor on, 5 x 9 = 45, are computed but not kept); tree: its 10 distinct
+    # response nodes
+    assert plain_rows == {"rows": 13, "tree": 10}[layout]
     assert chunked_rows <= 3  # no whole [tokens x vocab] tensor is kept
     assert checkpointed_bytes < plain_bytes / 3
     assert chunked_bytes < plain_bytes
@@ -151,14 +153,18 @@ def test_chunked_logprobs_without_grad_and_of_nothing() -> None:
     head = torch.nn.Linear(4, 7)
     hidden_N_H = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
     targets_N = torch.tensor([0, 6, 3, 3, 1])
-    whole_N = torch.log_softmax(head(hidden_N_H) / 0.7, -1).gather(-1, targets_N[:, None])[:, 0]
+    whole_N_V = torch.log_softmax(head(hidden_N_H) / 0.7, -1)
+    whole_N = whole_N_V.gather(-1, targets_N[:, None])[:, 0]
     with torch.no_grad():
-        chunked_N = chunked_target_logprobs(head, hidden_N_H, targets_N, 0.7, 2)
-    assert torch.allclose(chunked_N, whole_N, atol=1e-6, rtol=0)
-    empty = chunked_target_logprobs(head, hidden_N_H[:0], targets_N[:0], 0.7, 2)
-    assert empty.shape == (0,) and empty.dtype == torch.float32
+        chunked = chunked_scored_tokens(head, hidden_N_H, targets_N, 0.7, 2)
+    assert torch.allclose(chunked.logp, whole_N, atol=1e-6, rtol=0)
+    entropy_N = -(whole_N_V.exp() * whole_N_V).sum(-1)
+    assert torch.allclose(chunked.entropy, entropy_N, atol=1e-6, rtol=0)
+    empty = chunked_scored_tokens(head, hidden_N_H[:0], targets_N[:0], 0.7, 2)
+    assert empty.logp.shape == empty.entropy.shape == (0,)
+    assert empty.logp.dtype == torch.float32
     with pytest.raises(ValueError, match="chunk_tokens"):
-        chunked_target_logprobs(head, hidden_N_H, targets_N, 0.7, 0)
+        chunked_scored_tokens(head, hidden_N_H, targets_N, 0.7, 0)
 
 
 def test_savers_are_off_again_after_an_error_and_sampling_is_unchanged() -> None:

@@ -39,11 +39,11 @@ from turnrl.policy import lora
 from turnrl.policy.batching import check_lengths
 from turnrl.policy.chat import ChatEncoding, ChatFormat, load_tokenizer
 from turnrl.policy.decoding import Decoder, make_generators
-from turnrl.policy.logprobs import check_pairs, row_logprobs
+from turnrl.policy.logprobs import LayoutLogprobs, check_pairs, row_logprobs
 from turnrl.policy.packing import packed_logprobs
 from turnrl.policy.prefix_cache import PrefixCache
 from turnrl.policy.shared_decoding import SharedDecoder
-from turnrl.policy.tree_layout import TreeLogprobs, tree_logprobs
+from turnrl.policy.tree_layout import tree_logprobs
 from turnrl.types import Sample
 
 __all__ = ["HFPolicy", "load_tokenizer"]
@@ -248,7 +248,7 @@ class HFPolicy(ChatEncoding):
         responses: Sequence[Sequence[int]],
         *,
         temperature: float = 1.0,
-    ) -> TreeLogprobs:
+    ) -> LayoutLogprobs:
         """What ``response_logprobs`` returns, with every distinct token prefix of the
         rows computed once (see :mod:`turnrl.policy.tree_layout`)."""
         return self._scored(tree_logprobs, contexts, responses, temperature)
@@ -259,7 +259,7 @@ class HFPolicy(ChatEncoding):
         responses: Sequence[Sequence[int]],
         *,
         temperature: float = 1.0,
-    ) -> TreeLogprobs:
+    ) -> LayoutLogprobs:
         """What ``response_logprobs`` returns, the rows packed into one sequence without
         padding (see :mod:`turnrl.policy.packing`), with the positions run."""
         return self._scored(packed_logprobs, contexts, responses, temperature, padded=True)

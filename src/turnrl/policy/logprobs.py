@@ -8,16 +8,22 @@ distinct prefix once.)
 
 With ``chunk_tokens > 0`` (``train.logprob_chunk_tokens``), neither layout lets the
 model compute its logits: the decoder body gives hidden states, and
-:func:`chunked_target_logprobs` runs the output layer, the tempered log-softmax and
+:func:`chunked_scored_tokens` runs the output layer, the tempered log-softmax and
 the gather over that many tokens at a time, each chunk under
 ``torch.utils.checkpoint`` so that the backward recomputes a chunk's logits instead
 of keeping them; no ``[tokens x vocab]`` float32 tensor is ever whole (docs/memory.md).
+
+Every layout also returns each scored token's entropy under the same tempered
+distribution (:func:`token_entropy`): a metric, never differentiated, computed from
+the log-softmax the log-prob is gathered from, a bounded number of tokens at a time,
+so it adds no ``[tokens x vocab]`` tensor of its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -54,13 +60,59 @@ def tempered_log_softmax(logits_N_V: torch.Tensor, temperature: float) -> torch.
         return logp_N_V.clamp_min(torch.finfo(torch.float32).min)  # finite: 0 * it is 0
 
 
-def target_logprobs(
+ENTROPY_CHUNK_TOKENS = 256
+"""Tokens per piece of :func:`token_entropy`: its temporaries are at most this many
+rows of the vocabulary."""
+
+
+class ScoredTokens(NamedTuple):
+    """Per scored token: its log-prob (differentiable) and the entropy of the tempered
+    distribution it was drawn from (float32, detached)."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LayoutLogprobs:
+    """What an update layout returns for its rows (``HFPolicy.response_logprobs``'s
+    contract), the entropies and the positions the forward ran."""
+
+    logp_B_T: torch.Tensor
+    """Log-probs of the response tokens (float32, 0 at padding; differentiable)."""
+    mask_B_T: torch.Tensor
+    """1 on real response tokens (float32)."""
+    tokens_computed: int
+    """Positions run through the model: the layout's size."""
+    entropy_B_T: torch.Tensor
+    """Entropy in nats of the tempered distribution each response token was scored
+    under (float32, 0 at padding, detached): a metric, never a loss term."""
+
+
+def token_entropy(logp_N_V: torch.Tensor) -> torch.Tensor:
+    """``-sum_v p_v log p_v`` over the last axis of a log-softmax, in nats, float32,
+    without gradient, :data:`ENTROPY_CHUNK_TOKENS` rows at a time (a whole-tensor
+    ``exp`` would be one more ``[tokens x vocab]`` float32 tensor at the update's
+    peak). Probabilities that underflow to 0 contribute 0 (``entr(0) = 0``)."""
+    with torch.no_grad():
+        rows_N_V = logp_N_V.detach().float().reshape(-1, logp_N_V.shape[-1])
+        parts = [
+            torch.special.entr(piece.exp()).sum(-1)
+            for piece in rows_N_V.split(ENTROPY_CHUNK_TOKENS)
+        ]
+        flat = torch.cat(parts) if parts else rows_N_V.new_zeros((0,))
+        return flat.reshape(logp_N_V.shape[:-1])
+
+
+def scored_tokens(
     logits_N_V: torch.Tensor, targets_N: torch.Tensor, temperature: float
-) -> torch.Tensor:
+) -> ScoredTokens:
     """Log-prob of each target under ``softmax(logits / temperature)``, in float32
-    (:func:`tempered_log_softmax`: finite for every temperature > 0)."""
+    (:func:`tempered_log_softmax`: finite for every temperature > 0), and that
+    distribution's entropy (:func:`token_entropy`)."""
     logp_N_V = tempered_log_softmax(logits_N_V, temperature)
-    return logp_N_V.gather(-1, targets_N[..., None]).squeeze(-1)
+    logp_N = logp_N_V.gather(-1, targets_N[..., None]).squeeze(-1)
+    return ScoredTokens(logp_N, token_entropy(logp_N_V))
 
 
 def output_parts(model: Any) -> tuple[Any, Any]:
@@ -79,42 +131,46 @@ def output_parts(model: Any) -> tuple[Any, Any]:
     return base.get_decoder(), base.get_output_embeddings()
 
 
-def _head_logprobs(
+def _head_scores(
     head: Any, hidden_N_H: torch.Tensor, targets_N: torch.Tensor, temperature: float
-) -> torch.Tensor:
-    return target_logprobs(head(hidden_N_H), targets_N, temperature)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logp_N, entropy_N = scored_tokens(head(hidden_N_H), targets_N, temperature)
+    return logp_N, entropy_N
 
 
-def chunked_target_logprobs(
+def chunked_scored_tokens(
     head: Any,
     hidden_N_H: torch.Tensor,
     targets_N: torch.Tensor,
     temperature: float,
     chunk_tokens: int,
-) -> torch.Tensor:
-    """:func:`target_logprobs` of ``head(hidden_N_H)``, ``chunk_tokens`` tokens at a time.
+) -> ScoredTokens:
+    """:func:`scored_tokens` of ``head(hidden_N_H)``, ``chunk_tokens`` tokens at a time.
 
     With grad enabled each chunk runs under non-reentrant activation checkpointing: the
     forward keeps only the chunk's hidden states (already kept by the model), and the
-    backward recomputes the chunk's logits and log-softmax, one chunk at a time. The
-    numbers are :func:`target_logprobs` on the whole logits (each token's logits depend
-    on its own hidden state only)."""
+    backward recomputes the chunk's logits and log-softmax, one chunk at a time (its
+    entropy as well, which is discarded: the recomputation runs the function whole).
+    The numbers are :func:`scored_tokens` on the whole logits (each token's logits
+    depend on its own hidden state only)."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    parts = []
+    logps, entropies = [], []
     for hidden_C_H, targets_C in zip(
         hidden_N_H.split(chunk_tokens), targets_N.split(chunk_tokens), strict=True
     ):
         if torch.is_grad_enabled():
-            part = checkpoint(
-                _head_logprobs, head, hidden_C_H, targets_C, temperature, use_reentrant=False
+            logp_C, entropy_C = checkpoint(
+                _head_scores, head, hidden_C_H, targets_C, temperature, use_reentrant=False
             )
         else:
-            part = _head_logprobs(head, hidden_C_H, targets_C, temperature)
-        parts.append(part)
-    if not parts:
-        return hidden_N_H.new_zeros((0,), dtype=torch.float32)
-    return torch.cat(parts)
+            logp_C, entropy_C = _head_scores(head, hidden_C_H, targets_C, temperature)
+        logps.append(logp_C)
+        entropies.append(entropy_C)
+    if not logps:
+        empty = hidden_N_H.new_zeros((0,), dtype=torch.float32)
+        return ScoredTokens(empty, empty.clone())
+    return ScoredTokens(torch.cat(logps), torch.cat(entropies))
 
 
 def check_pairs(
@@ -143,6 +199,58 @@ def response_mask(
     return mask_B_T, targets_B_T.to(device)
 
 
+def row_scores(
+    model: Any,
+    contexts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    temperature: float,
+    pad_token_id: int,
+    device: torch.device,
+    chunk_tokens: int = 0,
+) -> LayoutLogprobs:
+    """The responses' log-probs and entropies, every row encoded on its own in one
+    padded forward (see ``HFPolicy.response_logprobs`` for the contract; the positions
+    run are rows x longest row). ``chunk_tokens > 0`` scores the response tokens that
+    many at a time (:func:`chunked_scored_tokens`); 0 lets the model compute the logits
+    of every needed position at once."""
+    batch = len(contexts)
+    longest = max((len(r) for r in responses), default=0)
+    if batch == 0 or longest == 0:
+        zeros = torch.zeros((batch, longest), device=device)
+        return LayoutLogprobs(zeros, zeros.clone(), 0, zeros.clone())
+    seqs = [list(c) + list(r) for c, r in zip(contexts, responses, strict=True)]
+    ids_B_L, mask_B_L = pad_ids(seqs, pad_token_id, left=False, device=device)
+    length = ids_B_L.shape[1]
+    inputs = {
+        "input_ids": ids_B_L,
+        "attention_mask": mask_B_L,
+        "position_ids": torch.arange(length, device=device).expand(batch, length),
+        "use_cache": False,
+    }
+    ctx_len_B = torch.tensor([len(c) for c in contexts], device=device)
+    mask_B_T, targets_B_T = response_mask(responses, device)
+    # Logit at absolute position p predicts token p + 1; only real tokens are scored.
+    rows_N, steps_N = mask_B_T.nonzero(as_tuple=True)
+    predictor_N = ctx_len_B[rows_N] - 1 + steps_N
+    targets_N = targets_B_T[rows_N, steps_N]
+    if chunk_tokens > 0:
+        decoder, head = output_parts(model)
+        hidden_N_H = decoder(**inputs).last_hidden_state[rows_N, predictor_N]
+        scores = chunked_scored_tokens(head, hidden_N_H, targets_N, temperature, chunk_tokens)
+    else:
+        # Only positions from the earliest response's predictor onwards need logits.
+        start = min(len(c) for c in contexts) - 1
+        logits_B_K_V = model(**inputs, logits_to_keep=length - start).logits
+        scores = scored_tokens(logits_B_K_V[rows_N, predictor_N - start], targets_N, temperature)
+    return LayoutLogprobs(
+        torch.zeros_like(mask_B_T).index_put((rows_N, steps_N), scores.logp),
+        mask_B_T,
+        batch * length,
+        torch.zeros_like(mask_B_T).index_put((rows_N, steps_N), scores.entropy),
+    )
+
+
 def row_logprobs(
     model: Any,
     contexts: Sequence[Sequence[int]],
@@ -153,48 +261,14 @@ def row_logprobs(
     device: torch.device,
     chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(logp_B_T, mask_B_T)`` of the responses, every row encoded on its own in one
-    forward (see ``HFPolicy.response_logprobs`` for the contract). ``chunk_tokens > 0``
-    scores the response tokens that many at a time (:func:`chunked_target_logprobs`);
-    0 lets the model compute the logits of every needed position at once."""
-    batch = len(contexts)
-    longest = max((len(r) for r in responses), default=0)
-    if batch == 0 or longest == 0:
-        zeros = torch.zeros((batch, longest), device=device)
-        return zeros, zeros.clone()
-    seqs = [list(c) + list(r) for c, r in zip(contexts, responses, strict=True)]
-    ids_B_L, mask_B_L = pad_ids(seqs, pad_token_id, left=False, device=device)
-    length = ids_B_L.shape[1]
-    # Only positions from the earliest response's predictor onwards need logits.
-    inputs = {
-        "input_ids": ids_B_L,
-        "attention_mask": mask_B_L,
-        "position_ids": torch.arange(length, device=device).expand(batch, length),
-        "use_cache": False,
-    }
-    ctx_len_B = torch.tensor([len(c) for c in contexts], device=device)
-    steps_T = torch.arange(longest, device=device)
-    mask_B_T, targets_B_T = response_mask(responses, device)
-    if chunk_tokens > 0:
-        decoder, head = output_parts(model)
-        hidden_B_L_H = decoder(**inputs).last_hidden_state
-        # Logit at absolute position p predicts token p + 1; only real tokens are scored.
-        rows_N, steps_N = mask_B_T.nonzero(as_tuple=True)
-        hidden_N_H = hidden_B_L_H[rows_N, ctx_len_B[rows_N] - 1 + steps_N]
-        logp_N = chunked_target_logprobs(
-            head, hidden_N_H, targets_B_T[rows_N, steps_N], temperature, chunk_tokens
-        )
-        logp_B_T = torch.zeros_like(mask_B_T).index_put((rows_N, steps_N), logp_N)
-        return logp_B_T, mask_B_T
-    # Only positions from the earliest response's predictor onwards need logits.
-    start = min(len(c) for c in contexts) - 1
-    logits_B_K_V = model(**inputs, logits_to_keep=length - start).logits
-    # Logit at absolute position p predicts token p + 1; kept index = p - start.
-    index_B_T = (ctx_len_B[:, None] - 1 + steps_T[None, :] - start).clamp(
-        max=logits_B_K_V.shape[1] - 1
+    """``(logp_B_T, mask_B_T)`` of :func:`row_scores`."""
+    out = row_scores(
+        model,
+        contexts,
+        responses,
+        temperature=temperature,
+        pad_token_id=pad_token_id,
+        device=device,
+        chunk_tokens=chunk_tokens,
     )
-    picked_B_T_V = logits_B_K_V.gather(
-        1, index_B_T[:, :, None].expand(-1, -1, logits_B_K_V.shape[-1])
-    )
-    logp_B_T = target_logprobs(picked_B_T_V, targets_B_T, temperature)
-    return logp_B_T * mask_B_T, mask_B_T
+    return out.logp_B_T, out.mask_B_T

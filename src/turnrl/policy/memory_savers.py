@@ -14,7 +14,7 @@ optimiser state stay float32; log-probs are taken in float32 from the bfloat16 l
   ``module.training``), and :func:`memory_savers` switches it off again when the
   update ends, so sampling, evaluation and the no-grad recomputations never see it.
 * Log-probs in chunks of tokens: ``HFPolicy.logprob_chunk_tokens``, read by both
-  update layouts (:func:`turnrl.policy.logprobs.chunked_target_logprobs`).
+  update layouts (:func:`turnrl.policy.logprobs.chunked_scored_tokens`).
 * Mixed precision: ``HFPolicy.autocast_dtype``; both layouts run their forward under
   ``torch.autocast(device type of the policy, that dtype)`` and the backward outside
   it (as torch recommends; checkpointed recomputations restore the forward's autocast

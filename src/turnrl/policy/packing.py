@@ -1,7 +1,7 @@
 """The update's rows layout without padding: a forward's rows packed into few sequences.
 
 ``update = "rows"`` recomputes every row's whole context. Padded to the longest row
-(:func:`turnrl.policy.logprobs.row_logprobs`), a forward of rows of unequal length
+(:func:`turnrl.policy.logprobs.row_scores`), a forward of rows of unequal length
 runs ``rows x longest`` positions, the padding included. Packed, the rows'
 ``context + response`` sequences are laid one after another in as few bins as fit:
 
@@ -38,16 +38,16 @@ from typing import Any
 import torch
 
 from turnrl.policy.logprobs import (
-    chunked_target_logprobs,
+    LayoutLogprobs,
+    chunked_scored_tokens,
     output_parts,
     response_mask,
-    row_logprobs,
-    target_logprobs,
+    row_scores,
+    scored_tokens,
 )
 from turnrl.policy.tree_layout import (
     MASKABLE_ATTENTION,
     TreeLayout,
-    TreeLogprobs,
     model_attention,
     model_mask,
 )
@@ -89,14 +89,14 @@ def packed_logprobs(
     pad_token_id: int,
     device: torch.device,
     chunk_tokens: int = 0,
-) -> TreeLogprobs:
-    """Log-probs of each row's response tokens from ONE forward over the rows packed
+) -> LayoutLogprobs:
+    """Log-probs and entropies of each row's response tokens from ONE forward over the rows packed
     into bins (contract of ``HFPolicy.response_logprobs``; the caller checks the
     inputs), and the positions it ran (bins x longest bin; with padding on the fallback
     of a model whose attention takes no 4D mask)."""
     sizes = [len(c) + len(r) for c, r in zip(contexts, responses, strict=True)]
     if model_attention(model) not in MASKABLE_ATTENTION:
-        logp_B_T, mask_B_T = row_logprobs(
+        return row_scores(
             model,
             contexts,
             responses,
@@ -105,10 +105,9 @@ def packed_logprobs(
             device=device,
             chunk_tokens=chunk_tokens,
         )
-        return TreeLogprobs(logp_B_T, mask_B_T, len(sizes) * max(sizes, default=0))
     mask_B_T, targets_B_T = response_mask(responses, device)
     if not sizes or mask_B_T.numel() == 0:
-        return TreeLogprobs(mask_B_T.clone(), mask_B_T, 0)
+        return LayoutLogprobs(mask_B_T.clone(), mask_B_T, 0, mask_B_T.clone())
     bins = token_budget_groups(sizes, max(sizes))
     layouts = [
         TreeLayout.packed([contexts[b] for b in rows], [responses[b] for b in rows])
@@ -140,11 +139,15 @@ def packed_logprobs(
     if chunk_tokens > 0:
         decoder, head = output_parts(model)
         hidden_N_H = decoder(**inputs).last_hidden_state[bin_N, predictor_N]
-        logp_N = chunked_target_logprobs(head, hidden_N_H, targets_N, temperature, chunk_tokens)
+        scores = chunked_scored_tokens(head, hidden_N_H, targets_N, temperature, chunk_tokens)
     else:
         # logits only at positions some bin predicts from (the union over bins)
         keep_P, slot_N = torch.unique(predictor_N, return_inverse=True)
         logits_K_P_V = model(**inputs, logits_to_keep=keep_P).logits
-        logp_N = target_logprobs(logits_K_P_V[bin_N, slot_N], targets_N, temperature)
-    logp_B_T = torch.zeros_like(mask_B_T).index_put((row_N, step_N), logp_N)
-    return TreeLogprobs(logp_B_T, mask_B_T, len(bins) * length)
+        scores = scored_tokens(logits_K_P_V[bin_N, slot_N], targets_N, temperature)
+    return LayoutLogprobs(
+        torch.zeros_like(mask_B_T).index_put((row_N, step_N), scores.logp),
+        mask_B_T,
+        len(bins) * length,
+        torch.zeros_like(mask_B_T).index_put((row_N, step_N), scores.entropy),
+    )

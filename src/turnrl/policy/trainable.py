@@ -20,7 +20,7 @@ from turnrl.types import Message, Sample
 if TYPE_CHECKING:
     import torch
 
-    from turnrl.policy.tree_layout import TreeLogprobs
+    from turnrl.policy.logprobs import LayoutLogprobs
 
 __all__ = ["TrainablePolicy"]
 
@@ -89,7 +89,7 @@ class TrainablePolicy(Protocol):
         responses: Sequence[Sequence[int]],
         *,
         temperature: float = 1.0,
-    ) -> TreeLogprobs:
+    ) -> LayoutLogprobs:
         """The same log-probs, every distinct token prefix computed once."""
         ...
 
@@ -99,6 +99,6 @@ class TrainablePolicy(Protocol):
         responses: Sequence[Sequence[int]],
         *,
         temperature: float = 1.0,
-    ) -> TreeLogprobs:
+    ) -> LayoutLogprobs:
         """The same log-probs, the rows packed into one sequence without padding."""
         ...

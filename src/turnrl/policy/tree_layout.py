@@ -52,7 +52,12 @@ from typing import Any
 
 import torch
 
-from turnrl.policy.logprobs import chunked_target_logprobs, output_parts, target_logprobs
+from turnrl.policy.logprobs import (
+    LayoutLogprobs,
+    chunked_scored_tokens,
+    output_parts,
+    scored_tokens,
+)
 
 MASKABLE_ATTENTION = frozenset({"sdpa", "eager"})
 """Attention implementations that take a custom 4D mask as it is."""
@@ -163,18 +168,6 @@ class TreeLayout:
         return (index_N[None, :] <= index_N[:, None]) & (index_N[:, None] < end_N[None, :])
 
 
-@dataclass(frozen=True)
-class TreeLogprobs:
-    """What ``response_logprobs`` returns, plus the positions the forward ran."""
-
-    logp_B_T: torch.Tensor
-    """Log-probs of the response tokens (float32, 0 at padding; differentiable)."""
-    mask_B_T: torch.Tensor
-    """1 on real response tokens (float32)."""
-    tokens_computed: int
-    """Positions run through the model: the layout's size."""
-
-
 def model_attention(model: Any) -> str:
     """The model's attention implementation (transformers' ``_attn_implementation``)."""
     return str(getattr(model.config, "_attn_implementation", None) or "eager")
@@ -208,20 +201,21 @@ def tree_logprobs(
     *,
     temperature: float,
     chunk_tokens: int = 0,
-) -> TreeLogprobs:
-    """Log-probs of each row's response tokens, from ONE forward over the rows' trie.
+) -> LayoutLogprobs:
+    """Log-probs and entropies of each row's response tokens, from ONE forward over the
+    rows' trie.
 
     Same contract as ``HFPolicy.response_logprobs`` (rows in the given order, ``T``
     the longest response, padding 0); the caller checks the inputs. ``chunk_tokens > 0``
     scores the trie's response nodes that many at a time
-    (:func:`turnrl.policy.logprobs.chunked_target_logprobs`).
+    (:func:`turnrl.policy.logprobs.chunked_scored_tokens`).
     """
     device = next(model.parameters()).device
     batch = len(contexts)
     longest = max((len(r) for r in responses), default=0)
     if batch == 0 or longest == 0:
         zeros = torch.zeros((batch, longest), device=device)
-        return TreeLogprobs(zeros, zeros.clone(), 0)
+        return LayoutLogprobs(zeros, zeros.clone(), 0, zeros.clone())
     layout = TreeLayout.build(contexts, responses)
     # Every node some row scores, once; its predictor is its parent.
     scored = sorted({n for row in layout.nodes for n in row})
@@ -237,18 +231,23 @@ def tree_logprobs(
     if chunk_tokens > 0:
         decoder, head = output_parts(model)
         hidden_K_H = decoder(**inputs).last_hidden_state[0, predictors_K]
-        logp_K = chunked_target_logprobs(head, hidden_K_H, targets_K, temperature, chunk_tokens)
+        scores = chunked_scored_tokens(head, hidden_K_H, targets_K, temperature, chunk_tokens)
     else:
         logits_K_V = model(**inputs, logits_to_keep=predictors_K).logits[0]
-        logp_K = target_logprobs(logits_K_V, targets_K, temperature)
+        scores = scored_tokens(logits_K_V, targets_K, temperature)
     index_B_T = torch.zeros((batch, longest), dtype=torch.long)
     mask_B_T = torch.zeros((batch, longest))
     for b, row in enumerate(layout.nodes):
         index_B_T[b, : len(row)] = torch.tensor([slot[n] for n in row], dtype=torch.long)
         mask_B_T[b, : len(row)] = 1.0
     mask_B_T = mask_B_T.to(device)
-    logp_B_T = logp_K[index_B_T.to(device)] * mask_B_T
-    return TreeLogprobs(logp_B_T, mask_B_T, layout.size)
+    index_B_T = index_B_T.to(device)
+    return LayoutLogprobs(
+        scores.logp[index_B_T] * mask_B_T,
+        mask_B_T,
+        layout.size,
+        scores.entropy[index_B_T] * mask_B_T,
+    )
 
 
 def split_rows(

@@ -52,6 +52,7 @@ _CURATED = (
     "clip_frac*",
     "approx_kl_old",
     "ratio_mean",
+    "entropy",
     "grad_norm",
     "lr",
     "env_steps",

@@ -109,6 +109,7 @@ _SPECS: tuple[tuple[str, str, tuple[_Spec, ...]], ...] = (
             _Spec("Clip fraction", (r"clip_frac\w*",)),
             _Spec("Gradient norm", (r"grad_norm",)),
             _Spec("Ratio to the sampling policy", (r"ratio_mean",)),
+            _Spec("Policy entropy (nats per trained token)", (r"entropy",)),
             _Spec("Seconds per step", (r"seconds_\w+",)),
         ),
     ),

@@ -28,7 +28,12 @@ changes no number beyond float rounding). The loss, its aggregation, clip factor
 and KL are the same code on the same numbers; tests/test_tree_update.py checks
 gradients against ``rows``, tests/test_packing.py packed rows against padded ones.
 
-Besides the loss statistics, ``ppo_update`` reports what the update computed:
+Besides the loss statistics, ``ppo_update`` reports ``entropy``: the mean over the
+trained tokens of the entropy (nats) of the learner's tempered distribution at each,
+from the forwards the loss uses (no extra forward; a metric only, there is no entropy
+bonus), averaged over the optimiser steps like the loss statistics, so with one epoch
+and one mini-batch it is the entropy of the policy the batch was trained from. It
+then reports what the update computed:
 ``update_tokens_rows`` (positions a per-row update runs: every row's context +
 response), ``update_tokens_computed`` (positions this update ran),
 ``update_tokens_unique`` (distinct token prefixes per task, summed over tasks,
@@ -59,6 +64,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from turnrl.policy.logprobs import LayoutLogprobs
 from turnrl.policy.memory_savers import configured_memory_savers
 from turnrl.policy.packing import token_budget_groups
 from turnrl.policy.trainable import TrainablePolicy
@@ -351,11 +357,9 @@ def padding_forward(
     which every rank must run as often as the others). Returns the positions run."""
     sizes = [len(c) + len(r) for c, r in zip(batch.contexts, batch.responses, strict=True)]
     row = int(np.argmin(sizes))
-    logp_B_T, _, tokens = _logprobs(
-        policy, [batch.contexts[row]], [batch.responses[row]], config, temperature
-    )
-    (logp_B_T.sum() * 0.0).backward()
-    return tokens
+    out = _logprobs(policy, [batch.contexts[row]], [batch.responses[row]], config, temperature)
+    (out.logp_B_T.sum() * 0.0).backward()
+    return out.tokens_computed
 
 
 def _check_finite_forward(
@@ -374,10 +378,10 @@ def _check_finite_forward(
     if sizes:
         row = int(np.argmin(sizes))
         with torch.no_grad():
-            logp_B_T, mask_B_T, _ = _logprobs(
+            out = _logprobs(
                 policy, [batch.contexts[row]], [batch.responses[row]], config, temperature
             )
-        finite = bool(torch.isfinite(logp_B_T[mask_B_T > 0]).all())
+        finite = bool(torch.isfinite(out.logp_B_T[out.mask_B_T > 0]).all())
     if shard is not None:  # every rank decides alike
         finite = all(shard.gather(finite))
     if not finite:
@@ -416,11 +420,12 @@ def _minibatch_loss(
     number of mini-batches), its statistics and the positions its forward ran."""
     contexts = [batch.contexts[i] for i in rows]
     responses = [batch.responses[i] for i in rows]
-    logp_B_T, mask_B_T, tokens = _logprobs(policy, contexts, responses, config, temperature)
+    out = _logprobs(policy, contexts, responses, config, temperature)
+    logp_B_T, mask_B_T = out.logp_B_T, out.mask_B_T
     ref = None
     if reference is not None:
         with torch.no_grad():
-            ref, _, _ = _logprobs(reference, contexts, responses, config, temperature)
+            ref = _logprobs(reference, contexts, responses, config, temperature).logp_B_T
     device, width = logp_B_T.device, logp_B_T.shape[1]
     loss, info = ppo_clip_loss(
         logp_B_T,
@@ -436,7 +441,9 @@ def _minibatch_loss(
         kl_estimator=config.kl_estimator,
         is_weight_B_T=None if is_weight_B_T is None else is_weight_B_T[rows, :width].to(device),
     )
-    return loss, info, tokens
+    # the policy's entropy on the same tokens, a mean over them like the loss's statistics
+    info["entropy"] = float(out.entropy_B_T.sum().item()) / max(info["n_tokens"], 1.0)
+    return loss, info, out.tokens_computed
 
 
 def _logprobs(
@@ -445,13 +452,11 @@ def _logprobs(
     responses: list[list[int]],
     config: PPOConfig,
     temperature: float,
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``(logp_B_T, mask_B_T, positions run)`` in the configured layout."""
+) -> LayoutLogprobs:
+    """Log-probs, entropies and positions run, in the configured layout."""
     if config.update == "tree":
-        out = policy.tree_logprobs(contexts, responses, temperature=temperature)
-    else:
-        out = policy.packed_logprobs(contexts, responses, temperature=temperature)
-    return out.logp_B_T, out.mask_B_T, out.tokens_computed
+        return policy.tree_logprobs(contexts, responses, temperature=temperature)
+    return policy.packed_logprobs(contexts, responses, temperature=temperature)
 
 
 SUMMED_STATS = frozenset({"loss", "pg_loss", "kl_loss", "n_tokens"})
