@@ -128,6 +128,28 @@ def test_an_entrypoint_agent_trains_and_its_records_are_what_it_sent_and_got(
     assert turnrl_main(["report", str(run), "-o", str(tmp_path / "report.html")]) == 0
 
 
+def test_a_turn_cost_is_charged_on_every_call_and_is_in_the_return(tmp_path: Path) -> None:
+    run = AgentTrainer(
+        agent_config(tmp_path, "agent.turn_cost=0.25", "train.steps=1"), quiet=True
+    ).run()
+    records = read_jsonl(run / "rollouts" / "step-000001.jsonl")
+    by_rollout: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_rollout.setdefault(record["traj_id"], []).append(record)
+    assert len(by_rollout) == 4
+    rewards = []
+    for rollout in by_rollout.values():
+        agent_reward = parity(rollout[-1]["response"])  # what two_calls returns
+        assert [r["reward"] for r in rollout] == [-0.25, agent_reward - 0.25]
+        rewards.append(agent_reward)
+    step = read_jsonl(run / "metrics.jsonl")[1]
+    # the return is what is trained on (two calls: 2 x 0.25 less); success is the agent's
+    assert step["return"] == pytest.approx(sum(rewards) / 4 - 0.5, abs=1e-12)
+    assert step["success"] == pytest.approx(sum(rewards) / 4, abs=1e-12)
+    evals = read_jsonl(run / "rollouts" / "eval-000001.jsonl")
+    assert all(r["reward"] <= 0.75 for r in evals) and evals[0]["reward"] == -0.25
+
+
 @pytest.mark.parametrize("layout", ["tree", "rows"])
 def test_the_served_policy_changes_after_an_update(tmp_path: Path, layout: str) -> None:
     config = agent_config(
@@ -313,6 +335,7 @@ def test_agent_configs_are_validated_with_every_problem_named(tmp_path: Path) ->
         'agent.command=["python", "x.py"]',
         "agent.concurrency=0",
         "agent.max_failure_fraction=2",
+        "agent.turn_cost=-0.1",
         "credit.estimator=a2tgpo",
         "rollout.strategy=rtpo",
         "tasks.eval=nope.jsonl",
@@ -324,6 +347,7 @@ def test_agent_configs_are_validated_with_every_problem_named(tmp_path: Path) ->
         "agent.command",
         "agent.concurrency",
         "agent.max_failure_fraction",
+        "agent.turn_cost",
         "credit.estimator",
         "rollout.strategy",
         "tasks.eval",

@@ -58,6 +58,13 @@ class AgentConfig:
     timeout_s: float = 300.0
     """Time limit of one rollout (the agent's whole run); past it the rollout is dropped
     and counted as a failure."""
+    turn_cost: float = 0.0
+    """Subtracted from the reward of every turn (every call of the model) a rollout
+    takes, as the built-in environments' ``turn_cost``: a rollout of ``n`` calls whose
+    agent returns ``R`` is trained on the return ``R - n * turn_cost`` (each turn's
+    record carries its ``-turn_cost``, the last one ``R`` as well). A cost per call, for
+    the tool that costs a turn (#489); the agent's own reward still decides its
+    success. 0: the records carry the agent's reward alone, as before."""
     max_failure_fraction: float = 0.25
     """The run stops when more than this share of a step's rollouts failed (raised, timed
     out, no or a non-finite reward, non-zero exit, no call)."""
@@ -95,6 +102,8 @@ class AgentConfig:
         p.at_least("concurrency", self.concurrency, 1)
         p.at_most("concurrency", self.concurrency, bounds.MAX_CONCURRENCY, bounds.WHY)
         p.above("timeout_s", self.timeout_s, 0)
+        p.finite("turn_cost", self.turn_cost)
+        p.at_least("turn_cost", self.turn_cost, 0.0)
         p.within("max_failure_fraction", self.max_failure_fraction, 0.0, 1.0)
         p.within("port", self.port, 0, 65535)
         if 1 <= self.port <= 65535:

@@ -47,7 +47,8 @@ class RolloutSummary:
             roles[record.role] = roles.get(record.role, 0) + 1
         return cls(
             task=result.task,
-            outcome=result.reward,
+            # the return trained on: the agent's reward less the turns' cost
+            outcome=result.reward - result.turn_cost * len(records),
             correct=bool(success) if success is not None else result.reward > 0,
             turn=len(records),
             tool_calls=sum(bool(r.tool_call) for r in records),

@@ -106,9 +106,20 @@ class RolloutResult:
     info: dict[str, Any] = field(default_factory=dict)
     failure: AgentFailure | None = None
     seconds: float = 0.0
+    turn_cost: float = 0.0
+    """What each of ``records`` was charged (``agent.turn_cost``; already in their
+    rewards): the rollout's return is ``reward - turn_cost * len(records)``."""
     truncated: str | None = None
     """``"context"``: the gateway refused a call over the per-turn context cap, which
     ended the rollout (``None``: it was not truncated)."""
+
+
+def charge_turns(records: Sequence[TurnRecord], turn_cost: float) -> list[TurnRecord]:
+    """The records with ``turn_cost`` subtracted from each one's reward
+    (``agent.turn_cost``); unchanged (the same objects) when it is 0."""
+    if turn_cost == 0:
+        return list(records)
+    return [dataclasses.replace(r, reward=r.reward - turn_cost) for r in records]
 
 
 class AgentRunner:
@@ -123,6 +134,7 @@ class AgentRunner:
         timeout_s: float,
         model: str,
         api_key: str = "turnrl",
+        turn_cost: float = 0.0,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"agent.concurrency must be >= 1, got {concurrency}")
@@ -134,6 +146,7 @@ class AgentRunner:
         self.timeout_s = timeout_s
         self.model = model
         self.api_key = api_key
+        self.turn_cost = turn_cost
 
     def run(
         self,
@@ -185,7 +198,8 @@ class AgentRunner:
                     lost = AgentFailed("the gateway lost the finished rollout's records")
                     result.failure = self._fail(result.rollout_id, result.task, failure_dir, lost)
                 else:
-                    result.records = list(records)
+                    result.records = charge_turns(records, self.turn_cost)
+                    result.turn_cost = self.turn_cost
         return results
 
     def llm(self, rollout_id: str, task: Task, clients: tuple[Any, Any] | None = None) -> LLM:

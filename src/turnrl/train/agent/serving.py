@@ -48,7 +48,7 @@ def agent_runner(
     program: AgentProgram, config: Any, gateway: Gateway, server: GatewayServer
 ) -> AgentRunner:
     """The runner of ``program`` against ``gateway`` (served by ``server``), with the
-    ``[agent]`` section's concurrency, timeout and model name."""
+    ``[agent]`` section's concurrency, timeout, model name and turn cost."""
     agent = config.agent
     return AgentRunner(
         program,
@@ -56,6 +56,7 @@ def agent_runner(
         concurrency=agent.concurrency,
         timeout_s=agent.timeout_s,
         model=agent.model,
+        turn_cost=agent.turn_cost,
     )
 
 
