@@ -44,7 +44,7 @@ from turnrl.study.catalogue.iterative import ITERATIVE_GRPO, ITERATIVE_PERSONA
 from turnrl.study.catalogue.measurements import MEASUREMENTS, Measurement
 from turnrl.study.catalogue.mechanism import MECHANISM
 from turnrl.study.catalogue.search import SEARCH_AGENT
-from turnrl.study.catalogue.smol import AGENTS_SMOL_489
+from turnrl.study.catalogue.smol import AGENTS_SMOL_489, SMOL_489_ARMS
 from turnrl.study.catalogue.tree import TREE_ROLLOUTS
 from turnrl.study.declaration import Study
 
@@ -70,6 +70,7 @@ STUDIES: dict[str, Study] = {
         AGENTS_CALC_X_489,
         AGENTS_CALC_X_HELD_OUT,
         AGENTS_SMOL_489,
+        SMOL_489_ARMS,
         MECHANISM,
         ASYNC_DEMO_SEEDS,
     )

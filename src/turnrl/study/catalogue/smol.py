@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from turnrl.study.catalogue.agents_489 import TOOL_PAYS
+from turnrl.study.catalogue.agents_489 import PIPELINE_ARM, TOOL_PAYS
 from turnrl.study.catalogue.calc_x import (
     CALC_X_TRAINING,
     CALC_X_TRAINING_HARD,
     PIPELINE_VS_GRPO_MIXED,
 )
 from turnrl.study.catalogue.demo import DEMO_METRICS
+from turnrl.study.catalogue.grouping import estimator_arm
 from turnrl.study.declaration import (
+    Arm,
     Metric,
+    Setting,
     Study,
     Table,
     WarmStarts,
@@ -57,6 +60,80 @@ AGENTS_SMOL_489 = Study(
             ),
         ),
         Table("seeds", "seeds", (*DEMO_METRICS, *CALC_X_TRAINING, CALC_X_TRAINING_HARD)),
+    ),
+    curve="tool_rate",
+    minutes_per_cell=16.0,
+)
+
+
+AGL1_ARM = Arm(
+    "agl1",
+    ("label=agl1", "credit.estimator=grpo", "credit.params={}", "train.aggregation=rollout-mean"),
+)
+"""Agent Lightning 1.0's defaults (docs/integrations-agentlightning.md): the rollout-level
+advantage (one value per rollout, grouped by task: turnrl's ``grpo``) and the
+``per_rollout_mean`` loss (each rollout weighs the same: ``rollout-mean``)."""
+
+SAMPLED_TOOL_RATE = Metric("eval_tool_rate", "sampled tool rate", digits=3)
+"""The pre-registered outcome: the held-out tool rate sampled at T = 1 (32 problems x 4
+samples) at the end of RL. Every arm of a (warm start, seed) pair starts from the same
+warm start and draws the same step-0 evaluation, so ``arm - baseline`` of the end
+value is the difference of the changes."""
+SAMPLED_SUCCESS = Metric("eval_success", "sampled success", digits=3)
+"""The second outcome: held-out success, sampled the same way."""
+SMOL_ECONOMICS = (
+    Metric("eval_tool_open_rate", "opened with a call", "first", 3),
+    Metric("eval_opened_tool_success", "right after a call", "first", 3),
+    Metric("eval_opened_no_tool_success", "right without a call", "first", 3),
+    Metric("eval_success", "success", "first", 3),
+    Metric("eval_return", "return", "first", 3),
+)
+"""Each warm start's tool/direct economics at step 0, sampled, at the setting's cost."""
+
+SMOL_489_ARMS = Study(
+    name="smol-489-arms",
+    title="#489 on a real model below the ceiling: calc_openai on SmolLM2-135M-Instruct"
+    " (LoRA), sampled evaluation, per-call cost {0, 0.2} x seven arms x three warm starts",
+    config=SMOL,
+    # the issue's arms: both Agent Lightning pipelines, and the five estimators
+    arms=(
+        PIPELINE_ARM,
+        AGL1_ARM,
+        *(estimator_arm(arm, arm) for arm in ("grpo_mixed", "grpo", "dr_grpo")),
+        *(estimator_arm(arm, arm) for arm in ("turn_group", "node")),
+    ),
+    seeds=(0, 1, 2, 3),
+    # The recipe's warm start (16 SFT steps of the teacher, tool_fraction 0.4) at seeds
+    # 0-2: greedy it calls on every problem (success 1.00, the ceiling agents-smol-489
+    # met), but sampled at T = 1 it opens with a call about 0.7 of the time, its direct
+    # answers are right on easy problems and wrong on hard ones, and its calls are
+    # right: below the ceiling when the evaluation samples, which is the regime of the
+    # outcome (the sampled tool rate). Shorter warm starts never call (pilot of
+    # 2026-12-07, docs/grouping-experiment.md).
+    warm_starts=WarmStarts(count=3),
+    settings=(
+        Setting("cost0", ("warm_start.teacher=none", "agent.turn_cost=0.0")),
+        Setting("cost0.2", ("warm_start.teacher=none", "agent.turn_cost=0.2")),
+    ),
+    # lr 2e-5: the recipe's (agents-smol-489). The sampler is transformers, not vLLM:
+    # a study cell runs `turnrl train` of the main venv (docs/studies.md).
+    overrides=(
+        "train.threads=1",
+        "train.steps=16",
+        "train.eval_every=8",
+        "train.eval_temperature=1.0",
+        "train.eval_samples=4",
+    ),
+    baseline="grpo_mixed",
+    outcome="eval_tool_rate",
+    # not run yet: its tables go to summary.md; docs/grouping-experiment.md gets their
+    # markers (doc=) with the first summary of real cells
+    doc=None,
+    tables=(
+        Table("economics", "seeds", (), extra=SMOL_ECONOMICS, arms=("grpo_mixed",)),
+        Table("arms", "arms", (SAMPLED_TOOL_RATE, SAMPLED_SUCCESS)),
+        Table("paired", "paired", (SAMPLED_TOOL_RATE, SAMPLED_SUCCESS)),
+        Table("seeds", "seeds", (SAMPLED_TOOL_RATE, SAMPLED_SUCCESS)),
     ),
     curve="tool_rate",
     minutes_per_cell=16.0,
