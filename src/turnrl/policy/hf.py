@@ -39,7 +39,7 @@ from turnrl.policy import lora
 from turnrl.policy.batching import check_lengths
 from turnrl.policy.chat import ChatEncoding, ChatFormat, load_tokenizer
 from turnrl.policy.decoding import Decoder, make_generators
-from turnrl.policy.logprobs import LayoutLogprobs, check_pairs, row_logprobs
+from turnrl.policy.logprobs import LayoutLogprobs, check_pairs, row_scores
 from turnrl.policy.packing import packed_logprobs
 from turnrl.policy.prefix_cache import PrefixCache
 from turnrl.policy.shared_decoding import SharedDecoder
@@ -240,7 +240,8 @@ class HFPolicy(ChatEncoding):
         ``T`` is the longest response. ``temperature`` must match the sampling
         temperature for these to equal ``Sample.logprobs``.
         """
-        return self._scored(row_logprobs, contexts, responses, temperature, padded=True)
+        out = self._scored(row_scores, contexts, responses, temperature, padded=True)
+        return out.logp_B_T, out.mask_B_T
 
     def tree_logprobs(
         self,

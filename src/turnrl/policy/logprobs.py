@@ -249,26 +249,3 @@ def row_scores(
         batch * length,
         torch.zeros_like(mask_B_T).index_put((rows_N, steps_N), scores.entropy),
     )
-
-
-def row_logprobs(
-    model: Any,
-    contexts: Sequence[Sequence[int]],
-    responses: Sequence[Sequence[int]],
-    *,
-    temperature: float,
-    pad_token_id: int,
-    device: torch.device,
-    chunk_tokens: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(logp_B_T, mask_B_T)`` of :func:`row_scores`."""
-    out = row_scores(
-        model,
-        contexts,
-        responses,
-        temperature=temperature,
-        pad_token_id=pad_token_id,
-        device=device,
-        chunk_tokens=chunk_tokens,
-    )
-    return out.logp_B_T, out.mask_B_T

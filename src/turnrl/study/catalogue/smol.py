@@ -10,6 +10,7 @@ from turnrl.study.catalogue.calc_x import (
 )
 from turnrl.study.catalogue.demo import DEMO_METRICS
 from turnrl.study.catalogue.grouping import estimator_arm
+from turnrl.study.catalogue.mechanism import ECONOMICS
 from turnrl.study.declaration import (
     Arm,
     Metric,
@@ -81,14 +82,6 @@ warm start and draws the same step-0 evaluation, so ``arm - baseline`` of the en
 value is the difference of the changes."""
 SAMPLED_SUCCESS = Metric("eval_success", "sampled success", digits=3)
 """The second outcome: held-out success, sampled the same way."""
-SMOL_ECONOMICS = (
-    Metric("eval_tool_open_rate", "opened with a call", "first", 3),
-    Metric("eval_opened_tool_success", "right after a call", "first", 3),
-    Metric("eval_opened_no_tool_success", "right without a call", "first", 3),
-    Metric("eval_success", "success", "first", 3),
-    Metric("eval_return", "return", "first", 3),
-)
-"""Each warm start's tool/direct economics at step 0, sampled, at the setting's cost."""
 
 SMOL_489_ARMS = Study(
     name="smol-489-arms",
@@ -130,7 +123,7 @@ SMOL_489_ARMS = Study(
     # markers (doc=) with the first summary of real cells
     doc=None,
     tables=(
-        Table("economics", "seeds", (), extra=SMOL_ECONOMICS, arms=("grpo_mixed",)),
+        Table("economics", "seeds", (), extra=ECONOMICS, arms=("grpo_mixed",)),
         Table("arms", "arms", (SAMPLED_TOOL_RATE, SAMPLED_SUCCESS)),
         Table("paired", "paired", (SAMPLED_TOOL_RATE, SAMPLED_SUCCESS)),
         Table("seeds", "seeds", (SAMPLED_TOOL_RATE, SAMPLED_SUCCESS)),
