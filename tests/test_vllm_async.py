@@ -89,3 +89,47 @@ def test_the_sampler_process_samples_on_its_own_engine(
     assert {r["policy_version"] for r in records(tmp_path / "k1", 4)} == {2}
     left = {p.pid for p in me.children(recursive=True)} - children_before
     assert left - multiprocessing_services() == set()
+
+
+def test_the_agent_loop_serves_the_engine_one_step_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K = 1 in the agent loop on vLLM: the gateways serve the run's engine, not the
+    learner; the next step's agents sample from it during the update, and the engine is
+    given the learner's weights after each update only (versions 1, 2, 3), under the
+    gateway's hold. Steps 2 and 3 ran ahead, their turns at most one version behind, and
+    step 1's engine log-probs are the learner's (both version 0). The engine compiles
+    (the default): an eager one fails when the gateway's thread samples under 2 torch
+    threads (test_vllm_backend.py's agent test)."""
+    from test_agent_loop import agent_config
+    from turnrl.train.agent.asynchronous import AsyncAgentTrainer, agent_trainer
+
+    loaded: list[int] = []
+    reload = VLLMPolicy.load_full_weights
+
+    def counting(self: VLLMPolicy, weights: Any, version: int) -> None:
+        loaded.append(version)
+        reload(self, weights, version)
+
+    monkeypatch.setattr(VLLMPolicy, "load_full_weights", counting)
+    config = agent_config(
+        tmp_path,
+        "train.max_staleness=1", "train.tis_cap=2.0", "train.log_mismatch=true",
+        "policy.backend=vllm", "policy.heads=2",  # compiled: see test_vllm_backend.py's
+        "train.steps=3", "train.eval_every=0", "train.checkpoint_every=0",
+    )  # fmt: skip
+    validate(config)  # K = 1 with [agent] on "vllm": allowed (a config error before)
+    trainer = agent_trainer(config, quiet=True)
+    assert isinstance(trainer, AsyncAgentTrainer)
+    run = trainer.run()
+    assert isinstance(trainer.served, VLLMPolicy) and trainer.served is not trainer.policy
+    assert trainer.served.policy_version == 3
+    assert loaded == [1, 2, 3]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] >= 1]
+    assert [r["agents_ahead"] for r in steps] == [0.0, 1.0, 1.0]
+    assert [r["agent_failures"] for r in steps] == [0, 0, 0]
+    assert all(r["staleness_max"] <= 1.0 for r in steps)
+    assert steps[0]["staleness_max"] == 0.0 and steps[0]["mismatch_logp_abs_max"] < 1e-3
+    for step in (2, 3):  # a turn samples with the version served when it was called
+        assert {r["policy_version"] for r in records(run, step)} <= {step - 2, step - 1}

@@ -1,8 +1,11 @@
 """The agent loop with ``train.max_staleness = 1``: partial rollouts (docs/async.md).
 
 In the synchronous loop the gateway holds every agent's call while the learner
-updates. Here the gateway serves an in-process **copy** of the weights (a LoRA
-learner's adapters merged into it), so agents never wait for an update:
+updates. Here the gateway serves a **copy** of the weights, so agents never wait for an
+update: with ``policy.backend = "hf"`` an in-process transformers copy (a LoRA
+learner's adapters merged into it), with ``"vllm"`` the run's vLLM engine (it holds
+weights of its own, as in the synchronous loop, and is given the learner's only after
+an update):
 
 * when step ``n``'s agents have finished, the agents of step ``n + 1`` start at once,
   in a background thread, against the gateway, while the learner credits and updates
@@ -106,8 +109,11 @@ class AsyncAgentTrainer(AgentTrainer):
 
     # ------------------------------------------------------------------ set-up
     def served_policy(self) -> Any:
-        """A frozen copy of the learner (LoRA merged) for the gateways to sample from;
-        only :meth:`update_and_serve` changes it, by copying the learner's weights in."""
+        """What the gateways sample from, apart from the learner: the vLLM engine of
+        ``policy.backend = "vllm"`` (the synchronous loop's), else a frozen copy of the
+        learner (LoRA merged). Only :meth:`update_and_serve` changes its weights."""
+        if self.config.policy.backend == "vllm":
+            return super().served_policy()
         return self.policy.clone_frozen()
 
     # ------------------------------------------------------------------ one step
@@ -154,7 +160,13 @@ class AsyncAgentTrainer(AgentTrainer):
             self._start_ahead(self.step + 1)
         losses = self.update(batch)
         started = time.perf_counter()
-        self._train_side.gateway.load_weights(full_weights(self.policy), self.step)
+        weights = full_weights(self.policy)  # merged before the gateway is held
+        with self._train_side.gateway.updating(version=self.step) as served:
+            load_full_weights = getattr(served, "load_full_weights", None)
+            if load_full_weights is not None:  # the vLLM engine (it also stamps the version)
+                load_full_weights(weights, self.step)
+            else:  # the in-process copy
+                served.load_state_dict(weights)
         self._timing["seconds_push"] += time.perf_counter() - started
         return losses
 
