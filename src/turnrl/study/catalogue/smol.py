@@ -98,11 +98,10 @@ SMOL_489_ARMS = Study(
     seeds=(0, 1, 2, 3),
     # The recipe's warm start (16 SFT steps of the teacher, tool_fraction 0.4) at seeds
     # 0-2: greedy it calls on every problem (success 1.00, the ceiling agents-smol-489
-    # met), but sampled at T = 1 it opens with a call about 0.7 of the time, its direct
-    # answers are right on easy problems and wrong on hard ones, and its calls are
-    # right: below the ceiling when the evaluation samples, which is the regime of the
-    # outcome (the sampled tool rate). Shorter warm starts never call (pilot of
-    # 2026-12-07, docs/grouping-experiment.md).
+    # met); sampled at T = 1 (pilot of 2026-12-07, seed 0, docs/grouping-experiment.md)
+    # it opens with a call 0.79 of the time, right after a call 0.99, without one 0.15
+    # (easy 0.27, hard 0.00): the outcome has room, but the direct answers are worse
+    # than the "right about half the time". Shorter warm starts never call.
     warm_starts=WarmStarts(count=3),
     settings=(
         Setting("cost0", ("warm_start.teacher=none", "agent.turn_cost=0.0")),
@@ -129,5 +128,5 @@ SMOL_489_ARMS = Study(
         Table("seeds", "seeds", (SAMPLED_TOOL_RATE, SAMPLED_SUCCESS)),
     ),
     curve="tool_rate",
-    minutes_per_cell=16.0,
+    minutes_per_cell=27.0,  # the pilot: 42 s a step, 4-4.5 min an evaluation
 )
