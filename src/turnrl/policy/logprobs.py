@@ -149,8 +149,8 @@ def chunked_scored_tokens(
 
     With grad enabled each chunk runs under non-reentrant activation checkpointing: the
     forward keeps only the chunk's hidden states (already kept by the model), and the
-    backward recomputes the chunk's logits and log-softmax, one chunk at a time (its
-    entropy as well, which is discarded: the recomputation runs the function whole).
+    backward recomputes the chunk's logits and log-softmax, one chunk at a time (the
+    entropy, made without gradient, saves nothing and is not needed there).
     The numbers are :func:`scored_tokens` on the whole logits (each token's logits
     depend on its own hidden state only)."""
     if chunk_tokens < 1:
