@@ -253,7 +253,7 @@ bench-async: setup setup-vllm $(SMOL_STAMP)
 	smollm2=$$($(PY) -c "from turnrl.policy.pretrained import smollm2_path; print(smollm2_path())") && \
 	TURNRL_SMOLLM2_DIR=$$smollm2 VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 \
 		$(VLLM_VENV)/bin/python benchmarks/async.py --recipe smollm2-vllm --rounds 2 --steps 6 --write
-	OMP_NUM_THREADS=1 $(PY) benchmarks/async.py --recipe agent-smollm2 --rounds 2 --steps 4 --write
+	OMP_NUM_THREADS=1 $(PY) benchmarks/async.py --recipe agent-smollm2 --rounds 2 --steps 8 --write
 
 # The grouping experiment (docs/grouping-experiment.md): the gradient projection table
 # first (it trains the shared warm start), then the confirming learning runs.
