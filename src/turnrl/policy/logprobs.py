@@ -88,6 +88,23 @@ class LayoutLogprobs:
     """Entropy in nats of the tempered distribution each response token was scored
     under (float32, 0 at padding, detached): a metric, never a loss term."""
 
+    @classmethod
+    def scattered(
+        cls,
+        scores: ScoredTokens,
+        mask_B_T: torch.Tensor,
+        where: tuple[torch.Tensor, torch.Tensor],
+        tokens_computed: int,
+    ) -> LayoutLogprobs:
+        """The per-token ``scores`` put at their ``(row, step)`` places ``where``, 0
+        elsewhere (the log-probs keep their gradient)."""
+        return cls(
+            torch.zeros_like(mask_B_T).index_put(where, scores.logp),
+            mask_B_T,
+            tokens_computed,
+            torch.zeros_like(mask_B_T).index_put(where, scores.entropy),
+        )
+
 
 def token_entropy(logp_N_V: torch.Tensor) -> torch.Tensor:
     """``-sum_v p_v log p_v`` over the last axis of a log-softmax, in nats, float32,
@@ -243,9 +260,4 @@ def row_scores(
         start = min(len(c) for c in contexts) - 1
         logits_B_K_V = model(**inputs, logits_to_keep=length - start).logits
         scores = scored_tokens(logits_B_K_V[rows_N, predictor_N - start], targets_N, temperature)
-    return LayoutLogprobs(
-        torch.zeros_like(mask_B_T).index_put((rows_N, steps_N), scores.logp),
-        mask_B_T,
-        batch * length,
-        torch.zeros_like(mask_B_T).index_put((rows_N, steps_N), scores.entropy),
-    )
+    return LayoutLogprobs.scattered(scores, mask_B_T, (rows_N, steps_N), batch * length)

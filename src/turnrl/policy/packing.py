@@ -145,9 +145,4 @@ def packed_logprobs(
         keep_P, slot_N = torch.unique(predictor_N, return_inverse=True)
         logits_K_P_V = model(**inputs, logits_to_keep=keep_P).logits
         scores = scored_tokens(logits_K_P_V[bin_N, slot_N], targets_N, temperature)
-    return LayoutLogprobs(
-        torch.zeros_like(mask_B_T).index_put((row_N, step_N), scores.logp),
-        mask_B_T,
-        len(bins) * length,
-        torch.zeros_like(mask_B_T).index_put((row_N, step_N), scores.entropy),
-    )
+    return LayoutLogprobs.scattered(scores, mask_B_T, (row_N, step_N), len(bins) * length)

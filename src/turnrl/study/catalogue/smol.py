@@ -92,8 +92,10 @@ SMOL_489_ARMS = Study(
     arms=(
         PIPELINE_ARM,
         AGL1_ARM,
-        *(estimator_arm(arm, arm) for arm in ("grpo_mixed", "grpo", "dr_grpo")),
-        *(estimator_arm(arm, arm) for arm in ("turn_group", "node")),
+        *(
+            estimator_arm(arm, arm)
+            for arm in ("grpo_mixed", "grpo", "dr_grpo", "turn_group", "node")
+        ),
     ),
     seeds=(0, 1, 2, 3),
     # The recipe's warm start (16 SFT steps of the teacher, tool_fraction 0.4) at seeds
