@@ -25,9 +25,11 @@ Arms (``--arms``), ``train.*`` fields over the recipe's: ``none``; each option a
 (``checkpointing``: ``gradient_checkpointing``; ``chunks``: ``logprob_chunk_tokens =
 1024``; ``bf16-mixed``: ``precision``; ``packing``: ``update = "rows"`` with
 ``max_tokens_per_batch = 2048``, the rows packed without padding, a longer row a
-forward of its own); ``all`` of them together, and ``all-fp32``, all but
+forward of its own); ``all`` of them together; ``all-fp32``, all but
 ``bf16-mixed`` (a CPU without bfloat16 instructions runs bfloat16 matrix products
-several times slower than float32). Arms alternate within each round
+several times slower than float32); and ``all-tree``, all but ``packing``: the tree
+layout (one forward over the trajectory's shared prefixes) with checkpointing,
+chunks and bf16-mixed, the candidate for one long trajectory. Arms alternate within each round
 (rotated each round), sizes in turn, so that a slower period of a shared machine does
 not fall on one arm.
 
@@ -92,6 +94,10 @@ def packing_available() -> bool:
     return (ROOT / "src" / "turnrl" / "policy" / "packing.py").exists()
 
 
+ALL_BUT: dict[str, str | None] = {"all": None, "all-fp32": "bf16-mixed", "all-tree": "packing"}
+"""The combined arms: every option but the one named (None: every option)."""
+
+
 def arm_fields(arm: str, tokens: int) -> dict[str, Any]:
     """The ``PPOConfig`` fields of ``arm`` at ``tokens`` positions (over the defaults)."""
     options = dict(OPTIONS)
@@ -99,14 +105,14 @@ def arm_fields(arm: str, tokens: int) -> dict[str, Any]:
         options["packing"] = PACKING
     if arm in ("none", TRL_ARM):  # trl: benchmarks/trl_memory.py, TRL's own settings
         fields: dict[str, Any] = {}
-    elif arm in ("all", "all-fp32"):
-        chosen = [o for name, o in options.items() if arm == "all" or name != "bf16-mixed"]
+    elif arm in ALL_BUT:
+        chosen = [o for name, o in options.items() if name != ALL_BUT[arm]]
         fields = {k: v for option in chosen for k, v in option.items()}
     elif arm in options:
         fields = dict(options[arm])
     else:
         raise SystemExit(
-            f"--arms: unknown arm {arm!r}; known: none, {', '.join(options)}, all, all-fp32"
+            f"--arms: unknown arm {arm!r}; known: none, {', '.join([*options, *ALL_BUT])}"
         )
     # else one forward for the whole trajectory (its rows share one chain of prefixes)
     return {"max_tokens_per_batch": max(tokens, 2048), **fields}
@@ -118,7 +124,8 @@ TRL_PYTHON = ROOT / ".venv-agl" / "bin" / "python"
 
 
 def default_arms() -> list[str]:
-    arms = ["none", *OPTIONS, *(["packing"] if packing_available() else []), "all-fp32", "all"]
+    packing = ["packing", "all-tree"] if packing_available() else []
+    arms = ["none", *OPTIONS, *packing, "all-fp32", "all"]
     return [*arms, TRL_ARM] if TRL_PYTHON.exists() else arms
 
 
@@ -404,7 +411,8 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], budget: Any)
         f"trajectory token; median of {', '.join(map(str, sorted(rounds)))} round(s), arms "
         f"alternating. `chunks` = `logprob_chunk_tokens = {CHUNK}`; `packing` = rows layout "
         f"packed, 2048 positions a forward; `all` = every option; `all-fp32` = all but "
-        f"bf16-mixed; `trl` = TRL's GRPOTrainer on the same rows, model and LoRA with its "
+        f"bf16-mixed; `all-tree` = all but packing (the tree layout); `trl` = TRL's "
+        f"GRPOTrainer on the same rows, model and LoRA with its "
         f"defaults (gradient checkpointing, bf16 autocast; the rows left-padded to the "
         f"longest), its ms/token per trajectory token like the others.",
         "",
