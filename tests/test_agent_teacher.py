@@ -64,12 +64,31 @@ def run_with_teacher(
         return runner.run(jobs), gateway
 
 
-def uses_tool(task: Task) -> bool:
+def calc_teacher() -> Any:
     spec = importlib.util.spec_from_file_location("calc_teacher", AGENTS / "calc_teacher.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return bool(module.uses_tool(dict(task.payload)))
+    return module
+
+
+def uses_tool(task: Task) -> bool:
+    return bool(calc_teacher().uses_tool(dict(task.payload)))
+
+
+def test_the_worked_teacher_writes_direct_answers_out_and_a_tool_result_as_the_number() -> None:
+    teacher = calc_teacher()
+    tools = [{"function": {"name": "calculator", "parameters": {"required": ["expression"]}}}]
+    direct = {"task_id": "calc-9-4", "expression": "9-4", "answer": 5, "demo": {"use_tool": False}}
+    called = {**direct, "demo": {"use_tool": True}}
+    hard = {"task_id": "calc-970*494", "expression": "970*494", "answer": 479180, "tags": []}
+    ask = [{"role": "user", "content": "Compute 9-4."}]
+    assert teacher.teach_worked(ask, tools, direct) == {"role": "assistant", "content": "9 - 4 = 5"}
+    assert teacher.teach_worked(ask, [], hard)["content"] == "970 * 494 = 479180"
+    call = teacher.teach_worked(ask, tools, called)
+    assert call["tool_calls"][0]["function"]["arguments"] == '{"expression": "9-4"}'
+    after = [*ask, call, {"role": "tool", "content": "5"}]
+    assert teacher.teach_worked(after, tools, called) == {"role": "assistant", "content": "5"}
 
 
 def test_the_openai_agent_against_the_teacher_records_exact_demonstrations(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 TOOL_SHARE_HARD = 0.5
@@ -67,6 +68,29 @@ def teach(
     if tools and not called and uses_tool(task):
         return tool_call(tools, task["expression"])
     return {"role": "assistant", "content": answer_text(task)}
+
+
+def worked_answer(task: dict[str, Any]) -> str:
+    """The answer with its expression before it, ``"2 + 8 = 10"`` (the reply's last number
+    is what the agent's reward reads): the form in which SmolLM2-135M-Instruct already
+    does single-digit sums. Asked for the number alone, the warm-started model answered
+    easy problems at random (a pilot of 2026-12-07, docs/grouping-experiment.md); given
+    the ``a op b = `` prefix the base model completes 135 of the 155 single-digit sums
+    and differences greedily."""
+    spaced = re.sub(r"(?<=\d)\s*([-+*/])\s*", r" \1 ", task["expression"])
+    return f"{spaced} = {answer_text(task)}"
+
+
+def teach_worked(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]], task: dict[str, Any]
+) -> dict[str, Any]:
+    """:func:`teach`, with a direct answer written out as :func:`worked_answer` (after a
+    tool call the reply is still the number)."""
+    reply = teach(messages, tools, task)
+    called = any(m.get("role") == "tool" for m in messages)
+    if reply.get("tool_calls") or called:
+        return reply
+    return {"role": "assistant", "content": worked_answer(task)}
 
 
 def teach_calc_x(

@@ -75,6 +75,17 @@ AGL1_ARM = Arm(
 advantage (one value per rollout, grouped by task: turnrl's ``grpo``) and the
 ``per_rollout_mean`` loss (each rollout weighs the same: ``rollout-mean``)."""
 
+WORKED_WARM_START = (
+    "warm_start.teacher=examples/agents/calc_teacher.py:teach_worked",
+    "warm_start.teacher_tasks=256",
+    "warm_start.steps=64",
+    "warm_start.lr=5e-4",
+    "warm_start.tool_fraction=0.5",
+    "warm_start.easy_tool_fraction=0.5",
+)
+"""The warm start of ``smol-489-arms``: direct answers written out, half of each kind of
+problem solved with the tool, a gentle rate (see the study's comment)."""
+
 SAMPLED_TOOL_RATE = Metric("eval_tool_rate", "sampled tool rate", digits=3)
 """The pre-registered outcome: the held-out tool rate sampled at T = 1 (32 problems x 4
 samples) at the end of RL. Every arm of a (warm start, seed) pair starts from the same
@@ -98,13 +109,15 @@ SMOL_489_ARMS = Study(
         ),
     ),
     seeds=(0, 1, 2, 3),
-    # The recipe's warm start (16 SFT steps of the teacher, tool_fraction 0.4) at seeds
-    # 0-2: greedy it calls on every problem (success 1.00, the ceiling agents-smol-489
-    # met); sampled at T = 1 (pilot of 2026-12-07, seed 0, docs/grouping-experiment.md)
-    # it opens with a call 0.79 of the time, right after a call 0.99, without one 0.15
-    # (easy 0.27, hard 0.00): the outcome has room, but the direct answers are worse
-    # than the issue's "right about half the time". Shorter warm starts never call.
-    warm_starts=WarmStarts(count=3),
+    # Warm starts below the ceiling (pilot of 2026-12-07, seed 0, one run each,
+    # docs/grouping-experiment.md "A real model"): the teacher writes direct answers out
+    # ("2 + 8 = 10", teach_worked) and calls the tool on half of the easy and half of the
+    # hard problems; 64 SFT steps over 256 teacher tasks at lr 5e-4. Sampled at T = 1 it
+    # opens with a call 0.67 of the time; direct answers are right 23 of 42 (easy 23 of
+    # 26, hard 0 of 16), calls 86 of 86. The recipe's warm start (lr 2e-3, numbers only)
+    # calls 0.79 of the time and its direct answers are right 0.15; at lr 2e-3 the
+    # worked answers were right 0 of 58: that rate erases what the model knows of sums.
+    warm_starts=WarmStarts(count=3, overrides=("train.steps=0", *WORKED_WARM_START)),
     settings=(
         Setting("cost0", ("warm_start.teacher=none", "agent.turn_cost=0.0")),
         Setting("cost0.2", ("warm_start.teacher=none", "agent.turn_cost=0.2")),
@@ -114,7 +127,7 @@ SMOL_489_ARMS = Study(
     overrides=(
         "train.threads=1",
         "train.steps=16",
-        "train.eval_every=8",
+        "train.eval_every=16",
         "train.eval_temperature=1.0",
         "train.eval_samples=4",
     ),
@@ -130,5 +143,5 @@ SMOL_489_ARMS = Study(
         Table("seeds", "seeds", (SAMPLED_TOOL_RATE, SAMPLED_SUCCESS)),
     ),
     curve="tool_rate",
-    minutes_per_cell=27.0,  # the pilot: 42 s a step, 4-4.5 min an evaluation
+    minutes_per_cell=21.0,  # the pilot: 42 s a step, 4-4.5 min an evaluation (steps 0, 16)
 )
