@@ -21,7 +21,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml requirements/vl
 # Declared studies (turnrl.study.catalogue): `make studies` lists them with their cells and
 # how long each takes here; `make study-NAME` runs what NAME is missing (STUDY_JOBS processes
 # at once, one torch thread each) and writes its tables into the docs.
-STUDIES := demo-seeds tree-rollouts grouping-learning search-agent iterative-grpo iterative-persona agents-calc-openai agents-parity agents-solver-checker agents-warm agents-489 agents-489-no-pay agents-calc-x-warm agents-calc-x-parity agents-calc-x-489 agents-calc-x-held-out agents-smol-489 mechanism async-demo-seeds
+STUDIES := demo-seeds tree-rollouts grouping-learning search-agent iterative-grpo iterative-persona agents-calc-openai agents-parity agents-solver-checker agents-warm agents-489 agents-489-no-pay agents-calc-x-warm agents-calc-x-parity agents-calc-x-489 agents-calc-x-held-out agents-smol-489 smol-489-arms mechanism async-demo-seeds
 STUDY_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 
 # `make test` builds its venvs at once (setup-all: make -j). They are built with uv

@@ -225,6 +225,17 @@ def test_every_study_with_a_doc_has_its_markers() -> None:
             assert found >= {t.name for t in study.tables}, study.name
 
 
+def test_every_study_has_the_make_target_that_study_list_names() -> None:
+    """`turnrl study list` tells the user `make study-NAME`: the Makefile's STUDIES has
+    every declared study (and nothing else)."""
+    line = next(
+        line
+        for line in (ROOT / "Makefile").read_text().splitlines()
+        if line.startswith("STUDIES :=")
+    )
+    assert sorted(line.split(":=", 1)[1].split()) == sorted(STUDIES)
+
+
 def test_demo_seeds_table_from_its_declaration(tmp_path: Path) -> None:
     """The README's demo table (the ``demo-seeds`` study) on hand-written metrics."""
     study = STUDIES["demo-seeds"]
