@@ -211,6 +211,49 @@ def test_training_pushes_every_update_to_the_server(
     assert all(r["grad_norm"] > 0 for r in steps)  # every update changed the weights
 
 
+def test_the_agent_loop_serves_the_server_one_step_ahead(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K = 1 in the agent loop on a vLLM server: the gateways serve the server, which is
+    given the learner's weights when the run starts (the learner here starts from seed
+    1, the server from seed 0: step 1's log-probs agree only after that push) and after
+    each update (versions 1, 2, 3); steps 2 and 3 ran ahead, every turn at most one
+    version behind the update that trains it."""
+    from test_agent_loop import agent_config
+    from test_vllm_async import records
+    from turnrl.train.agent.asynchronous import AsyncAgentTrainer, agent_trainer
+    from turnrl.train.validate import validate
+
+    pushed: list[int] = []
+    load_learner = VLLMServerPolicy.load_learner
+
+    def counting(self: VLLMServerPolicy, learner: object, version: int) -> None:
+        pushed.append(version)
+        load_learner(self, learner, version)
+
+    config = agent_config(
+        tmp_path,
+        "train.max_staleness=1", "train.tis_cap=2.0", "train.log_mismatch=true",
+        "policy.backend=vllm-server", f"policy.server_url={server}", *VLLM_HEADS,
+        "train.seed=1", "train.steps=3", "train.eval_every=0", "train.checkpoint_every=0",
+    )  # fmt: skip
+    validate(config)
+    monkeypatch.setattr(VLLMServerPolicy, "load_learner", counting)
+    trainer = agent_trainer(config, quiet=True)
+    assert isinstance(trainer, AsyncAgentTrainer)
+    run = trainer.run()
+    assert isinstance(trainer.served, VLLMServerPolicy)
+    assert pushed == [0, 1, 2, 3] and trainer.served.policy_version == 3
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] >= 1]
+    assert [r["agents_ahead"] for r in steps] == [0.0, 1.0, 1.0]
+    assert [r["agent_failures"] for r in steps] == [0, 0, 0]
+    assert all(r["staleness_max"] <= 1.0 for r in steps)
+    assert steps[0]["staleness_max"] == 0.0 and steps[0]["mismatch_logp_abs_max"] < 1e-3
+    for step in (2, 3):
+        assert {r["policy_version"] for r in records(run, step)} <= {step - 2, step - 1}
+
+
 def test_turnrl_serve_fronts_the_server_with_exact_tokens(server: str) -> None:
     """``turnrl serve --backend vllm-server``'s gateway: an OpenAI chat call sampled by
     the server, recorded with the learner's tokens and the server's log-probs."""

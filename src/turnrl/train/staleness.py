@@ -60,7 +60,7 @@ def check_staleness(config: Any, p: Problems) -> None:
     update: a built-in environment with the ``independent`` strategy (a sampler
     process holding a transformers copy or a vLLM engine: ``policy.backend`` ``"hf"`` or
     ``"vllm"``), or the agent loop at ``K = 1`` (partial rollouts,
-    :mod:`turnrl.train.agent.asynchronous`; ``"hf"`` or ``"vllm"``, one process); no Ray
+    :mod:`turnrl.train.agent.asynchronous`; ``"hf"``, ``"vllm"`` or ``"vllm-server"``); no Ray
     workers;
     under torchrun each rank has a sampler process of its own
     (:mod:`turnrl.train.online.async_ranks`), not with ``train.sharding = "fsdp2"``.
@@ -85,14 +85,8 @@ def check_staleness(config: Any, p: Problems) -> None:
     elif config.rollout.strategy != "independent":
         p.add(key, "needs rollout.strategy = 'independent' (the one strategy built for it)")
     backend = config.policy.backend
-    if config.mode == "agent" and backend not in ("hf", "vllm"):
-        p.add(
-            key,
-            f"needs policy.backend = 'hf' or 'vllm' in the agent loop (its agents' calls "
-            f"sample from a transformers copy or a vLLM engine in the learner's process); "
-            f"{backend!r} has no served copy there yet (use 0)",
-        )
-    elif backend not in ("hf", "vllm"):
+    # the agent loop serves a copy on every backend (an hf copy, the engine, the server)
+    if config.mode != "agent" and backend not in ("hf", "vllm"):
         p.add(
             key,
             f"needs policy.backend = 'hf' or 'vllm' (the sampler process holds a "

@@ -3,9 +3,11 @@
 In the synchronous loop the gateway holds every agent's call while the learner
 updates. Here the gateway serves a **copy** of the weights, so agents never wait for an
 update: with ``policy.backend = "hf"`` an in-process transformers copy (a LoRA
-learner's adapters merged into it), with ``"vllm"`` the run's vLLM engine (it holds
-weights of its own, as in the synchronous loop, and is given the learner's only after
-an update):
+learner's adapters merged into it), with ``"vllm"`` the run's vLLM engine and with
+``"vllm-server"`` the vLLM server (each holds weights of its own, as in the
+synchronous loop, and is given the learner's only after an update; the server samples
+in its own process, so its calls never share a core's time with the update by
+construction):
 
 * when step ``n``'s agents have finished, the agents of step ``n + 1`` start at once,
   in a background thread, against the gateway, while the learner credits and updates
@@ -47,7 +49,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnrl.policy.sync import full_weights
+from turnrl.policy.sync import full_weights, push_weights
 from turnrl.train.agent.loop import AgentTrainer
 from turnrl.train.agent.runner import RolloutResult
 from turnrl.train.schedule import due
@@ -109,10 +111,11 @@ class AsyncAgentTrainer(AgentTrainer):
 
     # ------------------------------------------------------------------ set-up
     def served_policy(self) -> Any:
-        """What the gateways sample from, apart from the learner: the vLLM engine of
-        ``policy.backend = "vllm"`` (the synchronous loop's), else a frozen copy of the
-        learner (LoRA merged). Only :meth:`update_and_serve` changes its weights."""
-        if self.config.policy.backend == "vllm":
+        """What the gateways sample from, apart from the learner: the vLLM engine or
+        server of ``policy.backend = "vllm"`` / ``"vllm-server"`` (the synchronous
+        loop's), else a frozen copy of the learner (LoRA merged). Only
+        :meth:`update_and_serve` changes its weights."""
+        if self.config.policy.backend in ("vllm", "vllm-server"):
             return super().served_policy()
         return self.policy.clone_frozen()
 
@@ -160,6 +163,11 @@ class AsyncAgentTrainer(AgentTrainer):
             self._start_ahead(self.step + 1)
         losses = self.update(batch)
         started = time.perf_counter()
+        if hasattr(self.served, "load_learner"):  # the vLLM server: adapters or full weights
+            with self._train_side.gateway.updating(version=self.step) as served:
+                push_weights(self.policy, served, self.step)
+            self._timing["seconds_push"] += time.perf_counter() - started
+            return losses
         weights = full_weights(self.policy)  # merged before the gateway is held
         with self._train_side.gateway.updating(version=self.step) as served:
             load_full_weights = getattr(served, "load_full_weights", None)

@@ -449,10 +449,15 @@ class AgentTrainer(LifecycleRun):
         return self.step
 
     def served_policy(self) -> Any:
-        """What the gateways sample from: the learner itself, or a vLLM engine (#26; a
-        gateway batches ``agent.max_batch`` calls)."""
+        """What the gateways sample from: the learner itself, a vLLM engine started from
+        its weights (#26; a gateway batches ``agent.max_batch`` calls), or a vLLM server,
+        which holds weights of its own: it is given the learner's here (the warm start's,
+        or a resumed run's), before any agent calls it."""
         cfg = self.config
-        return build_sampler(cfg.policy, self.policy, rows=cfg.agent.max_batch)
+        served = build_sampler(cfg.policy, self.policy, rows=cfg.agent.max_batch)
+        if cfg.policy.backend == "vllm-server":
+            push_weights(self.policy, served, self.step)
+        return served
 
     def _serve(self, temperature: float, sock: socket.socket) -> ServedAgents:
         """A gateway over the served policy at ``temperature``, its server on ``sock`` and
