@@ -40,6 +40,20 @@ def records(run_dir: Path, step: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def assert_three_steps_one_ahead(run: Path) -> None:
+    """A 3-step agent loop at K = 1: steps 2 and 3 ran ahead without failures, no turn
+    more than one version behind, step 1's sampler log-probs the learner's (within
+    1e-3), and each turn sampled with the version served when it was called."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] >= 1]
+    assert [r["agents_ahead"] for r in steps] == [0.0, 1.0, 1.0]
+    assert [r["agent_failures"] for r in steps] == [0, 0, 0]
+    assert all(r["staleness_max"] <= 1.0 for r in steps)
+    assert steps[0]["staleness_max"] == 0.0 and steps[0]["mismatch_logp_abs_max"] < 1e-3
+    for step in (2, 3):  # a turn samples with the version served when it was called
+        assert {r["policy_version"] for r in records(run, step)} <= {step - 2, step - 1}
+
+
 def test_the_sampler_process_samples_on_its_own_engine(
     tmp_path: Path, tiny_train, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -125,11 +139,4 @@ def test_the_agent_loop_serves_the_engine_one_step_ahead(
     assert isinstance(trainer.served, VLLMPolicy) and trainer.served is not trainer.policy
     assert trainer.served.policy_version == 3
     assert loaded == [1, 2, 3]
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if r["step"] >= 1]
-    assert [r["agents_ahead"] for r in steps] == [0.0, 1.0, 1.0]
-    assert [r["agent_failures"] for r in steps] == [0, 0, 0]
-    assert all(r["staleness_max"] <= 1.0 for r in steps)
-    assert steps[0]["staleness_max"] == 0.0 and steps[0]["mismatch_logp_abs_max"] < 1e-3
-    for step in (2, 3):  # a turn samples with the version served when it was called
-        assert {r["policy_version"] for r in records(run, step)} <= {step - 2, step - 1}
+    assert_three_steps_one_ahead(run)

@@ -220,7 +220,7 @@ def test_the_agent_loop_serves_the_server_one_step_ahead(
     each update (versions 1, 2, 3); steps 2 and 3 ran ahead, every turn at most one
     version behind the update that trains it."""
     from test_agent_loop import agent_config
-    from test_vllm_async import records
+    from test_vllm_async import assert_three_steps_one_ahead
     from turnrl.train.agent.asynchronous import AsyncAgentTrainer, agent_trainer
     from turnrl.train.validate import validate
 
@@ -244,14 +244,7 @@ def test_the_agent_loop_serves_the_server_one_step_ahead(
     run = trainer.run()
     assert isinstance(trainer.served, VLLMServerPolicy)
     assert pushed == [0, 1, 2, 3] and trainer.served.policy_version == 3
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if r["step"] >= 1]
-    assert [r["agents_ahead"] for r in steps] == [0.0, 1.0, 1.0]
-    assert [r["agent_failures"] for r in steps] == [0, 0, 0]
-    assert all(r["staleness_max"] <= 1.0 for r in steps)
-    assert steps[0]["staleness_max"] == 0.0 and steps[0]["mismatch_logp_abs_max"] < 1e-3
-    for step in (2, 3):
-        assert {r["policy_version"] for r in records(run, step)} <= {step - 2, step - 1}
+    assert_three_steps_one_ahead(run)
 
 
 def test_turnrl_serve_fronts_the_server_with_exact_tokens(server: str) -> None:
