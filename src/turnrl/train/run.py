@@ -556,8 +556,6 @@ def _logging(config: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- models, tasks
-
-
 # Building and loading policies lives in turnrl.policy.factory (the trainer, `turnrl serve`
 # and the Ray workers share it); these names stay for the trainers that import them here.
 # Imported when called: this module loads without torch.
