@@ -105,6 +105,26 @@ def test_the_sampler_process_samples_on_its_own_engine(
     assert left - multiprocessing_services() == set()
 
 
+def test_an_in_process_vllm_engine_is_refused_in_ranks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Ranks that each build an in-process vLLM engine deadlock in vLLM's process-group
+    set-up (found with 2 ranks, K = 0 and K = 1): refused before anything starts,
+    naming the field; one process and a vLLM server stay allowed."""
+    from test_distributed import RECIPE, RUN
+    from turnrl.errors import ConfigError
+    from turnrl.train.config import RunConfig, load_config
+
+    run = [*RUN, f"run_dir={tmp_path / 'run'}", "policy.heads=2", "policy.hidden=64"]
+    validate(load_config(RunConfig, RECIPE, [*run, "policy.backend=vllm"]))  # one process
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError, match=r"policy\.backend: 'vllm' cannot run in torchrun's 2"):
+        validate(load_config(RunConfig, RECIPE, [*run, "policy.backend=vllm"]))
+    server = ["policy.backend=vllm-server", "policy.server_url=http://127.0.0.1:9"]
+    validate(load_config(RunConfig, RECIPE, [*run, *server]))
+
+
 def test_the_agent_loop_serves_the_engine_one_step_ahead(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -337,6 +337,7 @@ class RunConfig:
         if not self.run_dir:
             p.add("run_dir", "must name a directory")
         check_staleness(self, p)
+        self._check_engine_beside_ranks(p)
         self._check_context_cap(p)
         check_update_precision(self.policy, self.train, "train", p)
         self._check_inactive(p)
@@ -344,6 +345,27 @@ class RunConfig:
             self._check_agent_run(p)
         else:
             self._check_env_run(p)
+
+    def _check_engine_beside_ranks(self, p: Problems) -> None:
+        """No in-process vLLM engine in a torchrun rank: vLLM makes its process groups
+        with ``torch.distributed.new_group``, a collective of every rank of the world
+        torchrun started, at the moment each rank builds its engine, while the others
+        are in another collective (the start state's broadcast): the ranks wait for
+        each other forever (found 2026-12-07, K = 0 and K = 1 alike, 2 ranks on the
+        tiny model, every stack in the start-up)."""
+        if self.policy.backend != "vllm":
+            return
+        from turnrl.train.distributed import world_from_env
+
+        world = world_from_env()
+        if world.split:
+            p.add(
+                "policy.backend",
+                f"'vllm' cannot run in torchrun's {world.size} ranks: each rank's "
+                "in-process engine makes vLLM's process groups with a collective of every "
+                "rank, and the ranks deadlock; use 'hf' or 'vllm-server' under torchrun, "
+                "or 'vllm' in one process",
+            )
 
     def _check_context_cap(self, p: Problems) -> None:
         """``rollout.max_context_tokens`` leaves room for a prompt beside a response of
