@@ -58,12 +58,12 @@ def test_the_sampler_process_samples_on_its_own_engine(
     tmp_path: Path, tiny_train, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """K = 1 on vLLM: the sampler process starts an engine from its copy of the weights
-        and reloads every push into it. Step 1 (version 0 in both runs, same seeds) samples
-        exactly the tokens and log-probs of the synchronous vLLM run; steps 2 and 4 sample
-        one version behind (the schedule of a checkpoint every 2 steps: 0, 0, 2, 2) and the
-        per-turn correction is logged. The learner's own engine (it evaluates) gets the
-        weights only before an evaluation: at the start and at steps 2 and 4, not after
-        every update. No process is left after the run (multiprocessing's resource tracker,
+    and reloads every push into it. Step 1 (version 0 in both runs, same seeds) samples
+    exactly the tokens and log-probs of the synchronous vLLM run; steps 2 and 4 sample
+    one version behind (the schedule of a checkpoint every 2 steps: 0, 0, 2, 2) and the
+    per-turn correction is logged. The learner's own engine (it evaluates) gets the
+    weights only before an evaluation: at the start and at steps 2 and 4, not after
+    every update. No process is left after the run (multiprocessing's resource tracker,
     which leaves with this process, aside)."""
     import psutil
 
