@@ -4,10 +4,9 @@ In the synchronous loop the gateway holds every agent's call while the learner
 updates. Here the gateway serves a **copy** of the weights, so agents never wait for an
 update: with ``policy.backend = "hf"`` an in-process transformers copy (a LoRA
 learner's adapters merged into it), with ``"vllm"`` the run's vLLM engine and with
-``"vllm-server"`` the vLLM server (each holds weights of its own, as in the
-synchronous loop, and is given the learner's only after an update; the server samples
-in its own process, so its calls never share a core's time with the update by
-construction):
+``"vllm-server"`` the vLLM server, which samples in a process of its own (each holds
+weights of its own, as in the synchronous loop, and is given the learner's only after
+an update):
 
 * when step ``n``'s agents have finished, the agents of step ``n + 1`` start at once,
   in a background thread, against the gateway, while the learner credits and updates
@@ -163,15 +162,13 @@ class AsyncAgentTrainer(AgentTrainer):
             self._start_ahead(self.step + 1)
         losses = self.update(batch)
         started = time.perf_counter()
-        if hasattr(self.served, "load_learner"):  # the vLLM server: adapters or full weights
-            with self._train_side.gateway.updating(version=self.step) as served:
-                push_weights(self.policy, served, self.step)
-            self._timing["seconds_push"] += time.perf_counter() - started
-            return losses
-        weights = full_weights(self.policy)  # merged before the gateway is held
+        to_server = hasattr(self.served, "load_learner")  # it takes the learner itself
+        weights = None if to_server else full_weights(self.policy)  # merged before the hold
         with self._train_side.gateway.updating(version=self.step) as served:
             load_full_weights = getattr(served, "load_full_weights", None)
-            if load_full_weights is not None:  # the vLLM engine (it also stamps the version)
+            if weights is None:  # the vLLM server: adapters or full weights
+                push_weights(self.policy, served, self.step)
+            elif load_full_weights is not None:  # the vLLM engine (it also stamps the version)
                 load_full_weights(weights, self.step)
             else:  # the in-process copy
                 served.load_state_dict(weights)
