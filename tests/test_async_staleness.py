@@ -67,7 +67,6 @@ def test_every_step_is_requested_once_in_order_within_k(k, steps, checkpoints) -
     [
         ("rollout.strategy=rtpo", "on-policy refresh"),
         ("rollout.strategy=patr", "scorer refresh"),
-        ("policy.backend=vllm-server", "'vllm-server' has no sampler process"),
         ("rollout.workers=2", "Ray workers sample in step with the learner"),
         ("train.max_staleness=-1", "must be >= 0"),
     ],
@@ -76,8 +75,6 @@ def test_runs_that_cannot_be_asynchronous_are_refused(
     tiny_train, tmp_path: Path, override: str, named: str
 ) -> None:
     extra = [] if "max_staleness" in override else ["train.max_staleness=1"]
-    if "vllm-server" in override:
-        extra.append("policy.server_url=http://127.0.0.1:9")
     with pytest.raises(ConfigError, match=r"train\.max_staleness") as err:
         validate(tiny_train(tmp_path / "run", *extra, override))
     assert named in str(err.value)

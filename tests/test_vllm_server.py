@@ -211,6 +211,44 @@ def test_training_pushes_every_update_to_the_server(
     assert all(r["grad_norm"] > 0 for r in steps)  # every update changed the weights
 
 
+def test_the_sampler_process_samples_on_the_server_one_step_ahead(
+    server: str, tmp_path: Path, tiny_train
+) -> None:
+    """K = 1 in the environment trainer on a vLLM server: the sampler process is the
+    server's client. The learner starts from seed 1, the server from seed 0: step 1's
+    log-probs agree only because the sampler process pushed version 0 first; steps 1
+    to 3 sample with versions 0, 0 and 1 (the schedule); and after the run the server
+    samples from the learner's final weights (the push after the last update)."""
+    from conftest import PARITY
+    from turnrl.train.lifecycle import Lifecycle
+    from turnrl.train.online.asynchronous import AsyncOnlineTrainer, online_trainer
+    from turnrl.train.validate import validate
+
+    config = tiny_train(
+        tmp_path / "run", *PARITY, *VLLM_HEADS, "policy.backend=vllm-server",
+        f"policy.server_url={server}", "train.max_staleness=1", "train.tis_cap=2.0",
+        "train.seed=1", "train.steps=3", "train.log_mismatch=true", "train.eval_every=0",
+        "train.checkpoint_every=0",
+    )  # fmt: skip
+    validate(config)
+    trainer = online_trainer(config, quiet=True)
+    assert isinstance(trainer, AsyncOnlineTrainer)
+    Lifecycle(trainer).run()
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [r for r in rows if r["step"] >= 1]
+    assert [r["policy_version"] for r in steps] == [0, 0, 1]
+    assert steps[0]["mismatch_logp_abs_max"] < 1e-3
+    client = VLLMServerPolicy.from_policy(trainer.policy, server)
+    try:
+        ctx = contexts(trainer.policy)
+        after = client.sample(ctx, max_new_tokens=10, temperature=1.0, seed=3)
+    finally:
+        client.close()
+    assert max_logp_gap(trainer.policy, ctx, after, 1.0) < LOGP_TOL
+
+
 def test_the_agent_loop_serves_the_server_one_step_ahead(
     server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,9 +8,11 @@ What a server answers is untrusted input: parsed and checked, a malformed answer
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import pytest
 
+from fake_vllm import NOT_FOUND, JsonServer
 from turnrl.errors import SamplerServerError, TurnrlError
 from turnrl.policy.sync import push_weights
 from turnrl.policy.vllm import engine_sample, response_budget
@@ -112,59 +114,27 @@ def test_serve_refuses_vllm_server_without_a_url() -> None:
         serve_cli.build_served(object(), args)
 
 
-class FakeVLLMServer:
+class FakeVLLMServer(JsonServer):
     """A vLLM server's routes the LoRA push uses (no dev routes), recording every call;
     the adapters it holds are those loaded and not unloaded since."""
 
     def __init__(self) -> None:
-        import http.server
-        import json
-        import threading
-
-        self.calls: list[tuple[str, str, object]] = []
         self.adapters: set[str] = set()
-        fake = self
+        super().__init__()
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
+    def get(self, path: str) -> tuple[int, object]:
+        if path == "/v1/models":
+            return 200, {"data": [{"id": "base", "max_model_len": 4096}]}
+        return NOT_FOUND
 
-            def answer(self, status: int, body: object) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                fake.calls.append(("GET", self.path, None))
-                if self.path == "/v1/models":
-                    self.answer(200, {"data": [{"id": "base", "max_model_len": 4096}]})
-                else:
-                    self.answer(404, {"detail": "Not Found"})
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", 0))
-                body = json.loads(self.rfile.read(length) or b"null")
-                fake.calls.append(("POST", self.path, body))
-                if self.path == "/v1/load_lora_adapter":
-                    fake.adapters.add(body["lora_name"])
-                elif self.path == "/v1/unload_lora_adapter":
-                    fake.adapters.discard(body["lora_name"])
-                else:
-                    self.answer(404, {"detail": "Not Found"})
-                    return
-                self.answer(200, "ok")
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def post(self, path: str, body: Any) -> tuple[int, object]:
+        if path == "/v1/load_lora_adapter":
+            self.adapters.add(body["lora_name"])
+        elif path == "/v1/unload_lora_adapter":
+            self.adapters.discard(body["lora_name"])
+        else:
+            return NOT_FOUND
+        return 200, "ok"
 
 
 def test_each_lora_push_unloads_the_previous_versions_adapter() -> None:

@@ -12,11 +12,17 @@ an asynchronous run is reproducible. Each step's episodes come back whole (recor
 tagged with the version, episodes without their environments, costs) on a second queue,
 with how long the sampler waited before starting it.
 
-What samples: a transformers copy (``policy.backend = "hf"``) or a vLLM engine
+What samples: a transformers copy (``policy.backend = "hf"``), a vLLM engine
 (``"vllm"``) started inside the sampler process from its own transformers copy, which it
 then drops (the engine holds the weights; each push reloads them in place and drops the
-engine's prefix cache, :meth:`turnrl.policy.vllm.VLLMPolicy.load_full_weights`). A vLLM
-sampler is spawned, never forked: the learner holds an engine of its own (for
+engine's prefix cache, :meth:`turnrl.policy.vllm.VLLMPolicy.load_full_weights`), or a
+vLLM server the user runs (``"vllm-server"``), through its client. The server cannot
+take tensors from memory, so the sampler process keeps its transformers copy (LoRA
+adapters unmerged, as the learner's): each push is loaded into the copy and handed on
+from it as the synchronous trainer hands on the learner's
+(:func:`turnrl.policy.sync.push_weights`: adapters for a LoRA learner, else full
+weights), between the same requests, so the schedule holds on the server too. A vLLM
+engine's sampler is spawned, never forked: the learner holds an engine of its own (for
 evaluation) with threads running, and a fork copies none of those threads, only locks they
 may hold.
 
@@ -63,7 +69,8 @@ class SamplerProcessError(TurnrlError, RuntimeError):
 @dataclass(frozen=True)
 class SamplerSpec:
     """What the sampler process builds: its policy (``policy`` is the run's
-    ``PolicyConfig`` without LoRA: it receives merged weights) and environment."""
+    ``PolicyConfig``, without LoRA where it receives merged weights: all but a vLLM
+    server's copy) and environment."""
 
     policy: Any
     seed: int
@@ -158,9 +165,16 @@ def _sample(policy: Any, spec: SamplerSpec, request: SampleRequest, version: int
     return batch
 
 
-def _load(sampler: Any, state: Mapping[str, torch.Tensor], version: int) -> None:
-    """Give the sampler's weights the pushed ``state`` (full weights, transformers
-    names): reloaded in place in a vLLM engine, loaded into a transformers copy."""
+def _load(sampler: Any, copy: Any, state: Mapping[str, torch.Tensor], version: int) -> None:
+    """Give the sampler's weights the pushed ``state`` (the model's state dict under its
+    transformers names): reloaded in place in a vLLM engine, loaded into a transformers
+    copy; for a vLLM server, loaded into ``copy`` and handed on from it."""
+    if copy is not None:
+        from turnrl.policy.sync import push_weights
+
+        copy.model.load_state_dict(state)
+        push_weights(copy, sampler, version)
+        return
     reload = getattr(sampler, "load_full_weights", None)
     if reload is not None:
         reload(state, version)
@@ -176,14 +190,17 @@ def _register_env(spec: SamplerSpec) -> None:
         register_env(spec.env_name, spec.env_spec)
 
 
-def _build_sampler(spec: SamplerSpec) -> Any:
-    """What this process samples with: its transformers copy, or a vLLM engine started
-    from it (the copy is then dropped: the engine holds the weights)."""
+def _build_sampler(spec: SamplerSpec) -> tuple[Any, Any]:
+    """What this process samples with, and the copy pushes go through (None where the
+    sampler takes them itself): its transformers copy; a vLLM engine started from it
+    (the copy is then dropped: the engine holds the weights); or a vLLM server's client,
+    which keeps the copy (module docstring)."""
     from turnrl.policy.factory import build_policy, build_sampler
 
     policy = build_policy(spec.policy, spec.seed)
     policy.model.eval()
-    return build_sampler(spec.policy, policy, rows=spec.rows or None)
+    sampler = build_sampler(spec.policy, policy, rows=spec.rows or None)
+    return sampler, (policy if spec.policy.backend == "vllm-server" else None)
 
 
 def _serve(spec: SamplerSpec, inbox: Any, outbox: Any, parent: int) -> None:
@@ -198,7 +215,7 @@ def _serve(spec: SamplerSpec, inbox: Any, outbox: Any, parent: int) -> None:
     version: int | None = None
     step = 0
     try:
-        policy = _build_sampler(spec)
+        policy, copy = _build_sampler(spec)
         idle_since = time.perf_counter()
         while True:
             try:
@@ -212,7 +229,7 @@ def _serve(spec: SamplerSpec, inbox: Any, outbox: Any, parent: int) -> None:
                 return
             if kind == "weights":
                 _, version, state = message
-                _load(policy, state, version)
+                _load(policy, copy, state, version)
                 del state
                 outbox.put(("loaded", version))
                 continue
@@ -273,11 +290,12 @@ class SamplerProcess:
         # fork where the learner is on the CPU (Linux): the child starts in a second,
         # where a spawned one first imports torch and transformers again (10 s of CPU);
         # it sets one torch thread before any torch work. CUDA cannot be forked, nor can
-        # a learner running a vLLM engine's threads (module docstring): spawn.
+        # a learner running a vLLM engine's threads (module docstring): spawn. A vLLM
+        # server's learner runs no engine (it evaluates with itself).
         fork = (
             sys.platform.startswith("linux")
             and not torch.cuda.is_initialized()
-            and getattr(spec.policy, "backend", "hf") == "hf"
+            and getattr(spec.policy, "backend", "hf") in ("hf", "vllm-server")
         )
         if not fork:
             from turnrl.envs import get_env_spec

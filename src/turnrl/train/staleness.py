@@ -58,12 +58,12 @@ def steps_sampled_with(
 def check_staleness(config: Any, p: Problems) -> None:
     """``train.max_staleness >= 1`` needs a run whose sampling can move away from the
     update: a built-in environment with the ``independent`` strategy (a sampler
-    process holding a transformers copy or a vLLM engine: ``policy.backend`` ``"hf"`` or
-    ``"vllm"``), or the agent loop at ``K = 1`` (partial rollouts,
-    :mod:`turnrl.train.agent.asynchronous`; ``"hf"``, ``"vllm"`` or ``"vllm-server"``); no Ray
-    workers;
+    process holding a transformers copy, a vLLM engine or a vLLM server's client: any
+    ``policy.backend``), or the agent loop at ``K = 1`` (partial rollouts,
+    :mod:`turnrl.train.agent.asynchronous`); no Ray workers;
     under torchrun each rank has a sampler process of its own
-    (:mod:`turnrl.train.online.async_ranks`), not with ``train.sharding = "fsdp2"``.
+    (:mod:`turnrl.train.online.async_ranks`), not on one vLLM server (each would push
+    its own copy to it) and not with ``train.sharding = "fsdp2"``.
     ``config`` is a ``RunConfig``; ``p`` the top level's problems."""
     staleness = config.train.max_staleness
     p.at_least("train.max_staleness", staleness, 0)
@@ -84,15 +84,6 @@ def check_staleness(config: Any, p: Problems) -> None:
         p.add(key, f"needs rollout.strategy = 'independent': {why} (use 0)")
     elif config.rollout.strategy != "independent":
         p.add(key, "needs rollout.strategy = 'independent' (the one strategy built for it)")
-    backend = config.policy.backend
-    # the agent loop serves a copy on every backend (an hf copy, the engine, the server)
-    if config.mode != "agent" and backend not in ("hf", "vllm"):
-        p.add(
-            key,
-            f"needs policy.backend = 'hf' or 'vllm' (the sampler process holds a "
-            f"transformers copy or a vLLM engine); {backend!r} has no sampler process yet "
-            "(use 0)",
-        )
     if config.rollout.workers > 0:
         p.add(key, "not with rollout.workers: Ray workers sample in step with the learner (use 0)")
     world = world_from_env()
@@ -101,6 +92,13 @@ def check_staleness(config: Any, p: Problems) -> None:
             key,
             f"the agent loop runs ahead in one process; torchrun started {world.size} "
             "ranks (use 0)",
+        )
+    elif world.split and config.policy.backend == "vllm-server":
+        p.add(
+            key,
+            f"each of torchrun's {world.size} ranks has a sampler process, and each would "
+            "push its own copy of the weights to the one vLLM server between the others' "
+            "requests (use 0, or policy.backend = 'hf')",
         )
     if config.train.sharding == "fsdp2":
         p.add(

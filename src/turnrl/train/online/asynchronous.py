@@ -11,8 +11,11 @@ a copy of the task sampler draws their tasks in step order; the step itself draw
 them again from the real one and they must agree, so a checkpoint holds the task
 sampler exactly as the synchronous trainer's does.
 
-After every update the learner's weights (LoRA adapters merged) go to the sampler
-(:meth:`_push_weights`), followed by the requests of the steps that sample with them.
+After every update the learner's weights (LoRA adapters merged; unmerged for a vLLM
+server's sampler, which hands on adapters) go to the sampler (:meth:`_push_weights`),
+followed by the requests of the steps that sample with them. With a vLLM server the
+sampler process is the server's one client: this process evaluates with the learner
+itself, so that no push of its own reaches the server between a step's requests.
 Each step's row has the ``policy_version`` it sampled with, per-turn ``staleness_mean`` /
 ``staleness_max`` (versions behind the weights the update starts from),
 ``seconds_learner_idle`` (waiting for the step's episodes), ``seconds_sampler_idle``
@@ -99,7 +102,7 @@ class AsyncOnlineTrainer(OnlineTrainer):
         """What the sampler process builds (:class:`SamplerSpec`), from the config."""
         cfg = self.config
         return SamplerSpec(
-            policy=replace(cfg.policy, lora_rank=0),
+            policy=cfg.policy if self._on_server else replace(cfg.policy, lora_rank=0),
             seed=cfg.train.seed,
             env_name=cfg.env.name,
             env_kwargs=dict(cfg.env.env_kwargs),
@@ -111,6 +114,26 @@ class AsyncOnlineTrainer(OnlineTrainer):
             max_context_tokens=cfg.rollout.max_context_tokens,
             rows=cfg.rollout.tasks_per_step * cfg.rollout.group_size,
         )
+
+    @property
+    def _on_server(self) -> bool:
+        """Whether the sampler process samples on a vLLM server (``"vllm-server"``)."""
+        return self.config.policy.backend == "vllm-server"
+
+    def _build_rollout_policy(self) -> Any:
+        """The learner's own sampler (it only evaluates here); the learner itself on a
+        vLLM server: two clients pushing their own versions would change the server's
+        weights under the sampler process's requests."""
+        return self.policy if self._on_server else super()._build_rollout_policy()
+
+    def _sampler_state(self) -> dict[str, Any]:
+        """What a push sends: full weights, LoRA adapters merged (a transformers copy or
+        an engine), or the model's own state dict, adapters unmerged (a vLLM server's
+        copy, which hands the server adapters as the synchronous trainer does)."""
+        whole = self._whole_policy()
+        if self._on_server:
+            return {name: t.detach() for name, t in whole.model.state_dict().items()}
+        return full_weights(whole)
 
     def _push_weights(self) -> None:
         """The weights to the sampler process; the learner's own vLLM engine (it only
@@ -135,7 +158,7 @@ class AsyncOnlineTrainer(OnlineTrainer):
         cfg = self.config
         started = time.perf_counter()
         version = self.policy_version
-        self.sampler_process.push(version, full_weights(self._whole_policy()))
+        self.sampler_process.push(version, self._sampler_state())
         self._idle["seconds_push"] += time.perf_counter() - started
         steps = steps_sampled_with(
             version, cfg.train.max_staleness, self.schedule.steps, self._is_checkpoint

@@ -200,11 +200,16 @@ class OnlineTrainer(LifecycleRun):
             self.env_steps = int(checkpoint.extra["env_steps"])
             self.tokens = int(checkpoint.extra["tokens"])
             self.policy_version = int(checkpoint.extra.get("policy_version", self.step))
-        cfg = self.config  # rows of the largest sampling call: a step's groups, or the eval
-        rows = max(cfg.rollout.tasks_per_step * cfg.rollout.group_size, cfg.env.n_eval_tasks)
-        self.rollout_policy = build_sampler(cfg.policy, self.policy, rows=rows)
+        self.rollout_policy = self._build_rollout_policy()
         self._push_weights()
         return self.step
+
+    def _build_rollout_policy(self) -> Any:
+        """What this process samples with (``policy.backend``), sized for its largest
+        sampling call: a step's groups, or the evaluation."""
+        cfg = self.config
+        rows = max(cfg.rollout.tasks_per_step * cfg.rollout.group_size, cfg.env.n_eval_tasks)
+        return build_sampler(cfg.policy, self.policy, rows=rows)
 
     def _push_weights(self) -> None:
         """The learner's weights, as ``policy_version``, to every sampler that is not it."""
