@@ -121,8 +121,8 @@ RECIPES = {
         "Partial rollouts in the agent loop on SmolLM2 (train.max_staleness)",
         "examples/agents/calc_openai_smollm2.toml (the openai-client agent through the "
         "gateway, SmolLM2-135M-Instruct with LoRA, 4 tasks x 4 rollouts per step; at K = 1 "
-        "the next step's agents run during the update against a merged copy: the learner "
-        "and the gateway are threads of one process, one torch thread)",
+        "the next step's agents run during the update against a merged copy that samples "
+        "in a process of its own; one torch thread per process)",
     ),
 }
 

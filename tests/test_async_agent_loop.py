@@ -6,6 +6,7 @@ in flight that resumes."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import agent_fixtures
 from test_agent_loop import agent_config, command_agent_args, read_jsonl
 from turnrl.cli import main as turnrl_main
 from turnrl.policy import HFPolicy
+from turnrl.policy.process_copy import ProcessCopy
 from turnrl.train.agent.asynchronous import AsyncAgentTrainer, agent_trainer
 from turnrl.train.agent.loop import AgentTrainer
 from turnrl.train.update.ppo import UpdateBatch
@@ -83,8 +85,18 @@ def test_k0_is_the_synchronous_loop_and_k1_serves_a_copy(tmp_path: Path) -> None
     try:
         assert type(ahead) is AsyncAgentTrainer
         ahead.setup(None)
-        assert ahead.served is not ahead.policy  # the gateway samples from a frozen copy
-        assert not any(p.requires_grad for p in ahead.served.model.parameters())
+        # the gateway samples from a copy in a process of its own, given the learner's
+        # weights: the same seed gives the learner's own tokens (log-probs to rounding)
+        assert isinstance(ahead.served, ProcessCopy) and ahead.served.pid != os.getpid()
+        assert ahead.served.policy_version == 0
+        contexts = [ahead.policy.encode_initial([{"role": "user", "content": f"{i}+{i}?"}])
+                    for i in range(3)]  # fmt: skip
+        options = {"max_new_tokens": 8, "temperature": 1.0, "seed": 5}
+        copied = ahead.served.sample(contexts, **options)
+        own = ahead.policy.sample(contexts, **options)
+        assert [s.response_ids for s in copied] == [s.response_ids for s in own]
+        for a, b in zip(copied, own, strict=True):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     finally:
         ahead.close()
 

