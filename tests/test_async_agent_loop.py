@@ -19,9 +19,9 @@ import agent_fixtures
 from test_agent_loop import agent_config, command_agent_args, read_jsonl
 from turnrl.cli import main as turnrl_main
 from turnrl.policy import HFPolicy
-from turnrl.policy.process_copy import ProcessCopy
 from turnrl.train.agent.asynchronous import AsyncAgentTrainer, agent_trainer
 from turnrl.train.agent.loop import AgentTrainer
+from turnrl.train.process_copy import ProcessCopy
 from turnrl.train.update.ppo import UpdateBatch
 from turnrl.train.validate import ConfigError, validate
 

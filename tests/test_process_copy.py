@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from turnrl.policy import factory
-from turnrl.policy.process_copy import ProcessCopy, ProcessCopyError
 from turnrl.policy.sync import full_weights, push_weights
 from turnrl.train.config import PolicyConfig
+from turnrl.train.process_copy import ProcessCopy, ProcessCopyError
 
 SETTINGS = PolicyConfig()
 OPTIONS = {"max_new_tokens": 8, "temperature": 1.0, "seed": 5}

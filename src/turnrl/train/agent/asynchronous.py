@@ -4,7 +4,7 @@ In the synchronous loop the gateway holds every agent's call while the learner
 updates. Here the gateway serves a **copy** of the weights, so agents never wait for an
 update: with ``policy.backend = "hf"`` a transformers copy (a LoRA learner's adapters
 merged into it) that samples in a process of its own
-(:class:`~turnrl.policy.process_copy.ProcessCopy`), with ``"vllm"`` the run's vLLM
+(:class:`~turnrl.train.process_copy.ProcessCopy`), with ``"vllm"`` the run's vLLM
 engine and with ``"vllm-server"`` the vLLM server, which also samples in a process of
 its own (each holds weights of its own, as in the synchronous loop, and is given the
 learner's only after an update):
@@ -49,10 +49,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnrl.policy.process_copy import ProcessCopy
 from turnrl.policy.sync import full_weights, push_weights
 from turnrl.train.agent.loop import AgentTrainer
 from turnrl.train.agent.runner import RolloutResult
+from turnrl.train.process_copy import ProcessCopy
 from turnrl.train.schedule import due
 from turnrl.train.update.ppo import UpdateBatch
 from turnrl.types import Task
