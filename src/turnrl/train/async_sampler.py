@@ -54,7 +54,14 @@ from turnrl.errors import TurnrlError
 from turnrl.rollout.runner import Episode, RolloutBatch
 from turnrl.types import Task
 
-__all__ = ["SampledStep", "SamplerProcess", "SamplerProcessError", "SamplerSpec"]
+__all__ = [
+    "SampledStep",
+    "SamplerProcess",
+    "SamplerProcessError",
+    "SamplerSpec",
+    "shared_copy",
+    "stop_child",
+]
 
 POLL_S = 0.2
 """How often a waiting learner checks that the sampler lives."""
@@ -278,6 +285,21 @@ def _quiet_peer_deaths(hook: Any) -> Any:
     return excepthook
 
 
+def stop_child(process: Any, inbox: Any, outbox: Any) -> None:
+    """Ask a child that reads ``inbox`` to stop (``("stop",)``), wait for it (killed if
+    it does not leave within ``STOP_WAIT_S``), and close both queues without waiting
+    for what they still hold."""
+    if process.is_alive():
+        inbox.put(("stop",))
+        process.join(STOP_WAIT_S)
+    if process.is_alive():
+        process.kill()
+    process.join()
+    for channel in (inbox, outbox):
+        channel.cancel_join_thread()
+        channel.close()
+
+
 class SamplerProcess:
     """The learner's handle on the sampler process (see the module docstring)."""
 
@@ -381,14 +403,5 @@ class SamplerProcess:
 
     def close(self) -> None:
         """Stop the sampler and wait for it (killed if it does not leave in time)."""
-        process = self._process
-        if process.is_alive():
-            self._inbox.put(("stop",))
-            process.join(STOP_WAIT_S)
-        if process.is_alive():
-            process.kill()
-            process.join()
+        stop_child(self._process, self._inbox, self._outbox)
         self._pushed.clear()
-        for channel in (self._inbox, self._outbox):
-            channel.cancel_join_thread()
-            channel.close()

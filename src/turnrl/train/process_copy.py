@@ -39,14 +39,10 @@ import torch
 
 from turnrl.errors import TurnrlError
 from turnrl.policy.chat import ChatEncoding, ChatFormat
+from turnrl.train.async_sampler import POLL_S, shared_copy, stop_child
 from turnrl.types import Sample
 
 __all__ = ["ProcessCopy", "ProcessCopyError"]
-
-POLL_S = 0.2
-"""How often a waiting call checks that the child lives."""
-STOP_WAIT_S = 10.0
-"""How long closing waits for the child to leave before it is killed."""
 
 
 class ProcessCopyError(TurnrlError, RuntimeError):
@@ -125,8 +121,6 @@ class ProcessCopy(ChatEncoding):
     def load_full_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Give the child ``state`` (full weights, transformers names) as ``version``;
         returns once it has loaded them."""
-        from turnrl.train.async_sampler import shared_copy
-
         with self._lock:
             shared = shared_copy(state)
             self._inbox.put(("weights", shared))
@@ -173,13 +167,4 @@ class ProcessCopy(ChatEncoding):
 
     def close(self) -> None:
         """Stop the child and wait for it (killed if it does not leave in time)."""
-        process = self._process
-        if process.is_alive():
-            self._inbox.put(("stop",))
-            process.join(STOP_WAIT_S)
-        if process.is_alive():
-            process.kill()
-        process.join()
-        for channel in (self._inbox, self._outbox):
-            channel.cancel_join_thread()
-            channel.close()
+        stop_child(self._process, self._inbox, self._outbox)
