@@ -43,7 +43,7 @@ import queue
 import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -59,6 +59,7 @@ __all__ = [
     "SamplerProcess",
     "SamplerProcessError",
     "SamplerSpec",
+    "parent_messages",
     "shared_copy",
     "stop_child",
 ]
@@ -210,6 +211,21 @@ def _build_sampler(spec: SamplerSpec) -> tuple[Any, Any]:
     return sampler, (policy if spec.policy.backend == "vllm-server" else None)
 
 
+def parent_messages(inbox: Any, parent: int) -> Iterator[tuple[Any, ...]]:
+    """A child's messages from its parent ``parent`` (a pid), in order, until one says
+    ``stop`` or the parent is gone."""
+    while True:
+        try:
+            message = inbox.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return
+            continue
+        if message[0] == "stop":
+            return
+        yield message
+
+
 def _serve(spec: SamplerSpec, inbox: Any, outbox: Any, parent: int) -> None:
     """The sampler's loop (the child's entry point; see the module docstring)."""
     from turnrl.policy.factory import close_sampler
@@ -224,16 +240,8 @@ def _serve(spec: SamplerSpec, inbox: Any, outbox: Any, parent: int) -> None:
     try:
         policy, copy = _build_sampler(spec)
         idle_since = time.perf_counter()
-        while True:
-            try:
-                message = inbox.get(timeout=1.0)
-            except queue.Empty:
-                if os.getppid() != parent:
-                    return
-                continue
+        for message in parent_messages(inbox, parent):
             kind = message[0]
-            if kind == "stop":
-                return
             if kind == "weights":
                 _, version, state = message
                 _load(policy, copy, state, version)

@@ -39,7 +39,7 @@ import torch
 
 from turnrl.errors import TurnrlError
 from turnrl.policy.chat import ChatEncoding, ChatFormat
-from turnrl.train.async_sampler import POLL_S, shared_copy, stop_child
+from turnrl.train.async_sampler import POLL_S, parent_messages, shared_copy, stop_child
 from turnrl.types import Sample
 
 __all__ = ["ProcessCopy", "ProcessCopyError"]
@@ -60,15 +60,7 @@ def _serve(settings: Any, seed: int, inbox: Any, outbox: Any, parent: int) -> No
         policy = build_policy(settings, seed)
         policy.model.eval()
         policy.model.requires_grad_(False)
-        while True:
-            try:
-                message = inbox.get(timeout=1.0)
-            except queue.Empty:
-                if os.getppid() != parent:
-                    return
-                continue
-            if message[0] == "stop":
-                return
+        for message in parent_messages(inbox, parent):
             if message[0] == "weights":
                 policy.model.load_state_dict(message[1])
                 outbox.put(("loaded",))
