@@ -64,6 +64,7 @@ def test_k1_on_a_server_pushes_each_version_between_the_steps_that_sample_with_i
     finally:
         server.close()
     assert trainer.rollout_policy is trainer.policy  # it evaluated with itself
+    assert trainer._weights_dir is not None and not Path(trainer._weights_dir).exists()
     if lora:  # the base once, then each version's adapters
         assert server.loads == [("full", 0)] + [("lora", v) for v in range(5)]
     else:

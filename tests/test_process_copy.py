@@ -81,3 +81,14 @@ def test_a_killed_copy_is_one_error_naming_it_and_close_leaves_nothing(copied) -
     served.close()
     with pytest.raises(ProcessLookupError):
         os.kill(served.pid, 0)
+
+
+def test_a_failed_request_fails_that_call_only(copied) -> None:
+    """A context the model cannot take is that call's error (as in the gateway's own
+    thread before); the copy goes on serving the next call."""
+    learner, served = copied
+    served.load_full_weights(full_weights(learner), 0)
+    too_long = [[5] * (learner.max_context + 1)]
+    with pytest.raises(ProcessCopyError, match="the served copy failed while sampling: "):
+        served.sample(too_long, **OPTIONS)
+    assert_samples_of(learner, served.sample(contexts(learner), **OPTIONS))

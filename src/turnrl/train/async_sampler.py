@@ -99,6 +99,9 @@ class SamplerSpec:
     rows: int = 0
     """The most rows one sampling call has (a step's tasks x group size): sizes a vLLM
     engine's token budget (:func:`turnrl.policy.vllm.batch_token_budget`); 0: unknown."""
+    weights_dir: str = ""
+    """A vLLM server's pushes are staged here (the learner makes and removes it, so a
+    killed sampler leaves nothing behind); "": the client's own temporary one."""
 
 
 @dataclass(frozen=True)
@@ -207,8 +210,10 @@ def _build_sampler(spec: SamplerSpec) -> tuple[Any, Any]:
 
     policy = build_policy(spec.policy, spec.seed)
     policy.model.eval()
-    sampler = build_sampler(spec.policy, policy, rows=spec.rows or None)
-    return sampler, (policy if spec.policy.backend == "vllm-server" else None)
+    if spec.policy.backend != "vllm-server":
+        return build_sampler(spec.policy, policy, rows=spec.rows or None), None
+    staging = {"weights_dir": spec.weights_dir} if spec.weights_dir else {}
+    return build_sampler(spec.policy, policy, **staging), policy
 
 
 def parent_messages(inbox: Any, parent: int) -> Iterator[tuple[Any, ...]]:
@@ -224,6 +229,7 @@ def parent_messages(inbox: Any, parent: int) -> Iterator[tuple[Any, ...]]:
         if message[0] == "stop":
             return
         yield message
+        del message  # a pushed state's shared memory is not held while waiting
 
 
 def _serve(spec: SamplerSpec, inbox: Any, outbox: Any, parent: int) -> None:
@@ -245,7 +251,7 @@ def _serve(spec: SamplerSpec, inbox: Any, outbox: Any, parent: int) -> None:
             if kind == "weights":
                 _, version, state = message
                 _load(policy, copy, state, version)
-                del state
+                del state, message
                 outbox.put(("loaded", version))
                 continue
             request: SampleRequest = message[1]

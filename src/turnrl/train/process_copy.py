@@ -10,21 +10,26 @@ never ran fully side by side. Here the copy's sampling runs in a child with its 
 interpreter and one torch thread: the learner updates on its core while the child
 samples on the other.
 
-What crosses: only token ids and samples. Tokenising, the chat layout and decoding stay
-in this process (:class:`~turnrl.policy.chat.ChatEncoding` over the learner's
-tokenizer), so a record's tokens are those the learner's own encoding gives. The child
-reads one queue in order: ``weights`` (full weights, a LoRA learner's adapters merged,
-copied once into shared memory: :func:`turnrl.train.async_sampler.shared_copy`),
-``sample`` (contexts and the sampling arguments) and ``stop``. A ``sample`` call waits
-for its answer; the gateway's policy lock already lets one call through at a time, and
-a lock here keeps the copy safe for any caller. A push waits until the child has loaded
-the weights, so every call after it samples with them.
+What crosses: token ids in, samples out. Encoding contexts (the chat layout) stays in
+this process (:class:`~turnrl.policy.chat.ChatEncoding` over the learner's tokenizer),
+so a record's tokens are those the learner's own encoding gives; the child's sampler
+decodes each sample's text and applies the stop ids with the same tokenizer, built
+from the same settings. The child reads one queue in order: ``weights`` (full weights,
+a LoRA learner's adapters merged, in shared memory:
+:func:`turnrl.train.async_sampler.shared_copy`), ``sample`` (contexts and the sampling
+arguments) and ``stop``; every request carries an id its reply repeats. A ``sample``
+call waits for its answer; the gateway's policy lock already lets one call through at
+a time, and a lock here keeps the copy safe for any caller. A push waits until the
+child has loaded the weights, so every call after it samples with them.
 
 The child is spawned (a fresh interpreter; it builds the model from ``policy``'s
 settings, then loads the learner's weights, pushed right after it starts): the agent
-loop's process runs threads (gateways, agents) whose locks a fork would copy held.
-Failures: a child that died or raised is a :class:`ProcessCopyError`, one line naming
-it; the child dies with its parent (``PR_SET_PDEATHSIG``).
+loop's process runs threads (gateways, agents) whose locks a fork would copy held. As
+with any spawned process, a script that starts training must guard its entry point
+(``if __name__ == "__main__":``); the ``turnrl`` command does. Failures: an error of one
+request (a context too long) fails that call only, as it did in the gateway's thread;
+a child that died or cannot go on is a :class:`ProcessCopyError`, one line naming it;
+the child dies with its parent (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -49,6 +54,20 @@ class ProcessCopyError(TurnrlError, RuntimeError):
     """The served copy's process died or failed; the message names it."""
 
 
+def _answer(policy: Any, message: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The child's reply to one request: ``(kind, request id, result)``. An error of
+    this request alone (a context too long, out of memory) is ``("error", id, text)``:
+    the parent raises it for that call, and the child goes on serving."""
+    kind, request = message[0], message[1]
+    try:
+        if kind == "weights":
+            policy.model.load_state_dict(message[2])
+            return ("loaded", request, None)
+        return ("sampled", request, policy.sample(message[2], **message[3]))
+    except Exception as err:
+        return ("error", request, f"{type(err).__name__}: {err}")
+
+
 def _serve(settings: Any, seed: int, inbox: Any, outbox: Any, parent: int) -> None:
     """The child's loop (module docstring)."""
     from turnrl.policy.factory import build_policy
@@ -61,14 +80,11 @@ def _serve(settings: Any, seed: int, inbox: Any, outbox: Any, parent: int) -> No
         policy.model.eval()
         policy.model.requires_grad_(False)
         for message in parent_messages(inbox, parent):
-            if message[0] == "weights":
-                policy.model.load_state_dict(message[1])
-                outbox.put(("loaded",))
-                continue
-            _, contexts, options = message
-            outbox.put(("sampled", policy.sample(contexts, **options)))
-    except BaseException as err:  # said to the parent in one line
-        outbox.put(("failed", f"{type(err).__name__}: {err}"))
+            reply = _answer(policy, message)
+            del message  # a pushed state's shared memory is freed once loaded
+            outbox.put(reply)
+    except BaseException as err:  # the child cannot go on: said to the parent in one line
+        outbox.put(("failed", None, f"{type(err).__name__}: {err}"))
 
 
 class ProcessCopy(ChatEncoding):
@@ -93,6 +109,7 @@ class ProcessCopy(ChatEncoding):
         self.policy_version: int | None = None
         """The version of the weights last loaded (None before the first push)."""
         self._lock = threading.Lock()
+        self._requests = 0
         context = mp.get_context("spawn")
         self._inbox = context.Queue()
         self._outbox = context.Queue()
@@ -112,12 +129,12 @@ class ProcessCopy(ChatEncoding):
 
     def load_full_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Give the child ``state`` (full weights, transformers names) as ``version``;
-        returns once it has loaded them."""
+        returns once it has loaded them. ``state`` already in shared memory (from
+        :func:`~turnrl.train.async_sampler.shared_copy`, made before the gateway's hold)
+        is sent as it is."""
+        shared = state if all(t.is_shared() for t in state.values()) else shared_copy(state)
         with self._lock:
-            shared = shared_copy(state)
-            self._inbox.put(("weights", shared))
-            self._wait("loaded", "loading weights")
-            del shared
+            self._wait(self._send("weights", shared), "loading weights")
             self.policy_version = version
 
     def sample(
@@ -133,11 +150,19 @@ class ProcessCopy(ChatEncoding):
         if self.policy_version is None:
             raise ProcessCopyError("the served copy was asked to sample before any weights")
         options = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed}
+        rows = [list(c) for c in contexts]
         with self._lock:
-            self._inbox.put(("sample", [list(c) for c in contexts], options))
-            return self._wait("sampled", "sampling")
+            return self._wait(self._send("sample", rows, options), "sampling")
 
-    def _wait(self, kind: str, doing: str) -> Any:
+    def _send(self, kind: str, *payload: Any) -> int:
+        """Queue one request; its id (replies carry it, so a reply left over from a call
+        that was interrupted is never taken for another's)."""
+        self._requests += 1
+        self._inbox.put((kind, self._requests, *payload))
+        return self._requests
+
+    def _wait(self, request: int, doing: str) -> Any:
+        """The result of request ``request``, waiting for it."""
         while True:
             try:
                 message = self._outbox.get(timeout=POLL_S)
@@ -149,13 +174,17 @@ class ProcessCopy(ChatEncoding):
                         "it with --resume)"
                     ) from None
                 continue
-            if message[0] == "failed":
+            kind, answered, result = message
+            if kind == "failed":
                 raise ProcessCopyError(
                     f"the served copy's process (pid {self.pid}) failed while {doing}: "
-                    f"{message[1]}; the run stopped"
+                    f"{result}; the run stopped"
                 )
-            assert message[0] == kind, f"served copy: expected {kind!r}, got {message[0]!r}"
-            return message[1] if len(message) > 1 else None
+            if answered != request:  # the reply to an interrupted call
+                continue
+            if kind == "error":
+                raise ProcessCopyError(f"the served copy failed while {doing}: {result}")
+            return result
 
     def close(self) -> None:
         """Stop the child and wait for it (killed if it does not leave in time)."""

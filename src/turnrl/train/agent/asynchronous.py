@@ -52,6 +52,7 @@ from typing import Any
 from turnrl.policy.sync import full_weights, push_weights
 from turnrl.train.agent.loop import AgentTrainer
 from turnrl.train.agent.runner import RolloutResult
+from turnrl.train.async_sampler import shared_copy
 from turnrl.train.process_copy import ProcessCopy
 from turnrl.train.schedule import due
 from turnrl.train.update.ppo import UpdateBatch
@@ -173,6 +174,8 @@ class AsyncAgentTrainer(AgentTrainer):
         started = time.perf_counter()
         to_server = hasattr(self.served, "load_learner")  # it takes the learner itself
         weights = None if to_server else full_weights(self.policy)  # merged before the hold
+        if isinstance(self.served, ProcessCopy):  # and put in shared memory before it
+            weights = shared_copy(weights)
         with self._train_side.gateway.updating(version=self.step) as served:
             load_full_weights = getattr(served, "load_full_weights", None)
             if weights is None:  # the vLLM server: adapters or full weights

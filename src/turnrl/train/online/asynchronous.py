@@ -25,11 +25,14 @@ Each step's row has the ``policy_version`` it sampled with, per-turn ``staleness
 from __future__ import annotations
 
 import copy
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from turnrl.policy import lora
 from turnrl.policy.sync import full_weights
 from turnrl.rollout import RolloutBatch
 from turnrl.train.async_sampler import SamplerProcess, SamplerSpec
@@ -63,6 +66,8 @@ class AsyncOnlineTrainer(OnlineTrainer):
         self._next_request = 1
         self._resumed_at = 0
         self._idle = {"seconds_push": 0.0}
+        self._weights_dir: str | None = None
+        """A vLLM server's staging directory for pushes (made in :meth:`_sampler_spec`)."""
         self._engine_version: int | None = None
         """The version the learner's own sampler holds (a vLLM engine's is pushed
         lazily, :meth:`_push_weights`)."""
@@ -101,8 +106,13 @@ class AsyncOnlineTrainer(OnlineTrainer):
     def _sampler_spec(self) -> SamplerSpec:
         """What the sampler process builds (:class:`SamplerSpec`), from the config."""
         cfg = self.config
+        # a vLLM server's copy only stages the pushes (on the CPU, adapters unmerged) in
+        # a directory this process makes and removes (a killed sampler leaves nothing)
+        server_copy = replace(cfg.policy, device="cpu")
+        if self._on_server:
+            self._weights_dir = tempfile.mkdtemp(prefix="turnrl-vllm-server-")
         return SamplerSpec(
-            policy=cfg.policy if self._on_server else replace(cfg.policy, lora_rank=0),
+            policy=server_copy if self._on_server else replace(cfg.policy, lora_rank=0),
             seed=cfg.train.seed,
             env_name=cfg.env.name,
             env_kwargs=dict(cfg.env.env_kwargs),
@@ -113,6 +123,7 @@ class AsyncOnlineTrainer(OnlineTrainer):
             per_episode_seeds=cfg.rollout.per_episode_seeds,
             max_context_tokens=cfg.rollout.max_context_tokens,
             rows=cfg.rollout.tasks_per_step * cfg.rollout.group_size,
+            weights_dir=self._weights_dir or "",
         )
 
     @property
@@ -131,9 +142,10 @@ class AsyncOnlineTrainer(OnlineTrainer):
         an engine), or the model's own state dict, adapters unmerged (a vLLM server's
         copy, which hands the server adapters as the synchronous trainer does)."""
         whole = self._whole_policy()
-        if self._on_server:
+        copy_has_adapters = self.config.policy.lora_rank > 0
+        if self._on_server and lora.is_adapter_model(whole.model) == copy_has_adapters:
             return {name: t.detach() for name, t in whole.model.state_dict().items()}
-        return full_weights(whole)
+        return full_weights(whole)  # (also adapters loaded from a warm start, lora_rank 0)
 
     def _push_weights(self) -> None:
         """The weights to the sampler process; the learner's own vLLM engine (it only
@@ -223,5 +235,7 @@ class AsyncOnlineTrainer(OnlineTrainer):
         try:
             if self.sampler_process is not None:
                 self.sampler_process.close()
+            if self._weights_dir is not None:
+                shutil.rmtree(self._weights_dir, ignore_errors=True)
         finally:
             super().close()
