@@ -89,8 +89,11 @@ problem solved with the tool, a gentle rate (see the study's comment)."""
 SAMPLED_TOOL_RATE = Metric("eval_tool_rate", "sampled tool rate", digits=3)
 """The pre-registered outcome: the held-out tool rate sampled at T = 1 (32 problems x 4
 samples) at the end of RL. Every arm of a (warm start, seed) pair starts from the same
-warm start and draws the same step-0 evaluation, so ``arm - baseline`` of the end
-value is the difference of the changes."""
+warm start, but its step-0 evaluation is not the same draw: the agent loop's sampling
+depends on which calls share a gateway batch, so the arms' step-0 values differ by
+sampling noise (warm start 0, seed 0: 0.617 to 0.734 over the seven arms). ``arm -
+baseline`` of the end value therefore carries that noise too; the summary's tables
+show each arm's start beside its end."""
 SAMPLED_SUCCESS = Metric("eval_success", "sampled success", digits=3)
 """The second outcome: held-out success, sampled the same way."""
 
