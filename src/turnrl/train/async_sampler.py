@@ -43,7 +43,7 @@ import queue
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -59,6 +59,7 @@ __all__ = [
     "SamplerProcess",
     "SamplerProcessError",
     "SamplerSpec",
+    "child_reply",
     "parent_messages",
     "shared_copy",
     "stop_child",
@@ -299,6 +300,17 @@ def _quiet_peer_deaths(hook: Any) -> Any:
     return excepthook
 
 
+def child_reply(process: Any, outbox: Any, died: Callable[[], Exception]) -> Any:
+    """A child's next reply on ``outbox``, waiting for it; ``died()`` is raised if the
+    child ends first (checked every ``POLL_S``)."""
+    while True:
+        try:
+            return outbox.get(timeout=POLL_S)
+        except queue.Empty:
+            if not process.is_alive():
+                raise died() from None
+
+
 def stop_child(process: Any, inbox: Any, outbox: Any) -> None:
     """Ask a child that reads ``inbox`` to stop (``("stop",)``), wait for it (killed if
     it does not leave within ``STOP_WAIT_S``), and close both queues without waiting
@@ -387,18 +399,16 @@ class SamplerProcess:
         """Step ``step``'s episodes, waiting for them; and the seconds waited. Raises
         :class:`SamplerProcessError` when the sampler died or failed."""
         started = time.perf_counter()
+
+        def died() -> SamplerProcessError:
+            return SamplerProcessError(
+                f"the sampler process (pid {self.pid}) ended with exit code "
+                f"{self._process.exitcode} while step {step} was sampling; the run "
+                "stopped (continue it with --resume)"
+            )
+
         while step not in self._finished:
-            try:
-                message = self._outbox.get(timeout=POLL_S)
-            except queue.Empty:
-                if not self._process.is_alive():
-                    raise SamplerProcessError(
-                        f"the sampler process (pid {self.pid}) ended with exit code "
-                        f"{self._process.exitcode} while step {step} was sampling; the run "
-                        "stopped (continue it with --resume)"
-                    ) from None
-                continue
-            self._take(message, step)
+            self._take(child_reply(self._process, self._outbox, died), step)
         return self._finished.pop(step), time.perf_counter() - started
 
     def _take(self, message: tuple[Any, ...], waiting_for: int) -> None:

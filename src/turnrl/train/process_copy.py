@@ -35,7 +35,6 @@ the child dies with its parent (``PR_SET_PDEATHSIG``).
 from __future__ import annotations
 
 import os
-import queue
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -44,7 +43,12 @@ import torch
 
 from turnrl.errors import TurnrlError
 from turnrl.policy.chat import ChatEncoding, ChatFormat
-from turnrl.train.async_sampler import POLL_S, parent_messages, shared_copy, stop_child
+from turnrl.train.async_sampler import (
+    child_reply,
+    parent_messages,
+    shared_copy,
+    stop_child,
+)
 from turnrl.types import Sample
 
 __all__ = ["ProcessCopy", "ProcessCopyError"]
@@ -163,18 +167,16 @@ class ProcessCopy(ChatEncoding):
 
     def _wait(self, request: int, doing: str) -> Any:
         """The result of request ``request``, waiting for it."""
+
+        def died() -> ProcessCopyError:
+            return ProcessCopyError(
+                f"the served copy's process (pid {self.pid}) ended with exit code "
+                f"{self._process.exitcode} while {doing}; the run stopped (continue "
+                "it with --resume)"
+            )
+
         while True:
-            try:
-                message = self._outbox.get(timeout=POLL_S)
-            except queue.Empty:
-                if not self._process.is_alive():
-                    raise ProcessCopyError(
-                        f"the served copy's process (pid {self.pid}) ended with exit code "
-                        f"{self._process.exitcode} while {doing}; the run stopped (continue "
-                        "it with --resume)"
-                    ) from None
-                continue
-            kind, answered, result = message
+            kind, answered, result = child_reply(self._process, self._outbox, died)
             if kind == "failed":
                 raise ProcessCopyError(
                     f"the served copy's process (pid {self.pid}) failed while {doing}: "

@@ -108,11 +108,13 @@ class AsyncOnlineTrainer(OnlineTrainer):
         cfg = self.config
         # a vLLM server's copy only stages the pushes (on the CPU, adapters unmerged) in
         # a directory this process makes and removes (a killed sampler leaves nothing)
-        server_copy = replace(cfg.policy, device="cpu")
         if self._on_server:
             self._weights_dir = tempfile.mkdtemp(prefix="turnrl-vllm-server-")
+            policy = replace(cfg.policy, device="cpu")
+        else:
+            policy = replace(cfg.policy, lora_rank=0)
         return SamplerSpec(
-            policy=server_copy if self._on_server else replace(cfg.policy, lora_rank=0),
+            policy=policy,
             seed=cfg.train.seed,
             env_name=cfg.env.name,
             env_kwargs=dict(cfg.env.env_kwargs),
