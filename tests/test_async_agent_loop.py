@@ -7,6 +7,7 @@ in flight that resumes."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from turnrl.cli import main as turnrl_main
 from turnrl.policy import HFPolicy
 from turnrl.train.agent.asynchronous import AsyncAgentTrainer, agent_trainer
 from turnrl.train.agent.loop import AgentTrainer
-from turnrl.train.process_copy import ProcessCopy
+from turnrl.train.process_copy import ProcessCopy, ProcessCopyError
 from turnrl.train.update.ppo import UpdateBatch
 from turnrl.train.validate import ConfigError, validate
 
@@ -210,6 +211,41 @@ def test_a_run_stopped_with_agents_in_flight_leaves_none_and_resumes(tmp_path: P
     assert [r["agents_ahead"] for r in rows] == [0.0, 1.0, 0.0, 1.0]
     assert all(r["agent_failures"] == 0 for r in rows)
     assert not agent_threads()
+
+
+def test_a_served_copy_killed_under_the_agents_stops_the_run_with_its_line_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The served copy's process killed just before step 2's agents call it: the run
+    stops with the copy's one line (pid, exit code -9), not with the agents' failures,
+    and ``--resume`` redoes step 2 from step 1's checkpoint: every step once, no
+    failure."""
+    args = (*ASYNC, "train.steps=3", "train.checkpoint_every=1", "train.eval_every=3")
+    config = agent_config(tmp_path, *args, agent="two_calls_graded")
+    run_agents = AsyncAgentTrainer.run_agents
+    killed: list[int] = []
+
+    def killing(self: AsyncAgentTrainer, runner: Any, jobs: Any, where: str) -> Any:
+        if where == "step-000002":
+            killed.append(self.served.pid)
+            os.kill(self.served.pid, signal.SIGKILL)
+            self.served._process.join(30)
+        return run_agents(self, runner, jobs, where)
+
+    monkeypatch.setattr(AsyncAgentTrainer, "run_agents", killing)
+    with pytest.raises(ProcessCopyError) as stopped:
+        agent_trainer(config, quiet=True).run()
+    assert str(stopped.value) == (
+        f"the served copy's process (pid {killed[0]}) ended with exit code -9 while "
+        "sampling; the run stopped (continue it with --resume)"
+    )
+    assert [r["step"] for r in steps_of(tmp_path / "run")] == [1]
+    assert not agent_threads()
+    monkeypatch.undo()
+    run = agent_trainer(config, resume=True, quiet=True).run()
+    rows = steps_of(run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["agent_failures"] == 0 for r in rows)
 
 
 def test_command_agents_run_ahead_through_the_cli_and_leave_no_process(tmp_path: Path) -> None:

@@ -78,6 +78,11 @@ def test_a_killed_copy_is_one_error_naming_it_and_close_leaves_nothing(copied) -
     message = str(caught.value)
     assert f"(pid {served.pid}) ended with exit code -9 while sampling" in message
     assert "\n" not in message
+    # kept for the trainer to stop the run with, and raised again by any later call
+    assert served.failure is caught.value
+    with pytest.raises(ProcessCopyError) as again:
+        served.load_full_weights(full_weights(learner), 1)
+    assert again.value is caught.value
     served.close()
     with pytest.raises(ProcessLookupError):
         os.kill(served.pid, 0)

@@ -28,8 +28,14 @@ loop's process runs threads (gateways, agents) whose locks a fork would copy hel
 with any spawned process, a script that starts training must guard its entry point
 (``if __name__ == "__main__":``); the ``turnrl`` command does. Failures: an error of one
 request (a context too long) fails that call only, as it did in the gateway's thread;
-a child that died or cannot go on is a :class:`ProcessCopyError`, one line naming it;
-the child dies with its parent (``PR_SET_PDEATHSIG``).
+a child that died or cannot go on is a :class:`ProcessCopyError`, one line naming it,
+kept as :attr:`ProcessCopy.failure` and raised again by every later call without
+waiting; the child dies with its parent (``PR_SET_PDEATHSIG``).
+
+Why keep the failure: an agent's call that meets a dead copy fails inside the gateway,
+where it becomes that agent's failure. The trainer reads :attr:`ProcessCopy.failure`
+after each step's agents and stops the run with the copy's one line, rather than
+training on a step of failed agents (and blaming them).
 """
 
 from __future__ import annotations
@@ -112,6 +118,8 @@ class ProcessCopy(ChatEncoding):
         self.max_context: int | None = learner.max_context
         self.policy_version: int | None = None
         """The version of the weights last loaded (None before the first push)."""
+        self.failure: ProcessCopyError | None = None
+        """Why the child cannot serve any more (it died or failed); None while it can."""
         self._lock = threading.Lock()
         self._requests = 0
         context = mp.get_context("spawn")
@@ -166,22 +174,27 @@ class ProcessCopy(ChatEncoding):
         return self._requests
 
     def _wait(self, request: int, doing: str) -> Any:
-        """The result of request ``request``, waiting for it."""
+        """The result of request ``request``, waiting for it (:attr:`failure` raised
+        at once, and kept, when the child cannot serve)."""
+        if self.failure is not None:
+            raise self.failure
 
         def died() -> ProcessCopyError:
-            return ProcessCopyError(
+            self.failure = ProcessCopyError(
                 f"the served copy's process (pid {self.pid}) ended with exit code "
                 f"{self._process.exitcode} while {doing}; the run stopped (continue "
                 "it with --resume)"
             )
+            return self.failure
 
         while True:
             kind, answered, result = child_reply(self._process, self._outbox, died)
             if kind == "failed":
-                raise ProcessCopyError(
+                self.failure = ProcessCopyError(
                     f"the served copy's process (pid {self.pid}) failed while {doing}: "
-                    f"{result}; the run stopped"
+                    f"{result}; the run stopped (continue it with --resume)"
                 )
+                raise self.failure
             if answered != request:  # the reply to an interrupted call
                 continue
             if kind == "error":

@@ -345,7 +345,13 @@ class AgentTrainer(LifecycleRun):
 
     def check_failures(self, results: list[RolloutResult], where: str) -> None:
         """Log every failed rollout; stop the run when more than allowed failed (those
-        the context cap ended are logged, not counted: the run asked for them)."""
+        the context cap ended are logged, not counted: the run asked for them). A served
+        copy that can no longer sample (its process died under the agents:
+        :attr:`~turnrl.train.process_copy.ProcessCopy.failure`) stops the run first,
+        with its own one line: the agents' failures are the copy's, not theirs."""
+        served_failure = getattr(self.served, "failure", None)
+        if served_failure is not None:
+            raise served_failure
         failed = [r.failure for r in results if r.failure is not None]
         for failure in failed:
             append_jsonl(self.run_dir / FAILURES_LOG, {"at": where, **asdict(failure)})
