@@ -300,6 +300,14 @@ def _quiet_peer_deaths(hook: Any) -> Any:
     return excepthook
 
 
+def quiet_peer_deaths() -> None:
+    """Install :func:`_quiet_peer_deaths` on ``sys.excepthook`` (once): a parent whose
+    child may die while it hands the child shared tensors (the sampler process, the
+    served copy) says that death in its own one line."""
+    if not getattr(sys.excepthook, "quiet_peer_deaths", False):
+        sys.excepthook = _quiet_peer_deaths(sys.excepthook)
+
+
 def child_reply(process: Any, outbox: Any, died: Callable[[], Exception]) -> Any:
     """A child's next reply on ``outbox``, waiting for it; ``died()`` is raised if the
     child ends first (checked every ``POLL_S``)."""
@@ -332,8 +340,7 @@ class SamplerProcess:
     def __init__(self, spec: SamplerSpec) -> None:
         import torch.multiprocessing as mp
 
-        if not getattr(sys.excepthook, "quiet_peer_deaths", False):
-            sys.excepthook = _quiet_peer_deaths(sys.excepthook)
+        quiet_peer_deaths()
 
         # fork where the learner is on the CPU (Linux): the child starts in a second,
         # where a spawned one first imports torch and transformers again (10 s of CPU);

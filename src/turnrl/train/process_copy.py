@@ -52,6 +52,7 @@ from turnrl.policy.chat import ChatEncoding, ChatFormat
 from turnrl.train.async_sampler import (
     child_reply,
     parent_messages,
+    quiet_peer_deaths,
     shared_copy,
     stop_child,
 )
@@ -110,6 +111,7 @@ class ProcessCopy(ChatEncoding):
 
         import torch.multiprocessing as mp
 
+        quiet_peer_deaths()
         self.tokenizer = learner.tokenizer
         self.chat = ChatFormat(learner.tokenizer, learner.end_of_turn)
         self.end_of_turn = self.chat.end_of_turn
