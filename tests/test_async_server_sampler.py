@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from fake_vllm import TransformersVLLMServer
+from turnrl.train.async_sampler import SamplerProcess
 from turnrl.train.lifecycle import Lifecycle
 from turnrl.train.online.asynchronous import AsyncOnlineTrainer, online_trainer
 from turnrl.train.validate import ConfigError, validate
@@ -36,7 +37,7 @@ def turn_versions(run: Path, steps: int) -> Counter[int]:
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full-weights", "lora"])
 def test_k1_on_a_server_pushes_each_version_between_the_steps_that_sample_with_it(
-    tiny_train, read_metrics, tmp_path: Path, lora: bool
+    tiny_train, read_metrics, tmp_path: Path, lora: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """4 steps at K = 1 (checkpoints at 2 and 4) against the server: it gets versions 0
     to 4 in order and nothing else; each completion came from the version the turn's
@@ -59,10 +60,26 @@ def test_k1_on_a_server_pushes_each_version_between_the_steps_that_sample_with_i
     validate(config)
     trainer = online_trainer(config, quiet=True)
     assert isinstance(trainer, AsyncOnlineTrainer)
+    pushed: list[set[str]] = []  # the names each push put in shared memory
+    push = SamplerProcess.push
+
+    def recording(self: SamplerProcess, version: int, state: dict) -> None:
+        pushed.append(set(state))
+        push(self, version, state)
+
+    monkeypatch.setattr(SamplerProcess, "push", recording)
     try:
         Lifecycle(trainer).run()
     finally:
         server.close()
+    whole = set(trainer.policy.model.state_dict())
+    adapters = {n for n, p in trainer.policy.model.named_parameters() if p.requires_grad}
+    assert len(pushed) == 5
+    if lora:  # everything once, then the adapters alone (the base is frozen)
+        assert all("lora_" in name for name in adapters) and adapters < whole
+        assert pushed == [whole] + [adapters] * 4
+    else:
+        assert pushed == [whole] * 5
     assert trainer.rollout_policy is trainer.policy  # it evaluated with itself
     assert trainer._weights_dir is not None and not Path(trainer._weights_dir).exists()
     if lora:  # the base once, then each version's adapters

@@ -180,11 +180,15 @@ def _sample(policy: Any, spec: SamplerSpec, request: SampleRequest, version: int
 def _load(sampler: Any, copy: Any, state: Mapping[str, torch.Tensor], version: int) -> None:
     """Give the sampler's weights the pushed ``state`` (the model's state dict under its
     transformers names): reloaded in place in a vLLM engine, loaded into a transformers
-    copy; for a vLLM server, loaded into ``copy`` and handed on from it."""
+    copy; for a vLLM server, loaded into ``copy`` and handed on from it (``state`` may
+    then be a LoRA copy's adapters alone, after a first push of everything: every name
+    must be the copy's)."""
     if copy is not None:
         from turnrl.policy.sync import push_weights
 
-        copy.model.load_state_dict(state)
+        unknown = copy.model.load_state_dict(state, strict=False).unexpected_keys
+        if unknown:
+            raise KeyError(f"pushed weights the server's copy does not have: {unknown[:3]}")
         push_weights(copy, sampler, version)
         return
     reload = getattr(sampler, "load_full_weights", None)

@@ -68,6 +68,9 @@ class AsyncOnlineTrainer(OnlineTrainer):
         self._idle = {"seconds_push": 0.0}
         self._weights_dir: str | None = None
         """A vLLM server's staging directory for pushes (made in :meth:`_sampler_spec`)."""
+        self._copy_has_base = False
+        """Whether a vLLM server's copy (a LoRA learner's) already holds the frozen base:
+        pushes after the first send the adapters alone (:meth:`_sampler_state`)."""
         self._engine_version: int | None = None
         """The version the learner's own sampler holds (a vLLM engine's is pushed
         lazily, :meth:`_push_weights`)."""
@@ -142,11 +145,19 @@ class AsyncOnlineTrainer(OnlineTrainer):
     def _sampler_state(self) -> dict[str, Any]:
         """What a push sends: full weights, LoRA adapters merged (a transformers copy or
         an engine), or the model's own state dict, adapters unmerged (a vLLM server's
-        copy, which hands the server adapters as the synchronous trainer does)."""
+        copy, which hands the server adapters as the synchronous trainer does). To a
+        LoRA learner's server copy, the whole state dict once, then only what the
+        update changes (the trainable parameters: the adapters), since the base is
+        frozen: a SmolLM2 push is then a few MB in shared memory, not the whole model."""
         whole = self._whole_policy()
         copy_has_adapters = self.config.policy.lora_rank > 0
         if self._on_server and lora.is_adapter_model(whole.model) == copy_has_adapters:
-            return {name: t.detach() for name, t in whole.model.state_dict().items()}
+            state = whole.model.state_dict()
+            if copy_has_adapters and self._copy_has_base:
+                trained = {name for name, p in whole.model.named_parameters() if p.requires_grad}
+                state = {name: t for name, t in state.items() if name in trained}
+            self._copy_has_base = copy_has_adapters
+            return {name: t.detach() for name, t in state.items()}
         return full_weights(whole)  # (also adapters loaded from a warm start, lora_rank 0)
 
     def _push_weights(self) -> None:
