@@ -493,21 +493,23 @@ def test_one_process_trainers_refuse_ranks(monkeypatch: pytest.MonkeyPatch, tmp_
     assert not (tmp_path / "run").exists()
 
 
-def test_fsdp2_beside_the_mismatch_pass_is_refused_naming_file_line_and_field(
+def test_fsdp2_beside_chunked_logprobs_is_refused_naming_file_line_and_field(
     tmp_path: Path, capsys: Any
 ) -> None:
-    """FSDP2 runs (tests/test_distributed_fsdp.py), but not with the learner pass of
-    ``train.log_mismatch`` (a count of forwards that differs between ranks): one line,
-    file, line and field, exit 2, nothing written."""
+    """FSDP2 runs (tests/test_distributed_fsdp.py, with the mismatch pass and the per-
+    turn correction too), but not with chunked log-probs (they skip the sharded
+    model's weight gathering): one line, file, line and field, exit 2, nothing
+    written."""
     from turnrl.cli import main
 
     config = tmp_path / "fsdp.toml"
-    config.write_text('[train]\nsteps = 2\nsharding = "fsdp2"\nlog_mismatch = true\n')
+    config.write_text('[train]\nsteps = 2\nsharding = "fsdp2"\nlogprob_chunk_tokens = 64\n')
     code = main(["train", "--config", str(config), "--run-dir", str(tmp_path / "run")])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
-    assert err[0].startswith(f"turnrl train: error: config error: {config}:3: train.sharding: ")
-    assert "'fsdp2' cannot be combined with train.log_mismatch" in err[0]
+    prefix = f"turnrl train: error: config error: {config}:4: train.logprob_chunk_tokens: "
+    assert err[0].startswith(prefix)
+    assert "must be 0 with train.sharding = 'fsdp2'" in err[0]
     assert not (tmp_path / "run").exists()
     assert load_config(RunConfig, None, []).train.sharding == "none"

@@ -294,3 +294,34 @@ def test_the_mismatch_pass_is_cut_by_the_token_budget(monkeypatch) -> None:
     assert all(tokens <= 200 for tokens in forwards)  # no row here is longer than 200
     assert torch.allclose(cut, whole, atol=1e-5, rtol=0)
     assert torch.equal(whole == 0, batch.mask_B_T == 0)
+
+
+def test_the_mismatch_pass_runs_as_many_forwards_as_the_busiest_rank(monkeypatch) -> None:
+    """Under FSDP2 every forward is a collective: a rank with fewer forwards in the
+    learner's pass than the busiest runs the difference on its shortest row, and its
+    log-probs are those of the pass without padding, exactly."""
+    policy = _shared_policy()
+    batch = _batch(policy, "token-mean")
+    alone = learner_logprobs(policy, batch, temperature=0.9, max_tokens=200)
+    forwards: list[int] = []
+    real = policy.response_logprobs
+
+    def counted(contexts, responses, *, temperature):
+        forwards.append(sum(len(c) + len(r) for c, r in zip(contexts, responses, strict=True)))
+        return real(contexts, responses, temperature=temperature)
+
+    monkeypatch.setattr(policy, "response_logprobs", counted)
+    asked: list[int] = []
+
+    def busiest(count: int) -> int:
+        asked.append(count)
+        return count + 3
+
+    padded = learner_logprobs(
+        policy, batch, temperature=0.9, max_tokens=200, forwards_of_busiest=busiest
+    )
+    sizes = [len(c) + len(r) for c, r in zip(batch.contexts, batch.responses, strict=True)]
+    mine = len(token_budget_groups(sizes, 200))
+    assert asked == [mine] and len(forwards) == mine + 3
+    assert forwards[mine:] == [min(sizes)] * 3
+    assert torch.equal(padded, alone)

@@ -160,13 +160,6 @@ class CreditConfig:
             p.options("params", get_estimator(self.estimator).fn, self.params, skip=1)
 
 
-FSDP2_NEEDS_ONE_PASS = (
-    "'fsdp2' cannot be combined with train.log_mismatch or train.tis_cap: their "
-    "learner pass before the update runs a number of forwards that differs between "
-    "ranks, and every forward of a sharded learner is a collective of all ranks "
-    "(docs/distributed.md); use 'none'"
-)
-"""Why ``train.sharding = "fsdp2"`` is refused beside the mismatch pass."""
 FSDP2_NO_CHUNKS = (
     "must be 0 with train.sharding = 'fsdp2': chunked log-probs call the decoder body and "
     "the output layer directly, which skips the sharded model's gathering of its weights"
@@ -236,8 +229,6 @@ class TrainConfig(PPOConfig):
         p.at_least("keep_checkpoints", self.keep_checkpoints, 1)
         p.at_least("export_every", self.export_every, 0)
         p.at_least("threads", self.threads, 0)
-        if self.sharding == "fsdp2" and (self.log_mismatch or self.tis_cap > 0):
-            p.add("sharding", FSDP2_NEEDS_ONE_PASS)
         if self.sharding == "fsdp2" and self.logprob_chunk_tokens > 0:
             p.add("logprob_chunk_tokens", FSDP2_NO_CHUNKS)
         p.at_least("legacy_mini_batch", self.legacy_mini_batch, 0)

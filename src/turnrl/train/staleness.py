@@ -63,7 +63,8 @@ def check_staleness(config: Any, p: Problems) -> None:
     :mod:`turnrl.train.agent.asynchronous`); no Ray workers;
     under torchrun each rank has a sampler process of its own
     (:mod:`turnrl.train.online.async_ranks`), not on one vLLM server (each would push
-    its own copy to it) and not with ``train.sharding = "fsdp2"``.
+    its own copy to it); with ``train.sharding = "fsdp2"`` each rank's push is gathered
+    from the shards (:mod:`turnrl.train.online.async_ranks`).
     ``config`` is a ``RunConfig``; ``p`` the top level's problems."""
     staleness = config.train.max_staleness
     p.at_least("train.max_staleness", staleness, 0)
@@ -99,10 +100,4 @@ def check_staleness(config: Any, p: Problems) -> None:
             f"each of torchrun's {world.size} ranks has a sampler process, and each would "
             "push its own copy of the weights to the one vLLM server between the others' "
             "requests (use 0, or policy.backend = 'hf')",
-        )
-    if config.train.sharding == "fsdp2":
-        p.add(
-            key,
-            "not with train.sharding = 'fsdp2': a sampler process beside a sharded "
-            "learner is not built (use 0)",
         )

@@ -49,18 +49,27 @@ def learner_logprobs(
     *,
     temperature: float,
     max_tokens: int,
+    forwards_of_busiest: Callable[[int], int] | None = None,
 ) -> torch.Tensor:
     """``logp_B_T`` of every row's response under ``policy`` now (float32, CPU, 0 at
     padding, the shape of ``batch.old_logp_B_T``), in forwards of rows holding at most
     ``max_tokens`` tokens (``train.max_tokens_per_batch``; a longer row alone), in batch
     order, each in the padded row layout (the layout whose numbers the others are tested
-    against)."""
+    against).
+
+    ``forwards_of_busiest`` (an FSDP2-sharded learner, whose every forward is a
+    collective of all ranks): given this rank's number of forwards, the most any rank
+    runs; this rank then runs as many, the extra ones on its shortest row, their result
+    unused."""
     out_B_T = torch.zeros_like(batch.old_logp_B_T)
     was_training = policy.model.training
     policy.model.eval()
     sizes = [len(c) + len(r) for c, r in zip(batch.contexts, batch.responses, strict=True)]
+    groups = token_budget_groups(sizes, max_tokens)
+    padding = 0 if forwards_of_busiest is None else forwards_of_busiest(len(groups)) - len(groups)
+    shortest = [min(range(len(sizes)), key=sizes.__getitem__)] if sizes else []
     try:
-        for rows in token_budget_groups(sizes, max_tokens):
+        for rows in [*groups, *[shortest] * padding]:
             logp_B_T, _ = policy.response_logprobs(
                 [batch.contexts[b] for b in rows],
                 [batch.responses[b] for b in rows],

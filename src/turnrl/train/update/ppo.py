@@ -151,7 +151,13 @@ class UpdateShard:
     lockstep: bool = False
     """Every rank runs the same number of forwards and backwards per optimiser step (an
     FSDP2-sharded learner, whose forwards are collectives): a rank with fewer pads with
-    zero-weight forwards (:func:`padding_forward`), which add nothing to any gradient."""
+    zero-weight forwards (:func:`padding_forward`), which add nothing to any gradient.
+    The learner's pass before the update (``train.log_mismatch``, ``train.tis_cap``)
+    runs as many forwards on every rank too (:meth:`busiest`)."""
+
+    def busiest(self, count: int) -> int:
+        """The largest of every rank's ``count`` (every rank calls it)."""
+        return max(self.gather(count))
 
 
 def trainable_rows(records: list[TurnRecord]) -> list[int]:
@@ -252,7 +258,11 @@ def ppo_update(
     is_weight_B_T = None
     if config.log_mismatch or config.tis_cap > 0:
         learner_B_T = learner_logprobs(
-            policy, batch, temperature=temperature, max_tokens=config.max_tokens_per_batch
+            policy,
+            batch,
+            temperature=temperature,
+            max_tokens=config.max_tokens_per_batch,
+            forwards_of_busiest=None if shard is None or not shard.lockstep else shard.busiest,
         )
         gather = None if shard is None else shard.gather
         mismatch = mismatch_stats(learner_B_T, batch.old_logp_B_T, batch.mask_B_T, gather)
