@@ -110,7 +110,8 @@ class TransformersVLLMServer(JsonServer):
             elif path == "/v1/load_lora_adapter":
                 self._load_adapter(body["lora_name"], body["lora_path"])
             elif path == "/v1/unload_lora_adapter":
-                del self.models[body["lora_name"]]
+                if self.models.pop(body["lora_name"], None) is None:  # as vLLM answers
+                    return 404, {"error": {"message": f"{body['lora_name']} not loaded"}}
             elif path != "/reset_prefix_cache":
                 return NOT_FOUND
             return 200, "ok"

@@ -289,6 +289,16 @@ class VLLMServerPolicy(ChatEncoding):
                 shutil.rmtree(old, ignore_errors=True)
         self.policy_version = version
 
+    def follow_learner(self, learner: Any, version: int) -> None:
+        """Take ``version`` as pushed by another client of the same server (rank 0
+        under torchrun ranks, which alone pushes: :meth:`load_learner` from every rank
+        would reload the weights under the others' requests and unload an adapter twice):
+        sample from what that push serves, without pushing."""
+        if lora.is_adapter_model(learner.model):
+            self._base_pushed = True
+            self.served_model = f"{ADAPTER_PREFIX}{version}"
+        self.policy_version = version
+
     def _has_dev_routes(self) -> bool:
         """Whether the server runs with ``VLLM_SERVER_DEV_MODE=1`` (its ``/is_paused``)."""
         try:

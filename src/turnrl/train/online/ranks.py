@@ -159,6 +159,8 @@ class DistributedOnlineTrainer(OnlineTrainer):
             assert pool_factory is not None
             # started after every rank's checks; its workers start at the first push
             self.pool = pool_factory(config)
+        self._ranks_ready = False
+        """Set at the end of :meth:`setup`: pushes from then on are every rank's."""
         self.sharded: ShardedLearner | None = None
         """With ``train.sharding = "fsdp2"`` (after ``setup``): the sharded learner and the
         whole copy that samples (:mod:`turnrl.train.fsdp`)."""
@@ -182,24 +184,45 @@ class DistributedOnlineTrainer(OnlineTrainer):
             self.sharded = ShardedLearner.shard(self.policy)
             self.optimizer = shard_optimizer(self.optimizer, list(self.policy.parameters()))
             whole = self.sharded.full
-        # rank 0's sampler (and pool) got the weights in the one-process set-up; the
-        # whole copy holds them already (copied before sharding)
+        # rank 0's sampler (and pool) got the weights in the one-process set-up, before
+        # the state was shared; the whole copy holds them already (copied before sharding)
         if not self.world.main:
             self.rollout_policy = build_sampler(cfg.policy, whole)
-            push_weights(whole, self.rollout_policy, self.policy_version)
+            if self._one_server():  # rank 0 has pushed to it already
+                self.rollout_policy.follow_learner(whole, self.policy_version)
+            else:
+                push_weights(whole, self.rollout_policy, self.policy_version)
         elif self.rollout_policy is self.policy:
             self.rollout_policy = whole
+        self._ranks_ready = True
         return self.step
+
+    def _one_server(self) -> bool:
+        """Whether every rank samples on one vLLM server (``policy.backend =
+        "vllm-server"``), which holds one set of weights for all of them."""
+        return self.world.split and hasattr(self.rollout_policy, "follow_learner")
 
     def _push_weights(self) -> None:
         """Sharded: every rank gathers the learner whole into its sampling copy, which
-        then pushes to the samplers that are not it; else as one process."""
-        if self.sharded is None:
-            return super()._push_weights()
-        self.sharded.gather()
-        push_weights(self.sharded.full, self.rollout_policy, self.policy_version)
+        then pushes to the samplers that are not it. On one vLLM server rank 0 alone
+        pushes, and the other ranks take the version once it has (every rank pushing
+        would reload the weights under the others' requests, and unload the previous
+        adapter twice): :func:`~turnrl.train.distributed.on_main` waits for rank 0 and
+        raises its error on every rank. Rank 0's push during its one-process set-up
+        (before the state is shared) is its own; the others follow in :meth:`setup`."""
+        learner = self.policy
+        if self.sharded is not None:
+            self.sharded.gather()
+            learner = self.sharded.full
+        version = self.policy_version
+        if self._ranks_ready and self._one_server():
+            dist.on_main(lambda: push_weights(learner, self.rollout_policy, version), self.world)
+            if not self.world.main:
+                self.rollout_policy.follow_learner(learner, version)
+        else:
+            push_weights(learner, self.rollout_policy, version)
         if self.pool is not None:
-            push_weights(self.sharded.full, self.pool, self.policy_version)
+            push_weights(learner, self.pool, version)
 
     def _whole_policy(self) -> HFPolicy:
         return self.policy if self.sharded is None else self.sharded.full
