@@ -276,10 +276,8 @@ def test_the_budget_is_a_checked_positive_int(value: str) -> None:
     validate(load_config(RunConfig, None, ok), overrides=ok)
 
 
-def test_the_mismatch_pass_is_cut_by_the_token_budget(monkeypatch) -> None:
-    policy = _shared_policy()
-    batch = _batch(policy, "token-mean")
-    whole = learner_logprobs(policy, batch, temperature=0.9, max_tokens=10**6)
+def counting_forwards(policy, monkeypatch) -> list[int]:
+    """The tokens of each forward ``policy.response_logprobs`` runs from now on."""
     forwards: list[int] = []
     real = policy.response_logprobs
 
@@ -288,6 +286,14 @@ def test_the_mismatch_pass_is_cut_by_the_token_budget(monkeypatch) -> None:
         return real(contexts, responses, temperature=temperature)
 
     monkeypatch.setattr(policy, "response_logprobs", counted)
+    return forwards
+
+
+def test_the_mismatch_pass_is_cut_by_the_token_budget(monkeypatch) -> None:
+    policy = _shared_policy()
+    batch = _batch(policy, "token-mean")
+    whole = learner_logprobs(policy, batch, temperature=0.9, max_tokens=10**6)
+    forwards = counting_forwards(policy, monkeypatch)
     cut = learner_logprobs(policy, batch, temperature=0.9, max_tokens=200)
     sizes = [len(c) + len(r) for c, r in zip(batch.contexts, batch.responses, strict=True)]
     assert len(forwards) == len(token_budget_groups(sizes, 200)) > 1
@@ -303,14 +309,7 @@ def test_the_mismatch_pass_runs_as_many_forwards_as_the_busiest_rank(monkeypatch
     policy = _shared_policy()
     batch = _batch(policy, "token-mean")
     alone = learner_logprobs(policy, batch, temperature=0.9, max_tokens=200)
-    forwards: list[int] = []
-    real = policy.response_logprobs
-
-    def counted(contexts, responses, *, temperature):
-        forwards.append(sum(len(c) + len(r) for c, r in zip(contexts, responses, strict=True)))
-        return real(contexts, responses, temperature=temperature)
-
-    monkeypatch.setattr(policy, "response_logprobs", counted)
+    forwards = counting_forwards(policy, monkeypatch)
     asked: list[int] = []
 
     def busiest(count: int) -> int:
