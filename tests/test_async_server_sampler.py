@@ -109,3 +109,22 @@ def test_a_server_is_refused_under_torchrun_ranks(
         monkeypatch.setenv(key, value)
     with pytest.raises(ConfigError, match=r"train\.max_staleness: each of torchrun's 2 ranks"):
         validate(config)
+
+
+def test_a_push_to_the_server_copy_may_leave_out_only_its_frozen_weights() -> None:
+    """After the first push (which must be whole), a push may leave out the copy's
+    frozen weights (a LoRA base) but no trained one, and may hold no unknown name."""
+    from turnrl.train.async_sampler import _check_partial_push
+
+    model = torch.nn.Linear(2, 2)
+    model.bias.requires_grad_(False)  # frozen, as a LoRA copy's base
+    weight, bias = model.weight.detach(), model.bias.detach()
+    _check_partial_push(model, {"weight": weight, "bias": bias}, first=True)
+    _check_partial_push(model, {"weight": weight}, first=False)
+    for state, first in (
+        ({"weight": weight}, True),  # the first push leaves the base out
+        ({"bias": bias}, False),  # a trained weight left out
+        ({"weight": weight, "bias": bias, "extra": bias}, False),  # a name it lacks
+    ):
+        with pytest.raises(KeyError, match="a push the server's copy cannot take"):
+            _check_partial_push(model, state, first=first)

@@ -73,9 +73,6 @@ def test_a_lora_learner_is_served_merged() -> None:
 def test_a_killed_copy_is_one_error_naming_it_and_close_leaves_nothing(copied) -> None:
     learner, served = copied
     served.load_full_weights(full_weights(learner), 0)
-    # the resource sharer's tracebacks from a child killed mid-handshake are quieted,
-    # as for the sampler process: the death is said in the one line below
-    assert getattr(sys.excepthook, "quiet_peer_deaths", False)
     os.kill(served.pid, signal.SIGKILL)
     with pytest.raises(ProcessCopyError) as caught:
         served.sample(contexts(learner), **OPTIONS)
@@ -90,6 +87,19 @@ def test_a_killed_copy_is_one_error_naming_it_and_close_leaves_nothing(copied) -
     served.close()
     with pytest.raises(ProcessLookupError):
         os.kill(served.pid, 0)
+
+
+def test_the_copy_quiets_the_resource_sharers_tracebacks(monkeypatch) -> None:
+    """A child killed mid-handshake makes multiprocessing's resource sharer print
+    tracebacks through ``sys.excepthook``; the copy installs the filter the sampler
+    process uses (the death is said in the copy's one line instead). The hook is reset
+    first: another test's sampler process may have installed it already."""
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    served = ProcessCopy(factory.build_policy(SETTINGS, 0), SETTINGS, seed=3)
+    try:
+        assert getattr(sys.excepthook, "quiet_peer_deaths", False)
+    finally:
+        served.close()
 
 
 def test_a_failed_request_fails_that_call_only(copied) -> None:

@@ -177,18 +177,19 @@ def _sample(policy: Any, spec: SamplerSpec, request: SampleRequest, version: int
     return batch
 
 
-def _load(sampler: Any, copy: Any, state: Mapping[str, torch.Tensor], version: int) -> None:
+def _load(
+    sampler: Any, copy: Any, state: Mapping[str, torch.Tensor], version: int, first: bool
+) -> None:
     """Give the sampler's weights the pushed ``state`` (the model's state dict under its
     transformers names): reloaded in place in a vLLM engine, loaded into a transformers
-    copy; for a vLLM server, loaded into ``copy`` and handed on from it (``state`` may
-    then be a LoRA copy's adapters alone, after a first push of everything: every name
-    must be the copy's)."""
+    copy; for a vLLM server, loaded into ``copy`` and handed on from it. A server copy's
+    push after the ``first`` may leave out the copy's frozen weights (a LoRA learner
+    pushes its adapters alone once the base is there), nothing else."""
     if copy is not None:
         from turnrl.policy.sync import push_weights
 
-        unknown = copy.model.load_state_dict(state, strict=False).unexpected_keys
-        if unknown:
-            raise KeyError(f"pushed weights the server's copy does not have: {unknown[:3]}")
+        _check_partial_push(copy.model, state, first)
+        copy.model.load_state_dict(state, strict=first)
         push_weights(copy, sampler, version)
         return
     reload = getattr(sampler, "load_full_weights", None)
@@ -196,6 +197,19 @@ def _load(sampler: Any, copy: Any, state: Mapping[str, torch.Tensor], version: i
         reload(state, version)
     else:
         sampler.model.load_state_dict(state)
+
+
+def _check_partial_push(model: Any, state: Mapping[str, torch.Tensor], first: bool) -> None:
+    """Refuse a push ``model`` cannot take whole: a name it does not have, or, after
+    the ``first`` push, one of its trained weights left out (the frozen ones may be)."""
+    own = model.state_dict().keys()
+    unknown = sorted(set(state) - set(own))
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    left_out = sorted((set(own) if first else trained) - set(state))
+    if unknown or left_out:
+        raise KeyError(
+            f"a push the server's copy cannot take: unknown {unknown[:3]}, left out {left_out[:3]}"
+        )
 
 
 def _register_env(spec: SamplerSpec) -> None:
@@ -254,8 +268,9 @@ def _serve(spec: SamplerSpec, inbox: Any, outbox: Any, parent: int) -> None:
         for message in parent_messages(inbox, parent):
             kind = message[0]
             if kind == "weights":
+                first = version is None
                 _, version, state = message
-                _load(policy, copy, state, version)
+                _load(policy, copy, state, version, first)
                 del state, message
                 outbox.put(("loaded", version))
                 continue

@@ -27,8 +27,8 @@ is every other rank's whole run after the start. Messages from rank 0, one at a 
   (:class:`~turnrl.train.distributed.StoppedByRankZero`), so the user reads one line
   and torchrun names rank 0 as the cause.
 
-Where the mismatch metrics (``log_mismatch``) are computed: on each rank's rows; the
-metrics row shows rank 0's.
+Where the mismatch metrics (``log_mismatch``) are computed: on each rank's rows,
+gathered into the global batch's (:func:`turnrl.train.update.mismatch.mismatch_stats`).
 """
 
 from __future__ import annotations

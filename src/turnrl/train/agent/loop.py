@@ -349,7 +349,9 @@ class AgentTrainer(LifecycleRun):
         copy that can no longer sample (its process died under the agents:
         :attr:`~turnrl.train.process_copy.ProcessCopy.failure`) stops the run first,
         with its own one line: the agents' failures are the copy's, not theirs."""
-        served_failure = getattr(self.served, "failure", None)
+        # (getattr twice: the teacher's warm start checks its failures before set-up
+        # has made the served copy)
+        served_failure = getattr(getattr(self, "served", None), "failure", None)
         if served_failure is not None:
             raise served_failure
         failed = [r.failure for r in results if r.failure is not None]

@@ -60,7 +60,8 @@ def learner_logprobs(
     ``forwards_of_busiest`` (an FSDP2-sharded learner, whose every forward is a
     collective of all ranks): given this rank's number of forwards, the most any rank
     runs; this rank then runs as many, the extra ones on its shortest row, their result
-    unused."""
+    unused. A rank without rows cannot pad (nor can the update's own padding,
+    :func:`turnrl.train.update.ppo.padding_forward`): every rank holds a task group."""
     out_B_T = torch.zeros_like(batch.old_logp_B_T)
     was_training = policy.model.training
     policy.model.eval()
@@ -69,13 +70,14 @@ def learner_logprobs(
     padding = 0 if forwards_of_busiest is None else forwards_of_busiest(len(groups)) - len(groups)
     shortest = [min(range(len(sizes)), key=sizes.__getitem__)] if sizes else []
     try:
-        for rows in [*groups, *[shortest] * padding]:
+        for index, rows in enumerate([*groups, *[shortest] * padding]):
             logp_B_T, _ = policy.response_logprobs(
                 [batch.contexts[b] for b in rows],
                 [batch.responses[b] for b in rows],
                 temperature=temperature,
             )
-            out_B_T[rows, : logp_B_T.shape[1]] = logp_B_T.float().cpu()
+            if index < len(groups):  # a padding forward's result is not kept
+                out_B_T[rows, : logp_B_T.shape[1]] = logp_B_T.float().cpu()
     finally:
         policy.model.train(was_training)
     return out_B_T
