@@ -136,9 +136,9 @@ SMOL_489_ARMS = Study(
     ),
     baseline="grpo_mixed",
     outcome="eval_tool_rate",
-    # not run yet: its tables go to summary.md; docs/grouping-experiment.md gets their
-    # markers (doc=) with the first summary of real cells
-    doc=None,
+    # run in part (the cells archived in studies/smol-489-arms.cells.jsonl): its tables
+    # in docs/grouping-experiment.md are this summary's
+    doc="docs/grouping-experiment.md",
     tables=(
         Table("economics", "seeds", (), extra=ECONOMICS, arms=("grpo_mixed",)),
         Table("arms", "arms", (SAMPLED_TOOL_RATE, SAMPLED_SUCCESS)),
