@@ -15,7 +15,9 @@ with per-episode seeds, with the same versions of the weights: the schedule
 With ``train.sharding = "fsdp2"`` the learner is sharded over the ranks and each rank's
 whole copy (:mod:`turnrl.train.fsdp`) is what its sampler process is pushed: every rank
 gathers the shards into it after every update, at the same point (a collective), never
-lazily at an evaluation, which rank 0 runs alone (:meth:`_push_weights`).
+lazily at an evaluation, which rank 0 runs alone (:meth:`AsyncOnlineTrainer._push_weights`
+pushes at once to a learner's own whole copy; :meth:`evaluate` pushes nothing on the
+other ranks).
 """
 
 from __future__ import annotations
@@ -38,15 +40,6 @@ class AsyncDistributedOnlineTrainer(AsyncOnlineTrainer, DistributedOnlineTrainer
 
     def __init__(self, config: Any, world: dist.World, **options: Any) -> None:
         super().__init__(config, world=world, **options)
-
-    def _push_weights(self) -> None:
-        """Sharded: the gather (a collective) on every rank after every update, before
-        the push to the sampler process; the learner's own sampler, the whole copy
-        itself, then holds the version too, so rank 0's evaluation gathers nothing
-        alone (:meth:`AsyncOnlineTrainer.evaluate` pushes only a stale version)."""
-        if self.sharded is not None:
-            self._engine_version = None  # take the eager branch: gather, then push
-        super()._push_weights()
 
     def evaluate(self) -> dict[str, float]:
         """Rank 0 evaluates; the others neither evaluate nor push their own sampler for

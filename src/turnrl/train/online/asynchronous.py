@@ -163,8 +163,10 @@ class AsyncOnlineTrainer(OnlineTrainer):
     def _push_weights(self) -> None:
         """The weights to the sampler process; the learner's own vLLM engine (it only
         evaluates here) gets them when an evaluation needs them (:meth:`evaluate`), not
-        after every update."""
-        if self.rollout_policy is self.policy or self._engine_version is None:
+        after every update. A learner that samples with itself, or with its whole copy
+        (FSDP2: the gather is a collective of every rank, which rank 0's evaluation
+        alone cannot be), takes them at once."""
+        if self.rollout_policy is self._whole_policy() or self._engine_version is None:
             super()._push_weights()
             self._engine_version = self.policy_version
         if self.sampler_process is not None:

@@ -210,10 +210,9 @@ class DistributedOnlineTrainer(OnlineTrainer):
         adapter twice): :func:`~turnrl.train.distributed.on_main` waits for rank 0 and
         raises its error on every rank. Rank 0's push during its one-process set-up
         (before the state is shared) is its own; the others follow in :meth:`setup`."""
-        learner = self.policy
         if self.sharded is not None:
             self.sharded.gather()
-            learner = self.sharded.full
+        learner = self._whole_policy()
         version = self.policy_version
         if self._ranks_ready and self._one_server():
             dist.on_main(lambda: push_weights(learner, self.rollout_policy, version), self.world)
