@@ -39,6 +39,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import PARITY, REPO
+from launched import rank_processes, run_launcher, stop_launcher
 from turnrl.errors import UsageError
 from turnrl.train.checkpoint import load_latest_checkpoint
 from turnrl.train.config import RunConfig, load_config
@@ -123,12 +124,8 @@ def environment() -> dict[str, str]:
 
 
 def train(run_dir: Path, ranks: int, *extra: str, resume: bool = False) -> None:
-    done = subprocess.run(
-        command(run_dir, ranks, *extra, resume=resume),
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_launcher(
+        command(run_dir, ranks, *extra, resume=resume), env=environment(), timeout=300
     )
     assert done.returncode == 0, done.stderr[-6000:]
 
@@ -260,26 +257,6 @@ def test_two_rank_run_resumes_as_one_process(runs: dict[str, Path], tmp_path: Pa
 # --------------------------------------------------------------------------- failures
 
 
-def _workers(launcher: int) -> dict[int, int]:
-    """``{rank: pid}`` of the processes torchrun (``launcher``) started."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-            if parent != launcher:
-                continue
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, ValueError):
-            continue
-        for item in env:
-            if item.startswith(b"RANK="):
-                found[int(item[5:])] = int(entry.name)
-    return found
-
-
 ASYNC = (
     *LAYOUTS[FAST_LAYOUT],
     "train.max_staleness=1",
@@ -335,6 +312,7 @@ def test_killed_rank_ends_the_run_with_one_line(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 240
@@ -342,16 +320,13 @@ def test_killed_rank_ends_the_run_with_one_line(tmp_path: Path) -> None:
             assert process.poll() is None, process.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no checkpoint within 240 s"
             time.sleep(0.2)
-        ranks = _workers(process.pid)
+        ranks = rank_processes(process.pid)
         assert sorted(ranks) == [0, 1]
         os.kill(ranks[1], signal.SIGKILL)
         _, stderr = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
-            for pid in _workers(process.pid).values():
-                os.kill(pid, signal.SIGKILL)
-            process.kill()
-            process.communicate()
+            stop_launcher(process)
     assert process.returncode != 0
     ours = [line for line in stderr.splitlines() if line.startswith("turnrl train: error:")]
     assert len(ours) == 1, stderr[-3000:]

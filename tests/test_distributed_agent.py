@@ -32,6 +32,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
+from launched import run_launcher
 from test_distributed import (
     ENTRY,
     METRIC_RTOL,
@@ -92,7 +93,7 @@ def train(
         f"tasks.train={write_tasks(root / 'train.jsonl', 8, 't')}",
         f"tasks.eval={write_tasks(root / 'eval.jsonl', 2, 'e')}",
     ]
-    return subprocess.run(
+    return run_launcher(
         [
             *launcher,
             str(ENTRY),
@@ -107,8 +108,6 @@ def train(
             *(["--resume"] if resume else []),
         ],
         env=environment(),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO, TINY_ITERATE
+from launched import run_launcher
 from test_distributed import (
     ENTRY,
     WEIGHT_ATOL,
@@ -48,7 +49,7 @@ def iterate(run_dir: Path, ranks: int, *extra: str) -> subprocess.CompletedProce
         if ranks
         else [sys.executable]
     )
-    return subprocess.run(
+    return run_launcher(
         [
             *launcher,
             str(ENTRY),
@@ -64,8 +65,6 @@ def iterate(run_dir: Path, ranks: int, *extra: str) -> subprocess.CompletedProce
             "--quiet",
         ],
         env=environment(),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
 

@@ -12,12 +12,12 @@ weights within ``WEIGHT_ATOL`` after each of 3 steps. Skipped only where Ray (th
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
+from launched import run_launcher
 from test_distributed import (
     WEIGHT_ATOL,
     assert_metrics_close,
@@ -41,9 +41,7 @@ def train(run_dir: Path, ranks: int, *extra: str) -> None:
     starts (the Ray workers import the environment from there)."""
     env = environment()
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env["PYTHONPATH"]])
-    done = subprocess.run(
-        command(run_dir, ranks, *extra), env=env, capture_output=True, text=True, timeout=400
-    )
+    done = run_launcher(command(run_dir, ranks, *extra), env=env, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
