@@ -74,9 +74,19 @@ def test_two_warm_starts_of_four_seeds_are_two_units() -> None:
     assert got.seed_level is not None and got.seed_level.n == 8
     assert got.seed_level.unit == "seed" and got.seed_level.t_p < 0.01  # not the unit
     assert S.verdict_word(got) == S.NOT_DETECTED
-    # one warm start, or one seed per warm start: the seed is the unit
+    # one warm start, or each seed its own warm start (per_seed): the seed is the unit
     assert S.paired_test({(0, s): 0.1 * s for s in range(4)}).unit == "seed"
-    assert S.paired_test({(s, s): 0.1 * s for s in range(4)}).n == 4
+    own = S.paired_test({(s, s): 0.1 * s for s in range(4)})
+    assert (own.n, own.unit, own.seed_level) == (4, "seed", None)
+    # seed 0 on three shared warm starts: three warm starts, no seed level beside
+    shared = S.paired_test({(w, 0): 0.1 * w for w in range(3)})
+    assert (shared.n, shared.unit, shared.seed_level) == (3, "warm start", None)
+    assert S.describe(shared).startswith("n = 3 warm starts; paired t p = ")
+    # a second seed on one of them: still three units, the four pairs beside
+    uneven = S.paired_test({(0, 0): 0.1, (0, 1): 0.3, (1, 0): 0.5, (2, 0): 0.6})
+    assert (uneven.n, uneven.unit) == (3, "warm start")
+    assert uneven.mean == pytest.approx((0.2 + 0.5 + 0.6) / 3)
+    assert uneven.seed_level is not None and uneven.seed_level.n == 4
 
 
 def test_the_verdict_rule() -> None:

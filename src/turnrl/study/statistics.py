@@ -83,10 +83,14 @@ def by_warm_start(differences: Mapping[tuple[int, int], float]) -> list[np.ndarr
 
 
 def units(differences: Mapping[tuple[int, int], float]) -> tuple[np.ndarray, str]:
-    """The unit-level values and the unit's name: the warm starts' means when more than
-    one warm start holds more than one seed, otherwise the seed pairs themselves."""
+    """The unit-level values and the unit's name: the warm starts' means where the pairs
+    come from several warm starts that seeds share (some key's warm start is not its
+    seed), even one seed each (smol-489-arms' seed 0 on three warm starts is three warm
+    starts, not three seeds); otherwise (one warm start, or each seed its own warm start:
+    keys (s, s), ``WarmStarts(per_seed=True)``) the seed pairs themselves."""
     groups = by_warm_start(differences)
-    if len(groups) > 1 and any(group.size > 1 for group in groups):
+    shared = any(warm != seed for warm, seed in differences)
+    if len(groups) > 1 and shared:
         return np.array([group.mean() for group in groups]), "warm start"
     values = np.concatenate(groups) if groups else np.empty(0)
     return values, "seed"
@@ -153,10 +157,11 @@ def t_test(values: Sequence[float], unit: str = "seed") -> Test:
 
 def paired_test(differences: Mapping[tuple[int, int], float]) -> Test:
     """The test of ``differences`` (keyed by (warm start, seed)) at the unit of
-    :func:`units`, with the seed level beside when the unit is the warm start."""
+    :func:`units`, with the seed level beside when the unit is the warm start and some
+    warm start holds more than one seed."""
     values, unit = units(differences)
     test = t_test(values, unit)
-    if unit == "warm start":
+    if unit == "warm start" and len(differences) > len(values):  # some hold several seeds
         seeds = t_test(list(differences.values()), "seed")
         test = Test(test.mean, test.low, test.high, test.n, unit, test.t_p, test.sign_flip_p, seeds)
     return test
