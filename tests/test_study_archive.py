@@ -55,6 +55,7 @@ def test_restored_cells_summarise_to_the_same_tables(tmp_path: Path) -> None:
     before = summarised(tmp_path)
     assert archive_path(two_arm_study(tmp_path), tmp_path).exists()
     shutil.rmtree(tmp_path / "runs")  # the machine is lost; the archive is committed
+    archived = archive_path(two_arm_study(tmp_path), tmp_path).read_bytes()
     study = two_arm_study(tmp_path)
     restored = restore(study, tmp_path)
     assert [c.key for c in restored] == [c.key for c in cells(study, tmp_path)]
@@ -62,6 +63,8 @@ def test_restored_cells_summarise_to_the_same_tables(tmp_path: Path) -> None:
     record = json.loads((restored[0].run_dir / DONE_FILE).read_text())
     assert record == {"seconds": 60.0, "restored_from": "studies/toy.cells.jsonl"}
     assert summarised(tmp_path) == before
+    # summarising restored cells leaves their archived lines as they were
+    assert archive_path(study, tmp_path).read_bytes() == archived
 
 
 def test_a_rerun_of_the_missing_cells_is_summarised_with_the_kept_ones(tmp_path: Path) -> None:

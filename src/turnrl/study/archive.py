@@ -75,14 +75,18 @@ def read_archive(study: Study, root: Path) -> dict[str, dict]:
 def write_archive(study: Study, root: Path) -> Path:
     """Archive every finished cell of the run directories, keeping the archived cells
     that have no run directory here (a partial rerun adds to the archive, never shrinks
-    it). Cells are written in the declaration's order; returns the archive's path."""
+    it) and, unchanged, those restored from it (a restored run's record names the
+    archive, which is not where it ran). Cells are written in the declaration's order;
+    returns the archive's path."""
     kept = read_archive(study, root)
     keys = read_keys(study)
     lines = []
     for cell in cells(study, root):
         if cell.is_warm_start:
             continue
-        if cell_state(cell) == FINISHED:
+        if cell.key in kept and "restored_from" in cell_record(cell):  # archived as it was
+            entry = kept[cell.key]
+        elif cell_state(cell) == FINISHED:
             entry = {
                 "cell": cell.key,
                 "record": cell_record(cell),
