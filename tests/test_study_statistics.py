@@ -82,6 +82,7 @@ def test_two_warm_starts_of_four_seeds_are_two_units() -> None:
     shared = S.paired_test({(w, 0): 0.1 * w for w in range(3)})
     assert (shared.n, shared.unit, shared.seed_level) == (3, "warm start", None)
     assert S.describe(shared).startswith("n = 3 warm starts; paired t p = ")
+    assert (S.units_text(1, "seed"), S.units_text(2, "seed")) == ("1 seed", "2 seeds")
     # a second seed on one of them: still three units, the four pairs beside
     uneven = S.paired_test({(0, 0): 0.1, (0, 1): 0.3, (1, 0): 0.5, (2, 0): 0.6})
     assert (uneven.n, uneven.unit) == (3, "warm start")

@@ -139,7 +139,11 @@ def report(study: Study, pilot: Study, root: Path, effect: float | None = None) 
         header.append(f"n for effect {effect:g}")
     body = []
     for c in found:
-        row = [c.setting or "–", f"{c.arm} − {c.baseline}", f"{c.pilot_units} {c.unit}s"]
+        row = [
+            c.setting or "–",
+            f"{c.arm} − {c.baseline}",
+            statistics.units_text(c.pilot_units, c.unit),
+        ]
         row += [_num(c.sd, metric.digits + 1), _num(c.mde, metric.digits + 1)]
         if effect is not None:
             needed = "–" if c.needed is None else str(c.needed)

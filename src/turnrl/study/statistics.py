@@ -167,6 +167,11 @@ def paired_test(differences: Mapping[tuple[int, int], float]) -> Test:
     return test
 
 
+def units_text(n: int, unit: str) -> str:
+    """``1 seed``, ``3 warm starts``."""
+    return f"{n} {unit}{'s' if n != 1 else ''}"
+
+
 def p_text(value: float) -> str:
     return "–" if np.isnan(value) else f"{value:.3f}"
 
@@ -174,7 +179,7 @@ def p_text(value: float) -> str:
 def describe(test: Test) -> str:
     """``n = 3 seeds; paired t p = 0.041; sign-flip p = 0.250`` and, below 6 units, that
     the sign-flip test cannot reach 0.05."""
-    text = f"n = {test.n} {test.unit}{'s' if test.n != 1 else ''}; paired t p = {p_text(test.t_p)}"
+    text = f"n = {units_text(test.n, test.unit)}; paired t p = {p_text(test.t_p)}"
     text += f"; sign-flip p = {p_text(test.sign_flip_p)}"
     if 0 < test.n < SIGN_FLIP_MIN_N:
         text += f" (cannot reach 0.05 at n = {test.n}: smallest p {2.0 ** (1 - test.n):.3g})"

@@ -159,7 +159,7 @@ def paired_table(study: Study, table: Table, finished: Sequence[Cell], rows: Row
     body = []
     for setting, arm, m, diffs, test in lines:
         line = [*_row_label(study, setting, f"{arm} − {baseline}"), m.label]
-        line.append(f"{test.n} {test.unit}{'s' if test.n != 1 else ''}")
+        line.append(statistics.units_text(test.n, test.unit))
         line.append(", ".join(number(v, m.digits, True) for v in diffs.values()))
         line += [*_test_cells(test, m.digits), statistics.verdict(test)]
         if seed_level:
