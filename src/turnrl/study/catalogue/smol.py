@@ -136,8 +136,9 @@ SMOL_489_ARMS = Study(
     ),
     baseline="grpo_mixed",
     outcome="eval_tool_rate",
-    # run in part (the cells archived in studies/smol-489-arms.cells.jsonl): its tables
-    # in docs/grouping-experiment.md are this summary's
+    # cut to seed 0 (39 cells archived in studies/smol-489-arms.cells.jsonl; seeds 1-3
+    # not run, the power lost said in the doc): its tables in
+    # docs/grouping-experiment.md are this summary's
     doc="docs/grouping-experiment.md",
     tables=(
         Table("economics", "seeds", (), extra=ECONOMICS, arms=("grpo_mixed",)),
