@@ -84,12 +84,13 @@ def write_archive(study: Study, root: Path) -> Path:
     for cell in cells(study, root):
         if cell.is_warm_start:
             continue
-        if cell.key in kept and "restored_from" in cell_record(cell):  # archived as it was
+        record = cell_record(cell)
+        if cell.key in kept and "restored_from" in record:  # archived as it was
             entry = kept[cell.key]
         elif cell_state(cell) == FINISHED:
             entry = {
                 "cell": cell.key,
-                "record": cell_record(cell),
+                "record": record,
                 "rows": _cut(read_metrics(cell), keys, study.curve_x),
             }
         elif cell.key in kept:
